@@ -1,0 +1,372 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/idem-dev/idem/fencing"
+	"github.com/idem-dev/idem/lease"
+)
+
+// ClaimOption configures Claim and Do.
+type ClaimOption func(*claimConfig) error
+
+type claimConfig struct {
+	attempt  string
+	deadline time.Duration
+	wait     bool
+	onError  ErrorPolicy
+}
+
+// MaxAttemptLen is the longest attempt id.
+const MaxAttemptLen = 64
+
+// WithAttempt sets the attempt id of a claim (default: a new random UUID).
+// A caller that got an error from Claim (a timeout, a reset connection: the
+// claim may or may not have been written) and retries with the same attempt
+// id is recognised as the owner of the claim it may have made, instead of
+// conflicting with itself. Never share an attempt id between two attempts
+// that may run at once. 1 to 64 bytes of visible ASCII.
+func WithAttempt(id string) ClaimOption {
+	return func(c *claimConfig) error {
+		if err := validateID(id); err != nil || len(id) > MaxAttemptLen {
+			return fmt.Errorf("%w: attempt id %q must be 1 to %d bytes of visible ASCII", ErrInvalidArgument, id, MaxAttemptLen)
+		}
+		c.attempt = id
+		return nil
+	}
+}
+
+// WithDeadline gives the claim a deadline d from now: past it, the claim is
+// stale even if its owner is alive, another caller may take it over, and the
+// claim's context is cancelled with cause ErrDeadline. The deadline must
+// outlast any honest run of the work (the seed's lockMs: at least the request
+// deadline plus the downstream timeout), or live work is taken over by
+// design. Deadlines compare wall clocks of different machines: allow for
+// skew. Without a deadline only the owner's death makes a claim stale.
+func WithDeadline(d time.Duration) ClaimOption {
+	return func(c *claimConfig) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: deadline %v must be positive", ErrInvalidArgument, d)
+		}
+		c.deadline = d
+		return nil
+	}
+}
+
+// WithWait makes Claim and Do wait, on an etcd Watch, while a live owner runs
+// the key, instead of returning a ConflictError at once. The wait ends when
+// the key is done (its outcome is returned), released or stale (the caller
+// claims it), or ctx ends.
+func WithWait() ClaimOption {
+	return func(c *claimConfig) error { c.wait = true; return nil }
+}
+
+// Claim is a claim on a key: the right, fenced by Token, to run its work and
+// save its outcome. Every Claim must end with Complete, Release or Abandon;
+// until then the process holds the key and other callers get ErrConflict.
+// A Claim's methods are safe for concurrent use; its writes are serialised.
+type Claim struct {
+	s        *Store
+	key      Key
+	fp       Fingerprint
+	attempt  string
+	owner    string
+	token    fencing.Token
+	created   time.Time
+	deadline  time.Time
+	takeovers int     // how often the key was taken over before this claim
+	previous  *Record // the stale record this claim replaced, or nil
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	stop   context.CancelFunc // releases the deadline timer
+
+	mu         sync.Mutex
+	rev        int64 // ModRevision of this claim's last write: the fence
+	checkpoint []byte
+	ended      bool
+}
+
+// Key returns the claimed key.
+func (c *Claim) Key() Key { return c.key }
+
+// Token returns the claim's fencing token: the etcd revision of the claim.
+// Send it with every downstream write (fencing.SetHeader) so a stale worker
+// is refused there too.
+func (c *Claim) Token() fencing.Token { return c.token }
+
+// Attempt returns the claim's attempt id.
+func (c *Claim) Attempt() string { return c.attempt }
+
+// Deadline returns the claim's deadline, or the zero time.
+func (c *Claim) Deadline() time.Time { return c.deadline }
+
+// TookOver reports whether the key was taken over from a stale owner (dead,
+// past its deadline, or abandoned) at least once. The work may then have run,
+// in part or in full, before: resume from LastCheckpoint and rely on
+// downstream idempotency or fencing for the rest.
+func (c *Claim) TookOver() bool { return c.takeovers > 0 }
+
+// Previous returns the stale record this claim replaced, or nil when it did
+// not replace one (including when it recognised its own earlier takeover).
+func (c *Claim) Previous() *Record { return c.previous }
+
+// LastCheckpoint returns the most recent checkpoint: the one inherited on a
+// takeover, or the last one this claim saved.
+func (c *Claim) LastCheckpoint() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.checkpoint
+}
+
+// Done returns a channel that is closed when the claim is lost (session
+// lost, deadline passed, store closed) or ended.
+func (c *Claim) Done() <-chan struct{} { return c.ctx.Done() }
+
+// Err returns why Done was closed: ErrSessionLost, ErrDeadline, ErrClosed,
+// ErrFenced or ErrClaimEnded; nil while the claim is held.
+func (c *Claim) Err() error {
+	if c.ctx.Err() == nil {
+		return nil
+	}
+	return context.Cause(c.ctx)
+}
+
+// Context returns a context derived from parent that is also cancelled when
+// the claim is lost or ends, with the claim's cause, and that carries the
+// fencing token (fencing.FromContext). Call the cancel function when done.
+func (c *Claim) Context(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(fencing.NewContext(parent, c.token))
+	stop := context.AfterFunc(c.ctx, func() { cancel(context.Cause(c.ctx)) })
+	return ctx, func() {
+		stop()
+		cancel(context.Canceled)
+	}
+}
+
+// IsOwner returns a comparison that holds while this claim's last write is
+// still the record's last write: put it in your own etcd Txns to fence
+// them, as etcd's concurrency.Mutex.IsOwner does. It changes after each
+// Checkpoint.
+func (c *Claim) IsOwner() clientv3.Cmp {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return clientv3.Compare(clientv3.ModRevision(c.s.ks.record(c.key)), "=", c.rev)
+}
+
+// Claim claims key for a request whose parameters have fingerprint fp. It
+// returns exactly one of:
+//
+//   - a *Claim, when the caller must run the work: a new claim, a takeover
+//     of a stale one, or the caller's own claim whose reply was lost;
+//   - the done *Record, when the key's work already finished with the same
+//     fingerprint: replay its Outcome, do not run the work;
+//   - an error: *MismatchError (different fingerprint: never run, never
+//     replay), *ConflictError (in flight under a live owner: retry later),
+//     bad input (nothing was sent to etcd), or ErrUnavailable.
+//
+// A new key costs one etcd Txn: If(CreateRevision == 0) Then(Put) Else(Get).
+// An in-flight key costs a second, read-only round trip to check its owner's
+// liveness, and a takeover a third: a compare-and-set on the record's
+// ModRevision, which only one claimant can win.
+func (s *Store) Claim(ctx context.Context, key Key, fp Fingerprint, opts ...ClaimOption) (*Claim, *Record, error) {
+	var cfg claimConfig
+	for _, o := range opts {
+		if err := o(&cfg); err != nil {
+			return nil, nil, fmt.Errorf("claim %s: %w", key, err)
+		}
+	}
+	if err := key.Validate(); err != nil {
+		return nil, nil, fmt.Errorf("claim: %w", err)
+	}
+	sess, err := s.session()
+	if err != nil {
+		return nil, nil, fmt.Errorf("claim %s: %w", key, err)
+	}
+	if cfg.attempt == "" {
+		cfg.attempt = uuid.NewString()
+	}
+	c := &Claim{s: s, key: key, fp: fp, attempt: cfg.attempt, owner: sess.Owner()}
+	c.ctx, c.cancel = context.WithCancelCause(context.Background())
+	if err := s.register(c); err != nil {
+		c.cancel(ErrClaimEnded)
+		return nil, nil, fmt.Errorf("claim %s: %w", key, err)
+	}
+	done, err := s.acquire(ctx, c, sess, &cfg)
+	if err != nil || done != nil {
+		s.unregister(c)
+		c.cancel(ErrClaimEnded)
+		return nil, done, err
+	}
+	if !c.deadline.IsZero() {
+		c.ctx, c.stop = context.WithDeadlineCause(c.ctx, c.deadline, ErrDeadline)
+	}
+	return c, nil, nil
+}
+
+// acquire runs the decision table until the claim is won, the key is found
+// done, or a definite refusal. It returns the done record for a replay.
+func (s *Store) acquire(ctx context.Context, c *Claim, sess *lease.Session, cfg *claimConfig) (*Record, error) {
+	ekey := s.ks.record(c.key)
+	var cur *Record // nil: not read yet, or absent
+	known := false  // whether cur reflects a read
+	tries := 0
+	for round := 0; round < 8; {
+		now := s.now()
+		var cmps []clientv3.Cmp
+		var taken *Record // the record being replaced, for a takeover
+		if !known || cur == nil {
+			cmps = []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(ekey), "=", 0)}
+		} else {
+			switch {
+			case cur.expired(now):
+				// Retention has passed: the key names a new operation. Replace
+				// the old record; the new token is still greater.
+			case cur.Fingerprint != c.fp:
+				return nil, &MismatchError{Key: c.key}
+			case cur.State == Done:
+				return cur, nil
+			case cur.Owner == c.owner && cur.Attempt == c.attempt:
+				// Our own claim, written by an earlier try whose reply was lost.
+				c.won(cur, nil)
+				return nil, nil
+			case cur.Owner == "", // abandoned for the next claimant
+				cur.Owner == c.owner && !s.runningHere(cur.Owner, cur.Attempt), // our orphan
+				cur.pastDeadline(now):
+				taken = cur
+			default:
+				alive, rev, err := s.ownerAlive(ctx, cur.Owner)
+				if err != nil {
+					return nil, unavailable("claim", c.key, err)
+				}
+				if alive {
+					if !cfg.wait {
+						return nil, s.conflict(c.key, cur, now)
+					}
+					next, err := s.awaitChange(ctx, c.key, cur, rev)
+					if err != nil {
+						return nil, err
+					}
+					cur = next
+					continue
+				}
+				taken = cur
+				cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(s.ks.owner(cur.Owner)), "=", 0))
+			}
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(ekey), "=", cur.Revision))
+		}
+		round++
+
+		rec := &Record{
+			State:       InFlight,
+			Fingerprint: c.fp,
+			Owner:       c.owner,
+			Attempt:     c.attempt,
+			Created:     now,
+			Expires:     now.Add(s.retention),
+		}
+		if cfg.deadline > 0 {
+			rec.Deadline = now.Add(cfg.deadline)
+		}
+		if taken != nil {
+			rec.Created = taken.Created
+			rec.Checkpoint = taken.Checkpoint
+			rec.Takeovers = taken.Takeovers + 1
+		}
+		res, err := s.writeRecord(ctx, c.key, cmps, rec, 0)
+		if err != nil {
+			if errors.Is(err, ErrCorrupt) || !retryable(ctx, err) || tries >= maxTries {
+				return nil, wrapEtcd("claim", c.key, err)
+			}
+			// Unknown outcome: read what is there and decide again. Our own
+			// claim is recognised by its owner and attempt id.
+			tries++
+			if !backoff(ctx, tries) {
+				return nil, wrapEtcd("claim", c.key, err)
+			}
+			known = false
+			continue
+		}
+		if res.ok {
+			rec.Revision, rec.Token = res.rev, fencing.Token(res.rev)
+			c.won(rec, taken)
+			return nil, nil
+		}
+		cur, known = res.cur, true
+	}
+	return nil, s.conflict(c.key, cur, s.now())
+}
+
+// writeRecord puts rec on the current retention lease under cmps, with token
+// (0: the revision of this write), refreshing the lease once if etcd no longer
+// knows it.
+func (s *Store) writeRecord(ctx context.Context, k Key, cmps []clientv3.Cmp, rec *Record, token fencing.Token, extra ...clientv3.Op) (casResult, error) {
+	val := encode(rec, token)
+	for refreshed := false; ; refreshed = true {
+		id, err := s.buckets.For(ctx, s.now())
+		if err != nil {
+			return casResult{}, err
+		}
+		then := append([]clientv3.Op{clientv3.OpPut(s.ks.record(k), string(val), clientv3.WithLease(id))}, extra...)
+		res, err := s.cas(ctx, k, cmps, then)
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) && !refreshed {
+			s.buckets.Invalidate(id)
+			continue
+		}
+		return res, err
+	}
+}
+
+// won records a successful claim: rec is the record as this claim wrote it.
+func (c *Claim) won(rec *Record, previous *Record) {
+	c.rev = rec.Revision
+	c.token = rec.Token
+	c.created = rec.Created
+	c.deadline = rec.Deadline
+	c.takeovers = rec.Takeovers
+	c.previous = previous
+	c.checkpoint = rec.Checkpoint
+}
+
+// ownerAlive reports whether owner's liveness key exists, with a
+// linearizable read, and the revision of that read.
+func (s *Store) ownerAlive(ctx context.Context, owner string) (bool, int64, error) {
+	resp, err := s.client.Get(ctx, s.ks.owner(owner), clientv3.WithCountOnly())
+	if err != nil {
+		return false, 0, err
+	}
+	return resp.Count > 0, resp.Header.Revision, nil
+}
+
+func (s *Store) conflict(k Key, cur *Record, now time.Time) error {
+	e := &ConflictError{Key: k, RetryAfter: s.retryAfter}
+	if cur != nil {
+		e.Token = cur.Token
+		if !cur.Deadline.IsZero() {
+			if d := cur.Deadline.Sub(now); d > 0 && d < e.RetryAfter {
+				e.RetryAfter = d
+			}
+		}
+	}
+	return e
+}
+
+// wrapEtcd adds context to an error from etcd, marking it ErrUnavailable
+// unless it is the store's own.
+func wrapEtcd(op string, k Key, err error) error {
+	if errors.Is(err, ErrCorrupt) {
+		return fmt.Errorf("%s %s: %w", op, k, err)
+	}
+	if errors.Is(err, rpctypes.ErrRequestTooLarge) || errors.Is(err, rpctypes.ErrTooManyOps) {
+		return fmt.Errorf("%s %s: %w: %w", op, k, ErrTooLarge, err)
+	}
+	return unavailable(op, k, err)
+}

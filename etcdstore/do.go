@@ -1,0 +1,194 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/idem-dev/idem/fencing"
+)
+
+// ErrorPolicy says what Do does when the work returns an error. There is no
+// choice that is right for every work; pick one deliberately (the seed's
+// "design note").
+type ErrorPolicy int
+
+const (
+	// SaveError (the default) saves the error's message as the key's outcome,
+	// as Stripe's API v1 saves 500s: every retry gets the same error back and
+	// the work never runs again for this key. It is the only policy that is
+	// safe when the work is not idempotent downstream and may have had an
+	// effect before failing. The client needs a new key to try again.
+	SaveError ErrorPolicy = iota
+
+	// ReleaseOnError deletes the claim, so a retry with the same key runs the
+	// work again. Safe only when the work failed before any effect, or is
+	// idempotent downstream (it passes its own key on, like the seed's
+	// charge:<orderId>); otherwise it re-creates the double charge.
+	ReleaseOnError
+
+	// KeepOnError abandons the claim with its last checkpoint: the next
+	// request with the key takes it over at once and resumes from the
+	// checkpoint, with a greater fencing token. For multi-step work that
+	// saves recovery points with Claim.Checkpoint.
+	KeepOnError
+)
+
+// OnError sets Do's error policy (default SaveError). Claim ignores it.
+//
+// Whatever the policy, a work whose context was cancelled (the caller gave
+// up, the claim was lost) is abandoned, not saved: "context canceled" is not
+// the operation's outcome, and the next request resumes it.
+func OnError(p ErrorPolicy) ClaimOption {
+	return func(c *claimConfig) error {
+		if p < SaveError || p > KeepOnError {
+			return fmt.Errorf("%w: unknown error policy %d", ErrInvalidArgument, p)
+		}
+		c.onError = p
+		return nil
+	}
+}
+
+// Work is the non-idempotent operation behind a key. ctx is cancelled when
+// the caller's context ends or the claim is lost, and carries the fencing
+// token (fencing.FromContext); c gives the token, the last checkpoint on a
+// takeover, and Checkpoint. The returned bytes are saved and replayed.
+type Work func(ctx context.Context, c *Claim) ([]byte, error)
+
+// Result is what Do returns.
+type Result struct {
+	// Body is the work's result, or the replayed one.
+	Body []byte
+	// Replayed is true when Body was saved by an earlier call.
+	Replayed bool
+	// Token is the fencing token of the claim that produced Body.
+	Token fencing.Token
+}
+
+// Do runs work at most once to a saved outcome per key (while the key is
+// retained) and returns the outcome to this and every later call with the
+// same key and params:
+//
+//   - a new key: work runs under a claim and its result is saved, fenced;
+//   - a done key with the same params: the saved result, Replayed, and
+//     work does not run;
+//   - different params: a *MismatchError; work does not run;
+//   - in flight under a live owner: a *ConflictError, or with WithWait the
+//     outcome once the owner finishes;
+//   - in flight under a dead owner (or past its WithDeadline): taken over,
+//     and work runs with the last checkpoint and a greater token.
+//
+// params are fingerprinted by FingerprintOf. When the work fails, OnError
+// decides what is saved; the first call returns the work's own error, and
+// replays of a saved error return a *SavedError with its message.
+//
+// If the outcome cannot be saved, Do returns the work's result together with
+// an error: ErrFenced when another owner took over (this run's effects must
+// have been fenced downstream), ErrUnavailable when etcd did not answer; the
+// store then keeps trying to save it in the background while the key stays
+// claimed.
+func (s *Store) Do(ctx context.Context, key Key, params []byte, work Work, opts ...ClaimOption) (Result, error) {
+	var cfg claimConfig
+	for _, o := range opts {
+		if err := o(&cfg); err != nil {
+			return Result{}, fmt.Errorf("do %s: %w", key, err)
+		}
+	}
+	fp, err := FingerprintOf(params)
+	if err != nil {
+		return Result{}, fmt.Errorf("do %s: %w", key, err)
+	}
+	c, done, err := s.Claim(ctx, key, fp, opts...)
+	if err != nil {
+		return Result{}, err
+	}
+	if done != nil {
+		res := Result{Body: done.Outcome.Body, Replayed: true, Token: done.Token}
+		if done.Outcome.Err != "" {
+			return res, &SavedError{Message: done.Outcome.Err}
+		}
+		return res, nil
+	}
+
+	body, werr := s.run(ctx, c, work)
+	res := Result{Body: body, Token: c.Token()}
+	// Save even when the caller has gone: the work is done either way.
+	end, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.endTimeout)
+	defer cancel()
+	var finish func(context.Context) error
+	switch {
+	case werr == nil:
+		out := Outcome{Body: body}
+		finish = func(ctx context.Context) error { return c.Complete(ctx, out) }
+	case ctx.Err() != nil || c.Err() != nil || cfg.onError == KeepOnError:
+		finish = c.Abandon
+	case cfg.onError == ReleaseOnError:
+		finish = c.Release
+	default:
+		out := Outcome{Err: werr.Error()}
+		finish = func(ctx context.Context) error { return c.Complete(ctx, out) }
+	}
+	if err := finish(end); err != nil {
+		if errors.Is(err, ErrUnavailable) {
+			s.finishLater(c, finish)
+		}
+		if werr != nil {
+			return res, fmt.Errorf("%w (and: %w)", werr, err)
+		}
+		return res, err
+	}
+	return res, werr
+}
+
+// run calls work with the claim's context. A panic abandons the claim, so
+// the next request resumes it, then continues unwinding.
+func (s *Store) run(ctx context.Context, c *Claim, work Work) (body []byte, err error) {
+	wctx, cancel := c.Context(ctx)
+	defer cancel()
+	defer func() {
+		if r := recover(); r != nil {
+			end, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.endTimeout)
+			defer cancel()
+			if err := c.Abandon(end); errors.Is(err, ErrUnavailable) {
+				s.finishLater(c, c.Abandon)
+			}
+			panic(r)
+		}
+	}()
+	return work(wctx, c)
+}
+
+// finishLater retries a claim's final write in the background until it
+// lands, is refused, or the store closes. The claim stays registered all
+// along, so this process keeps answering ErrConflict for its key.
+func (s *Store) finishLater(c *Claim, finish func(context.Context) error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		// Fencing makes every try safe, even after the session is lost: the
+		// write lands only if nobody took the key over. It stops when it
+		// lands, is fenced out, or the store closes.
+		for try := 0; ; try++ {
+			wait := time.NewTimer(time.Duration(100<<min(try, 6)) * time.Millisecond)
+			select {
+			case <-s.closing:
+				wait.Stop()
+				return
+			case <-wait.C:
+			}
+			attempt, cancelAttempt := context.WithTimeout(context.Background(), s.endTimeout)
+			err := finish(attempt)
+			cancelAttempt()
+			if !errors.Is(err, ErrUnavailable) {
+				s.log.Info("idem: saved a claim's end after retries", "key", c.key.String(), "err", err)
+				return
+			}
+		}
+	}()
+}

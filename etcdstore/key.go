@@ -1,0 +1,118 @@
+package etcdstore
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Limits on keys and tenants.
+const (
+	// MaxKeyLen is the longest idempotency key, in bytes (Stripe's limit).
+	MaxKeyLen = 255
+	// MaxTenantLen is the longest tenant name.
+	MaxTenantLen = 64
+	// DefaultTenant is the tenant of a Key whose Tenant is empty.
+	DefaultTenant = "default"
+)
+
+// Key names one logical operation: an idempotency key, scoped by tenant.
+// Two tenants' keys never collide, whatever the key strings.
+type Key struct {
+	// Tenant scopes the key. Empty means DefaultTenant. 1 to MaxTenantLen
+	// characters of [A-Za-z0-9._-], starting with a letter or digit.
+	Tenant string
+	// ID is the client's idempotency key: 1 to MaxKeyLen bytes of visible
+	// ASCII (0x21-0x7e). A V4 UUID is a good choice.
+	ID string
+}
+
+// String returns "tenant/id" with the id quoted when it needs to be.
+func (k Key) String() string {
+	return k.tenant() + "/" + strconv.Quote(k.ID)
+}
+
+func (k Key) tenant() string {
+	if k.Tenant == "" {
+		return DefaultTenant
+	}
+	return k.Tenant
+}
+
+// Validate reports whether k is well formed, with an error naming what is
+// wrong. Every store call validates its key before talking to etcd.
+func (k Key) Validate() error {
+	if err := ValidateTenant(k.tenant()); err != nil {
+		return err
+	}
+	return validateID(k.ID)
+}
+
+func validateID(id string) error {
+	if id == "" {
+		return fmt.Errorf("%w: empty", ErrInvalidKey)
+	}
+	if len(id) > MaxKeyLen {
+		return fmt.Errorf("%w: %d bytes, limit %d", ErrInvalidKey, len(id), MaxKeyLen)
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; c < 0x21 || c > 0x7e {
+			return fmt.Errorf("%w: byte %#02x at offset %d is not visible ASCII", ErrInvalidKey, c, i)
+		}
+	}
+	return nil
+}
+
+// ValidateTenant reports whether t is a well-formed tenant name.
+func ValidateTenant(t string) error {
+	if t == "" {
+		return fmt.Errorf("%w: empty", ErrInvalidTenant)
+	}
+	if len(t) > MaxTenantLen {
+		return fmt.Errorf("%w: %d bytes, limit %d", ErrInvalidTenant, len(t), MaxTenantLen)
+	}
+	for i := 0; i < len(t); i++ {
+		c := t[i]
+		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		if !alnum && (i == 0 || c != '.' && c != '_' && c != '-') {
+			return fmt.Errorf("%w: %q: character %q at offset %d", ErrInvalidTenant, t, c, i)
+		}
+	}
+	return nil
+}
+
+// keyspace lays out idem's keys under one prefix:
+//
+//	<prefix>k/<tenant>/<id>   records
+//	<prefix>o/<owner>         owner liveness keys, on session leases
+//	<prefix>l/...             retention bucket keys, on their own leases
+//
+// A tenant cannot contain '/', so "<prefix>k/<tenant>/" is a prefix of exactly
+// that tenant's records, whatever bytes the id holds.
+type keyspace struct {
+	prefix string
+}
+
+func (ks keyspace) record(k Key) string { return ks.prefix + "k/" + k.tenant() + "/" + k.ID }
+func (ks keyspace) tenant(t string) string {
+	return ks.prefix + "k/" + t + "/"
+}
+func (ks keyspace) records() string { return ks.prefix + "k/" }
+func (ks keyspace) owners() string  { return ks.prefix + "o/" }
+func (ks keyspace) owner(id string) string {
+	return ks.prefix + "o/" + id
+}
+func (ks keyspace) buckets() string { return ks.prefix + "l/" }
+
+// parseRecord splits a record's etcd key back into its Key.
+func (ks keyspace) parseRecord(etcdKey string) (Key, bool) {
+	rest, ok := strings.CutPrefix(etcdKey, ks.records())
+	if !ok {
+		return Key{}, false
+	}
+	tenant, id, ok := strings.Cut(rest, "/")
+	if !ok {
+		return Key{}, false
+	}
+	return Key{Tenant: tenant, ID: id}, true
+}

@@ -1,0 +1,195 @@
+package etcdstore
+
+import (
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+
+	"github.com/idem-dev/idem/fencing"
+)
+
+// State is a record's state.
+type State string
+
+// The two states of the seed's table.
+const (
+	InFlight State = "in_flight"
+	Done     State = "done"
+)
+
+// Outcome is the result of a key's work, saved once and replayed to every
+// retry. Status and Header are for HTTP-shaped results and may be left zero;
+// Err is set when the work's failure itself was saved (policy SaveError).
+type Outcome struct {
+	Status int
+	Header map[string][]string
+	Body   []byte
+	Err    string
+}
+
+// size is the outcome's contribution to the record size.
+func (o *Outcome) size() int {
+	n := len(o.Body) + len(o.Err)
+	for k, vs := range o.Header {
+		n += len(k)
+		for _, v := range vs {
+			n += len(v) + 4
+		}
+	}
+	return n
+}
+
+// Record is the state of one key as stored in etcd.
+type Record struct {
+	Key         Key
+	State       State
+	Fingerprint Fingerprint
+	// Owner is the owner id (session) holding an in-flight claim, or "" when
+	// the claim was abandoned for the next claimant to resume.
+	Owner string
+	// Attempt identifies the attempt that made the current claim.
+	Attempt string
+	// Token is the fencing token of the current claim (or of the claim that
+	// completed the record).
+	Token fencing.Token
+	// Created is when the key was first claimed.
+	Created time.Time
+	// Expires is when retention ends; the record is treated as absent after.
+	Expires time.Time
+	// Deadline is when an in-flight claim becomes stale even if its owner is
+	// alive; zero when the claim has none.
+	Deadline time.Time
+	// Checkpoint is the last recovery point saved by an owner.
+	Checkpoint []byte
+	// Takeovers counts how often the key was taken over from a stale owner.
+	Takeovers int
+	// Outcome is the saved outcome of a done record.
+	Outcome *Outcome
+	// Revision is the etcd ModRevision of the record: the fence of the last
+	// write.
+	Revision int64
+	// Lease is the retention lease the record is attached to.
+	Lease int64
+}
+
+// recordVersion is the first byte of every encoded record. A record with an
+// unknown version is never overwritten (ErrCorrupt).
+const recordVersion = 1
+
+// meta is the JSON part of an encoded record. The body of an outcome follows
+// it raw, so large bodies pay no base64 tax.
+type meta struct {
+	State      State               `json:"s"`
+	FP         string              `json:"fp"`
+	Owner      string              `json:"o,omitempty"`
+	Attempt    string              `json:"a,omitempty"`
+	Token      int64               `json:"t,omitempty"` // 0: the revision of this write
+	Created    int64               `json:"c"`           // unix ms
+	Expires    int64               `json:"x"`           // unix ms
+	Deadline   int64               `json:"d,omitempty"` // unix ms
+	Checkpoint []byte              `json:"cp,omitempty"`
+	Takeovers  int                 `json:"n,omitempty"`
+	Status     int                 `json:"st,omitempty"`
+	Header     map[string][]string `json:"h,omitempty"`
+	Err        string              `json:"e,omitempty"`
+}
+
+// encode lays a record out as: version byte, uvarint length of the JSON meta,
+// the meta, the outcome body. token 0 means "the revision of this write",
+// which is how a claim or takeover names a token it cannot know in advance.
+func encode(r *Record, token fencing.Token) []byte {
+	m := meta{
+		State:      r.State,
+		FP:         r.Fingerprint.String(),
+		Owner:      r.Owner,
+		Attempt:    r.Attempt,
+		Token:      int64(token),
+		Created:    r.Created.UnixMilli(),
+		Expires:    r.Expires.UnixMilli(),
+		Checkpoint: r.Checkpoint,
+		Takeovers:  r.Takeovers,
+	}
+	if !r.Deadline.IsZero() {
+		m.Deadline = r.Deadline.UnixMilli()
+	}
+	var body []byte
+	if o := r.Outcome; o != nil {
+		m.Status, m.Header, m.Err, body = o.Status, o.Header, o.Err, o.Body
+	}
+	js, err := json.Marshal(&m)
+	if err != nil {
+		panic("etcdstore: encode record meta: " + err.Error()) // plain data: cannot fail
+	}
+	buf := make([]byte, 0, 1+binary.MaxVarintLen64+len(js)+len(body))
+	buf = append(buf, recordVersion)
+	buf = binary.AppendUvarint(buf, uint64(len(js)))
+	buf = append(buf, js...)
+	return append(buf, body...)
+}
+
+// decode reads a record from its etcd key-value.
+func decode(k Key, kv *mvccpb.KeyValue) (*Record, error) {
+	v := kv.Value
+	if len(v) < 2 || v[0] != recordVersion {
+		return nil, fmt.Errorf("record %s: %w: unknown version", k, ErrCorrupt)
+	}
+	n, w := binary.Uvarint(v[1:])
+	if w <= 0 || n > uint64(len(v)-1-w) {
+		return nil, fmt.Errorf("record %s: %w: bad meta length", k, ErrCorrupt)
+	}
+	js, body := v[1+w:1+w+int(n)], v[1+w+int(n):]
+	var m meta
+	if err := json.Unmarshal(js, &m); err != nil {
+		return nil, fmt.Errorf("record %s: %w: %v", k, ErrCorrupt, err)
+	}
+	r := &Record{
+		Key:        k,
+		State:      m.State,
+		Owner:      m.Owner,
+		Attempt:    m.Attempt,
+		Token:      fencing.Token(m.Token),
+		Created:    time.UnixMilli(m.Created),
+		Expires:    time.UnixMilli(m.Expires),
+		Checkpoint: m.Checkpoint,
+		Takeovers:  m.Takeovers,
+		Revision:   kv.ModRevision,
+		Lease:      kv.Lease,
+	}
+	if r.Token == 0 {
+		r.Token = fencing.Token(kv.ModRevision)
+	}
+	if m.Deadline != 0 {
+		r.Deadline = time.UnixMilli(m.Deadline)
+	}
+	if fp, err := hex.DecodeString(m.FP); err != nil || len(fp) != len(r.Fingerprint) {
+		return nil, fmt.Errorf("record %s: %w: bad fingerprint", k, ErrCorrupt)
+	} else {
+		copy(r.Fingerprint[:], fp)
+	}
+	switch m.State {
+	case InFlight:
+		if len(body) != 0 {
+			return nil, fmt.Errorf("record %s: %w: in-flight record with a body", k, ErrCorrupt)
+		}
+	case Done:
+		r.Outcome = &Outcome{Status: m.Status, Header: m.Header, Err: m.Err, Body: body}
+		if len(body) == 0 {
+			r.Outcome.Body = nil
+		}
+	default:
+		return nil, fmt.Errorf("record %s: %w: state %q", k, ErrCorrupt, m.State)
+	}
+	return r, nil
+}
+
+// expired reports whether the record's retention has passed at now.
+func (r *Record) expired(now time.Time) bool { return !now.Before(r.Expires) }
+
+// stale reports whether an in-flight claim's deadline has passed at now.
+func (r *Record) pastDeadline(now time.Time) bool {
+	return !r.Deadline.IsZero() && !now.Before(r.Deadline)
+}

@@ -1,0 +1,385 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/idem-dev/idem/lease"
+)
+
+// Defaults of the Store's options.
+const (
+	DefaultPrefix        = "/idem/"
+	DefaultRetention     = 24 * time.Hour
+	DefaultBucketWidth   = time.Hour
+	DefaultSessionTTL    = 10 * time.Second
+	DefaultMaxRecordSize = 1 << 20 // 1 MiB, well under etcd's 1.5 MiB request limit
+	DefaultRetryAfter    = time.Second
+	DefaultEndTimeout    = 10 * time.Second
+
+	// maxRecordSizeLimit leaves room under etcd's 1.5 MiB request limit for
+	// the key, the Txn framing and the caller's extra ops.
+	maxRecordSizeLimit = 1<<20 + 256<<10
+)
+
+// Store is an idempotency store on etcd. It is safe for concurrent use.
+//
+// New starts two kinds of goroutine, both stopped by Close: one that keeps the
+// process's session lease alive, and one that replaces the session when it
+// is lost. A claim whose final write failed with an unknown outcome also runs
+// a goroutine that retries that write until it lands, is fenced out, or the
+// Store closes.
+type Store struct {
+	client     *clientv3.Client
+	ks         keyspace
+	buckets    *lease.Buckets
+	retention  time.Duration
+	sessionTTL time.Duration
+	maxRecord  int
+	retryAfter time.Duration
+	endTimeout time.Duration
+	log        *slog.Logger
+	now        func() time.Time
+
+	mu      sync.Mutex
+	sess    *lease.Session // nil while a lost session is being replaced
+	running map[string]*Claim
+	closed  bool
+
+	closing chan struct{}
+	wg      sync.WaitGroup
+}
+
+// Option configures a Store.
+type Option func(*config) error
+
+type config struct {
+	prefix      string
+	retention   time.Duration
+	bucketWidth time.Duration
+	sessionTTL  time.Duration
+	maxRecord   int
+	retryAfter  time.Duration
+	endTimeout  time.Duration
+	log         *slog.Logger
+}
+
+// WithPrefix sets the etcd key prefix under which the store keeps everything
+// (default "/idem/"). It must end in "/". Stores with different prefixes are
+// independent.
+func WithPrefix(p string) Option {
+	return func(c *config) error {
+		if p == "" || !strings.HasSuffix(p, "/") {
+			return fmt.Errorf("%w: prefix %q must be non-empty and end in /", ErrInvalidArgument, p)
+		}
+		c.prefix = p
+		return nil
+	}
+}
+
+// WithRetention sets how long a key is kept after its last write (default
+// 24 h). Clients must stop retrying well inside it: after retention the same
+// key starts a new operation. Whole seconds, at least 1 s.
+func WithRetention(d time.Duration) Option {
+	return func(c *config) error { c.retention = d; return nil }
+}
+
+// WithBucketWidth sets the width of a retention bucket (default 1 h, or the
+// retention when that is shorter). Every record written in one bucket shares
+// one lease, kept for retention plus at most one bucket width.
+func WithBucketWidth(d time.Duration) Option {
+	return func(c *config) error { c.bucketWidth = d; return nil }
+}
+
+// WithSessionTTL sets the TTL of the process's session lease (default 10 s,
+// at least 2 s). A process that cannot renew it for this long is considered
+// dead and its claims may be taken over: longer survives longer network
+// hiccups, shorter recovers crashed work sooner.
+func WithSessionTTL(d time.Duration) Option {
+	return func(c *config) error { c.sessionTTL = d; return nil }
+}
+
+// WithMaxRecordSize caps the size of a saved outcome plus checkpoint
+// (default 1 MiB, at most 1.25 MiB). Larger writes fail with ErrTooLarge.
+func WithMaxRecordSize(n int) Option {
+	return func(c *config) error {
+		if n < 1024 || n > maxRecordSizeLimit {
+			return fmt.Errorf("%w: max record size %d must be between 1 KiB and %d", ErrInvalidArgument, n, maxRecordSizeLimit)
+		}
+		c.maxRecord = n
+		return nil
+	}
+}
+
+// WithRetryAfter sets the retry hint of a ConflictError (default 1 s).
+func WithRetryAfter(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: retry-after %v must be positive", ErrInvalidArgument, d)
+		}
+		c.retryAfter = d
+		return nil
+	}
+}
+
+// WithEndTimeout bounds the final write of Do (complete, release or abandon)
+// when the caller's context has already ended (default 10 s): a finished
+// work's outcome is saved even if its caller gave up.
+func WithEndTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: end timeout %v must be positive", ErrInvalidArgument, d)
+		}
+		c.endTimeout = d
+		return nil
+	}
+}
+
+// WithLogger sets the logger for session events (default: discard).
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error { c.log = l; return nil }
+}
+
+// New returns a Store on client and starts its session: it grants the
+// session lease and writes the owner key, so ctx bounds those two calls.
+// The Store does not close client.
+func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: nil etcd client", ErrInvalidArgument)
+	}
+	c := config{
+		prefix:     DefaultPrefix,
+		retention:  DefaultRetention,
+		sessionTTL: DefaultSessionTTL,
+		maxRecord:  DefaultMaxRecordSize,
+		retryAfter: DefaultRetryAfter,
+		endTimeout: DefaultEndTimeout,
+	}
+	for _, o := range opts {
+		if err := o(&c); err != nil {
+			return nil, fmt.Errorf("new store: %w", err)
+		}
+	}
+	if c.bucketWidth == 0 {
+		c.bucketWidth = min(DefaultBucketWidth, c.retention)
+	}
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
+	ks := keyspace{prefix: c.prefix}
+	b, err := lease.NewBuckets(client, ks.buckets(), c.retention, c.bucketWidth)
+	if err != nil {
+		return nil, fmt.Errorf("new store: %w: %w", ErrInvalidArgument, err)
+	}
+	if c.sessionTTL < lease.MinTTL || c.sessionTTL%time.Second != 0 {
+		return nil, fmt.Errorf("new store: %w: session ttl %v must be whole seconds, at least %v", ErrInvalidArgument, c.sessionTTL, lease.MinTTL)
+	}
+	sess, err := lease.NewSession(ctx, client, ks.owners(), c.sessionTTL)
+	if err != nil {
+		return nil, fmt.Errorf("new store: %w: %w", ErrUnavailable, err)
+	}
+	s := &Store{
+		client:     client,
+		ks:         ks,
+		buckets:    b,
+		retention:  c.retention,
+		sessionTTL: c.sessionTTL,
+		maxRecord:  c.maxRecord,
+		retryAfter: c.retryAfter,
+		endTimeout: c.endTimeout,
+		log:        c.log,
+		now:        time.Now,
+		sess:       sess,
+		running:    make(map[string]*Claim),
+		closing:    make(chan struct{}),
+	}
+	s.wg.Add(1)
+	go s.superviseSession(sess)
+	return s, nil
+}
+
+// Retention returns how long keys are kept after their last write.
+func (s *Store) Retention() time.Duration { return s.retention }
+
+// Owner returns the owner id of the current session, or "" while a lost
+// session is being replaced.
+func (s *Store) Owner() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sess == nil {
+		return ""
+	}
+	return s.sess.Owner()
+}
+
+// Live reports whether the store has a live session: claims can be made.
+func (s *Store) Live() bool { return s.Owner() != "" }
+
+// Running returns how many claims this process holds and has not ended.
+func (s *Store) Running() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.running)
+}
+
+// Close cancels the context of every claim still running (cause ErrClosed),
+// stops the background goroutines and revokes the session lease, which lets
+// other processes take over unfinished claims at once. Wait for running work
+// to finish before calling Close when that matters. Close does not close the
+// etcd client.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	sess := s.sess
+	s.sess = nil
+	running := s.running
+	s.running = make(map[string]*Claim)
+	s.mu.Unlock()
+	for _, c := range running {
+		c.cancel(ErrClosed)
+	}
+	close(s.closing)
+	s.wg.Wait()
+	if sess != nil {
+		return sess.Close()
+	}
+	return nil
+}
+
+// session returns the live session or an error wrapping ErrUnavailable or
+// ErrClosed.
+func (s *Store) session() (*lease.Session, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.closed:
+		return nil, ErrClosed
+	case s.sess == nil:
+		return nil, fmt.Errorf("%w: no live session (reconnecting)", ErrUnavailable)
+	}
+	return s.sess, nil
+}
+
+// superviseSession waits for the session to end, cancels the claims made
+// under it, and replaces it, until the store closes.
+func (s *Store) superviseSession(sess *lease.Session) {
+	defer s.wg.Done()
+	for {
+		select {
+		case <-s.closing:
+			return
+		case <-sess.Done():
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return
+		}
+		s.sess = nil
+		var lost []*Claim
+		for id, c := range s.running {
+			if c.owner == sess.Owner() {
+				lost = append(lost, c)
+				delete(s.running, id)
+			}
+		}
+		s.mu.Unlock()
+		s.log.Warn("idem session lost; cancelling its claims and starting a new session",
+			"owner", sess.Owner(), "claims", len(lost))
+		for _, c := range lost {
+			c.cancel(ErrSessionLost)
+		}
+		// The old lease is gone or unrenewable; revoking it is best effort.
+		go sess.Close()
+
+		next, ok := s.newSession()
+		if !ok {
+			return
+		}
+		sess = next
+	}
+}
+
+// newSession retries until a session is made or the store closes.
+func (s *Store) newSession() (*lease.Session, bool) {
+	backoff := 100 * time.Millisecond
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), s.sessionTTL)
+		sess, err := lease.NewSession(ctx, s.client, s.ks.owners(), s.sessionTTL)
+		cancel()
+		if err == nil {
+			s.mu.Lock()
+			if s.closed {
+				s.mu.Unlock()
+				sess.Close()
+				return nil, false
+			}
+			s.sess = sess
+			s.mu.Unlock()
+			s.log.Info("idem session started", "owner", sess.Owner())
+			return sess, true
+		}
+		s.log.Warn("idem session: cannot start", "err", err, "retry_in", backoff)
+		select {
+		case <-s.closing:
+			return nil, false
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, s.sessionTTL)
+	}
+}
+
+// register records that c is being claimed or run by this process, before
+// its claim Txn is sent, so a concurrent request never mistakes it for an
+// orphan.
+func (s *Store) register(c *Claim) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	if _, dup := s.running[c.attempt]; dup {
+		return &ConflictError{Key: c.key, RetryAfter: s.retryAfter}
+	}
+	s.running[c.attempt] = c
+	return nil
+}
+
+func (s *Store) unregister(c *Claim) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.running[c.attempt] == c {
+		delete(s.running, c.attempt)
+	}
+}
+
+// runningHere reports whether this process holds attempt under owner.
+func (s *Store) runningHere(owner, attempt string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.running[attempt]
+	return ok && c.owner == owner
+}
+
+// isClosed reports whether Close was called.
+func (s *Store) isClosed() bool {
+	select {
+	case <-s.closing:
+		return true
+	default:
+		return false
+	}
+}
+
+var errNoSession = errors.New("no session")

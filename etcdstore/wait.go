@@ -1,0 +1,146 @@
+package etcdstore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Wait blocks, on an etcd Watch, until key is no longer in flight under a
+// live owner, and returns its record then:
+//
+//   - done: the record, with the Outcome to replay;
+//   - in flight but stale (its owner died, its deadline passed, or it was
+//     abandoned): the record; claim the key to take it over;
+//   - gone (released, evicted, expired) or never claimed: ErrNotFound.
+//
+// It returns early with ctx's error. Wait does not compare fingerprints:
+// claim with the request's fingerprint to get a replay or a mismatch.
+func (s *Store) Wait(ctx context.Context, key Key) (*Record, error) {
+	if err := key.Validate(); err != nil {
+		return nil, fmt.Errorf("wait: %w", err)
+	}
+	cur, rev, err := s.get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		now := s.now()
+		switch {
+		case cur == nil || cur.expired(now):
+			return nil, fmt.Errorf("wait %s: %w", key, ErrNotFound)
+		case cur.State == Done, cur.Owner == "", cur.pastDeadline(now):
+			return cur, nil
+		case cur.Owner != "" && s.runningHere(cur.Owner, cur.Attempt):
+			// Running in this process: the owner is alive by definition.
+		default:
+			alive, r, err := s.ownerAlive(ctx, cur.Owner)
+			if err != nil {
+				return nil, unavailable("wait", key, err)
+			}
+			if !alive {
+				return cur, nil
+			}
+			rev = r
+		}
+		next, err := s.awaitChange(ctx, key, cur, rev)
+		if err != nil {
+			return nil, err
+		}
+		if next != nil {
+			rev = max(rev, next.Revision)
+		}
+		cur = next
+	}
+}
+
+// awaitChange blocks until the record changes from cur (it returns the new
+// record, or nil when deleted), cur's owner key is deleted, or cur's
+// deadline passes (it returns cur unchanged in those two cases). ownerRev is
+// a revision at which the owner key was seen alive: its deletion is watched
+// from the next revision, so a death between the check and the watch is not
+// missed.
+func (s *Store) awaitChange(ctx context.Context, k Key, cur *Record, ownerRev int64) (*Record, error) {
+	// WithRequireLeader: a member cut off from the leader ends the watch
+	// instead of leaving it silent forever.
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	ekey := s.ks.record(k)
+	recCh := s.client.Watch(wctx, ekey, clientv3.WithRev(cur.Revision+1))
+	var ownerCh clientv3.WatchChan
+	if cur.Owner != "" {
+		ownerCh = s.client.Watch(wctx, s.ks.owner(cur.Owner), clientv3.WithRev(ownerRev+1))
+	}
+	var deadline <-chan time.Time
+	if !cur.Deadline.IsZero() {
+		t := time.NewTimer(cur.Deadline.Sub(s.now()))
+		defer t.Stop()
+		deadline = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("wait %s: %w", k, context.Cause(ctx))
+		case <-deadline:
+			return cur, nil
+		case wr, ok := <-recCh:
+			if !ok || wr.Canceled || wr.Err() != nil {
+				return s.afterWatchEnded(ctx, k, wr, ok)
+			}
+			if n := len(wr.Events); n > 0 {
+				ev := wr.Events[n-1]
+				if ev.Type == mvccpb.DELETE {
+					return nil, nil
+				}
+				return decode(k, ev.Kv)
+			}
+		case wr, ok := <-ownerCh:
+			if !ok || wr.Canceled || wr.Err() != nil {
+				return s.afterWatchEnded(ctx, k, wr, ok)
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == mvccpb.DELETE {
+					return cur, nil
+				}
+			}
+		}
+	}
+}
+
+// afterWatchEnded turns a watch that stopped into a result: a compacted
+// start revision means history was dropped, so read the record again; any
+// other end is the context's or etcd's.
+func (s *Store) afterWatchEnded(ctx context.Context, k Key, wr clientv3.WatchResponse, ok bool) (*Record, error) {
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("wait %s: %w", k, context.Cause(ctx))
+	}
+	if ok && wr.CompactRevision != 0 {
+		rec, _, err := s.get(ctx, k)
+		return rec, err
+	}
+	err := wr.Err()
+	if err == nil {
+		err = fmt.Errorf("watch closed")
+	}
+	return nil, unavailable("wait", k, err)
+}
+
+// get reads the record with a linearizable Get. It returns nil when absent,
+// and the revision of the read.
+func (s *Store) get(ctx context.Context, k Key) (*Record, int64, error) {
+	resp, err := s.client.Get(ctx, s.ks.record(k))
+	if err != nil {
+		return nil, 0, unavailable("get", k, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, resp.Header.Revision, nil
+	}
+	rec, err := decode(k, resp.Kvs[0])
+	if err != nil {
+		return nil, 0, fmt.Errorf("get %s: %w", k, err)
+	}
+	return rec, resp.Header.Revision, nil
+}

@@ -1,0 +1,196 @@
+package etcdstore
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// MaxExtraOps is the most extra ops Complete takes: etcd allows 128 ops in
+// a Txn branch, and the record's own Put is one.
+const MaxExtraOps = 127
+
+// Complete saves out as the key's outcome, to be replayed to every retry, and
+// ends the claim. ops, when given, commit in the same etcd Txn: an effect that
+// lives in etcd is then applied exactly once, atomically with the outcome.
+// They must not touch the store's prefix and may not be nested Txns.
+//
+// The write is fenced: it happens only if the record is still the one this
+// claim last wrote. Otherwise nothing is written, the claim ends, and the
+// error wraps ErrFenced. An error wrapping ErrUnavailable leaves the outcome
+// unknown and the claim held: call Complete again with the same outcome (an
+// earlier write that landed is recognised) or Abandon.
+func (c *Claim) Complete(ctx context.Context, out Outcome, ops ...clientv3.Op) error {
+	if err := c.s.checkOps(ops); err != nil {
+		return fmt.Errorf("complete %s: %w", c.key, err)
+	}
+	c.mu.Lock()
+	size := out.size() + len(c.checkpoint)
+	c.mu.Unlock()
+	if size > c.s.maxRecord {
+		return fmt.Errorf("complete %s: %w: outcome and checkpoint are %d bytes, limit %d", c.key, ErrTooLarge, size, c.s.maxRecord)
+	}
+	return c.write(ctx, "complete", true, ops, func(r *Record) *Record {
+		r.State, r.Outcome = Done, &out
+		return r
+	})
+}
+
+// Checkpoint saves data as the claim's recovery point (Brandur Leach's
+// "recovery points"): if this worker dies, the owner that takes over finds it
+// in LastCheckpoint and resumes from there. The fencing token does not
+// change; IsOwner's comparison does. Fenced like Complete; on ErrFenced the
+// claim ends.
+func (c *Claim) Checkpoint(ctx context.Context, data []byte) error {
+	if len(data) > c.s.maxRecord {
+		return fmt.Errorf("checkpoint %s: %w: %d bytes, limit %d", c.key, ErrTooLarge, len(data), c.s.maxRecord)
+	}
+	data = bytes.Clone(data)
+	err := c.write(ctx, "checkpoint", false, nil, func(r *Record) *Record {
+		r.Checkpoint = data
+		return r
+	})
+	if err == nil {
+		c.mu.Lock()
+		c.checkpoint = data
+		c.mu.Unlock()
+	}
+	return err
+}
+
+// Release deletes the claim so that a retry runs the work again, and ends the
+// claim. Use it when the work failed before any effect, or when the work is
+// idempotent downstream; otherwise releasing brings back the double effect
+// the key exists to prevent. If the record is no longer this claim's (taken
+// over, evicted), Release leaves it alone and returns an error wrapping
+// ErrFenced.
+func (c *Claim) Release(ctx context.Context) error {
+	return c.write(ctx, "release", true, nil, nil)
+}
+
+// Abandon gives the claim up without deleting it: the record stays in flight
+// with its fingerprint and last checkpoint but no owner, and the next
+// request with the key takes it over at once and resumes from the
+// checkpoint, with a greater fencing token. Fenced like Complete.
+func (c *Claim) Abandon(ctx context.Context) error {
+	return c.write(ctx, "abandon", true, nil, func(r *Record) *Record {
+		r.Owner = ""
+		r.Deadline = time.Time{}
+		return r
+	})
+}
+
+// write performs one fenced write: If(ModRevision(record) == c.rev). next
+// edits a copy of the claim's record (nil next: delete the record). final
+// writes end the claim.
+func (c *Claim) write(ctx context.Context, op string, final bool, extra []clientv3.Op, next func(*Record) *Record) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ended {
+		return fmt.Errorf("%s %s: %w", op, c.key, ErrClaimEnded)
+	}
+	s := c.s
+	ekey := s.ks.record(c.key)
+	for try := 0; ; try++ {
+		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(ekey), "=", c.rev)}
+		var rec *Record
+		var res casResult
+		var err error
+		if next == nil {
+			res, err = s.cas(ctx, c.key, cmps, append([]clientv3.Op{clientv3.OpDelete(ekey)}, extra...))
+		} else {
+			now := s.now()
+			rec = next(c.recordLocked(now))
+			res, err = s.writeRecord(ctx, c.key, cmps, rec, c.token, extra...)
+		}
+		if err != nil {
+			if errors.Is(err, ErrCorrupt) || !retryable(ctx, err) || try >= maxTries-1 || !backoff(ctx, try) {
+				return wrapEtcd(op, c.key, err) // the claim stays held
+			}
+			continue
+		}
+		if res.ok {
+			c.rev = res.rev
+			if final {
+				c.endLocked(ErrClaimEnded)
+			}
+			return nil
+		}
+		cur := res.cur
+		// Only this claim writes records with its token and attempt id: a
+		// takeover writes its own. Such a record means an earlier write of
+		// ours landed although its reply was lost.
+		mine := cur != nil && cur.Token == c.token && cur.Attempt == c.attempt
+		switch {
+		case mine && cur.State == InFlight && try < maxTries:
+			c.rev = cur.Revision // write again on top of our own
+			continue
+		case mine && cur.State == Done:
+			c.rev = cur.Revision
+			c.endLocked(ErrClaimEnded)
+			if rec != nil && rec.State == Done {
+				return nil // our Complete landed
+			}
+			return fmt.Errorf("%s %s: %w", op, c.key, ErrClaimEnded)
+		case cur == nil && next == nil:
+			c.endLocked(ErrClaimEnded) // nothing of ours is left to release
+			return nil
+		}
+		c.endLocked(ErrFenced)
+		return fmt.Errorf("%s %s: %w", op, c.key, ErrFenced)
+	}
+}
+
+// recordLocked returns the claim's in-flight record as of now.
+func (c *Claim) recordLocked(now time.Time) *Record {
+	return &Record{
+		State:       InFlight,
+		Fingerprint: c.fp,
+		Owner:       c.owner,
+		Attempt:     c.attempt,
+		Created:     c.created,
+		Expires:     now.Add(c.s.retention),
+		Deadline:    c.deadline,
+		Checkpoint:  c.checkpoint,
+		Takeovers:   c.takeovers,
+	}
+}
+
+// endLocked ends the claim: no more writes, its context is cancelled with
+// cause, and the process no longer holds its key.
+func (c *Claim) endLocked(cause error) {
+	c.ended = true
+	c.s.unregister(c)
+	c.cancel(cause)
+	if c.stop != nil {
+		c.stop()
+	}
+}
+
+// checkOps validates Complete's extra ops.
+func (s *Store) checkOps(ops []clientv3.Op) error {
+	if len(ops) > MaxExtraOps {
+		return fmt.Errorf("%w: %d extra ops, limit %d", ErrInvalidArgument, len(ops), MaxExtraOps)
+	}
+	lo, hi := s.ks.prefix, clientv3.GetPrefixRangeEnd(s.ks.prefix)
+	for i, op := range ops {
+		if op.IsTxn() {
+			return fmt.Errorf("%w: extra op %d is a nested txn", ErrInvalidArgument, i)
+		}
+		k, end := string(op.KeyBytes()), string(op.RangeBytes())
+		inside := k >= lo && k < hi
+		if end != "" {
+			// A range [k, end) ("\x00" means to the end of the keyspace)
+			// overlaps [lo, hi) unless it lies wholly on one side.
+			inside = inside || k < hi && (end == "\x00" || end > lo)
+		}
+		if inside {
+			return fmt.Errorf("%w: extra op %d touches key %q inside the store's prefix %q", ErrInvalidArgument, i, k, lo)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,185 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// MinTTL is the shortest lease etcd honours: shorter TTLs are raised to about
+// 1.5 election timeouts by the server.
+const MinTTL = 2 * time.Second
+
+// Buckets hands out shared retention leases, one per time bucket. It is safe
+// for concurrent use. It starts no goroutines.
+type Buckets struct {
+	client    *clientv3.Client
+	prefix    string
+	retention time.Duration
+	width     time.Duration
+
+	mu      sync.Mutex
+	buckets map[int64]*bucket
+}
+
+type bucket struct {
+	ready chan struct{} // closed when id or err is set
+	id    clientv3.LeaseID
+	err   error
+}
+
+// NewBuckets returns Buckets that keep records for at least retention, with
+// buckets width wide, and bucket keys under prefix (for example "/idem/l/").
+func NewBuckets(client *clientv3.Client, prefix string, retention, width time.Duration) (*Buckets, error) {
+	switch {
+	case client == nil:
+		return nil, errors.New("lease buckets: nil etcd client")
+	case prefix == "":
+		return nil, errors.New("lease buckets: empty key prefix")
+	case retention < time.Second || retention%time.Second != 0:
+		return nil, fmt.Errorf("lease buckets: retention %v must be a whole number of seconds, at least 1s", retention)
+	case width < time.Second || width%time.Second != 0:
+		return nil, fmt.Errorf("lease buckets: bucket width %v must be a whole number of seconds, at least 1s", width)
+	case width > retention:
+		return nil, fmt.Errorf("lease buckets: bucket width %v is longer than retention %v", width, retention)
+	}
+	return &Buckets{
+		client:    client,
+		prefix:    prefix,
+		retention: retention,
+		width:     width,
+		buckets:   make(map[int64]*bucket),
+	}, nil
+}
+
+// Retention returns the minimum time a record attached to a lease from For
+// is kept.
+func (b *Buckets) Retention() time.Duration { return b.retention }
+
+// For returns the lease to attach a record written at now to. The lease
+// expires no earlier than now + retention (on the etcd leader's clock, see the
+// package documentation). The first call in a bucket costs up to three etcd
+// round trips (grant, claim the bucket key, and revoke when another process
+// won); later calls in the same bucket are served from memory.
+func (b *Buckets) For(ctx context.Context, now time.Time) (clientv3.LeaseID, error) {
+	idx := now.UnixNano() / int64(b.width)
+	b.mu.Lock()
+	bk, ok := b.buckets[idx]
+	if !ok {
+		bk = &bucket{ready: make(chan struct{})}
+		b.buckets[idx] = bk
+		for old := range b.buckets {
+			if old < idx-1 {
+				delete(b.buckets, old)
+			}
+		}
+	}
+	b.mu.Unlock()
+	if !ok {
+		bk.id, bk.err = b.resolve(ctx, idx)
+		if bk.err != nil {
+			b.mu.Lock()
+			if b.buckets[idx] == bk {
+				delete(b.buckets, idx)
+			}
+			b.mu.Unlock()
+		}
+		close(bk.ready)
+	}
+	select {
+	case <-bk.ready:
+		return bk.id, bk.err
+	case <-ctx.Done():
+		return clientv3.NoLease, fmt.Errorf("retention lease: %w", context.Cause(ctx))
+	}
+}
+
+// Invalidate forgets id, so the next For looks its bucket up again. Call it
+// when etcd answers that the lease does not exist (it was revoked by hand, or
+// the clock jumped).
+func (b *Buckets) Invalidate(id clientv3.LeaseID) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for idx, bk := range b.buckets {
+		select {
+		case <-bk.ready:
+			if bk.id == id {
+				delete(b.buckets, idx)
+			}
+		default:
+		}
+	}
+}
+
+// key names the bucket. Retention and width are part of it, so processes
+// configured differently never share a lease with the wrong TTL.
+func (b *Buckets) key(idx int64) string {
+	return b.prefix + strconv.FormatInt(int64(b.retention/time.Second), 10) + "s/" +
+		strconv.FormatInt(int64(b.width/time.Second), 10) + "s/" + strconv.FormatInt(idx, 10)
+}
+
+func (b *Buckets) resolve(ctx context.Context, idx int64) (clientv3.LeaseID, error) {
+	key := b.key(idx)
+	// Fast path: another process already made this bucket's lease.
+	if id, ok, err := b.lookup(ctx, key); err != nil || ok {
+		return id, err
+	}
+	end := time.Unix(0, (idx+1)*int64(b.width))
+	ttl := time.Until(end.Add(b.retention))
+	ttl = (ttl + time.Second - 1).Truncate(time.Second) // round up
+	if ttl < MinTTL {
+		ttl = MinTTL
+	}
+	g, err := b.client.Grant(ctx, int64(ttl/time.Second))
+	if err != nil {
+		return clientv3.NoLease, fmt.Errorf("retention lease %s: grant: %w", key, err)
+	}
+	resp, err := b.client.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, strconv.FormatInt(int64(g.ID), 16), clientv3.WithLease(g.ID))).
+		Else(clientv3.OpGet(key)).
+		Commit()
+	if err != nil {
+		// Unknown outcome: the lease may or may not be the bucket's now. Leave
+		// it to expire (it is short relative to how often this happens) and
+		// let the next call look the bucket up again.
+		return clientv3.NoLease, fmt.Errorf("retention lease %s: claim: %w", key, err)
+	}
+	if resp.Succeeded {
+		return g.ID, nil
+	}
+	// Another process won the bucket: use its lease and give ours back.
+	// A failed revoke is harmless: the unused lease has no keys and expires
+	// on its own.
+	_, _ = b.client.Revoke(ctx, g.ID)
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 {
+		return clientv3.NoLease, fmt.Errorf("retention lease %s: bucket key vanished during claim", key)
+	}
+	return parseLeaseID(key, kvs[0].Value)
+}
+
+func (b *Buckets) lookup(ctx context.Context, key string) (clientv3.LeaseID, bool, error) {
+	resp, err := b.client.Get(ctx, key)
+	if err != nil {
+		return clientv3.NoLease, false, fmt.Errorf("retention lease %s: %w", key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return clientv3.NoLease, false, nil
+	}
+	id, err := parseLeaseID(key, resp.Kvs[0].Value)
+	return id, err == nil, err
+}
+
+func parseLeaseID(key string, v []byte) (clientv3.LeaseID, error) {
+	n, err := strconv.ParseInt(string(v), 16, 64)
+	if err != nil || n == 0 {
+		return clientv3.NoLease, fmt.Errorf("retention lease %s: corrupt lease id %q", key, v)
+	}
+	return clientv3.LeaseID(n), nil
+}
