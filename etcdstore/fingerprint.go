@@ -48,7 +48,7 @@ const maxJSONDepth = 256
 // an error wrapping ErrInvalidParams, input that is not a single JSON value
 // in valid UTF-8, objects with a repeated member name (parsers disagree on
 // which one wins), nesting deeper than 256, and non-integer numbers that a
-// float64 cannot represent exactly (1e400, 0.1000000000000000000001): two
+// float64 round trip would change (1e400, 0.1000000000000000000001): two
 // different such numbers would otherwise share one canonical form. Integer
 // literals are kept digit for digit, so large ids survive.
 func CanonicalJSON(b []byte) ([]byte, error) {
@@ -170,9 +170,11 @@ func compareUTF16(a, b string) int {
 
 // canonNumber spells a JSON number one way. Integer literals stay as written
 // (JSON forbids leading zeros, so that is already unique), except "-0".
-// Others must be exactly representable as a float64 and take Go's shortest
-// round-trip form, with integral values of magnitude below 2^53 written as
-// integers so that 1.0, 1e0 and 1 agree.
+// Others take Go's shortest float64 round-trip form, with integral values of
+// magnitude below 2^53 written as integers so that 1.0, 1e0 and 1 agree. A
+// number whose canonical form has a different decimal value than its literal
+// (it cannot round-trip through JSON's usual float64) is refused: two
+// different numbers would share one fingerprint.
 func canonNumber(s string) (string, error) {
 	if !strings.ContainsAny(s, ".eE") {
 		if s == "-0" {
@@ -184,17 +186,21 @@ func canonNumber(s string) (string, error) {
 	if err != nil || math.IsInf(f, 0) {
 		return "", fmt.Errorf("%w: JSON number %s is out of range", ErrInvalidParams, s)
 	}
-	exact, ok := new(big.Rat).SetString(s)
-	if !ok || exact.Cmp(new(big.Rat).SetFloat64(f)) != 0 {
-		return "", fmt.Errorf("%w: JSON number %s cannot be represented exactly; send it as a string", ErrInvalidParams, s)
+	var c string
+	switch {
+	case f == 0:
+		c = "0"
+	case f == math.Trunc(f) && math.Abs(f) < 1<<53:
+		c = strconv.FormatInt(int64(f), 10)
+	default:
+		c = strconv.FormatFloat(f, 'g', -1, 64)
 	}
-	if f == 0 {
-		return "0", nil
+	lit, ok1 := new(big.Rat).SetString(s)
+	can, ok2 := new(big.Rat).SetString(c)
+	if !ok1 || !ok2 || lit.Cmp(can) != 0 {
+		return "", fmt.Errorf("%w: JSON number %s does not survive a float64 round trip (it would read as %s); send it as a string", ErrInvalidParams, s, c)
 	}
-	if f == math.Trunc(f) && math.Abs(f) < 1<<53 {
-		return strconv.FormatInt(int64(f), 10), nil
-	}
-	return strconv.FormatFloat(f, 'g', -1, 64), nil
+	return c, nil
 }
 
 func writeJSONString(out *bytes.Buffer, s string) {

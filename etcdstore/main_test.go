@@ -114,3 +114,14 @@ func fpOf(t testing.TB, params string) Fingerprint {
 	}
 	return fp
 }
+
+// newProxy starts a proxy to an etcd client URL, closed when the test ends.
+func newProxy(t testing.TB, clientURL string) *etcdtest.Proxy {
+	t.Helper()
+	p, err := etcdtest.NewProxy(strings.TrimPrefix(clientURL, "http://"))
+	if err != nil {
+		t.Fatalf("proxy: %v", err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}

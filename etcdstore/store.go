@@ -2,7 +2,6 @@ package etcdstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -371,15 +370,3 @@ func (s *Store) runningHere(owner, attempt string) bool {
 	c, ok := s.running[attempt]
 	return ok && c.owner == owner
 }
-
-// isClosed reports whether Close was called.
-func (s *Store) isClosed() bool {
-	select {
-	case <-s.closing:
-		return true
-	default:
-		return false
-	}
-}
-
-var errNoSession = errors.New("no session")

@@ -80,6 +80,9 @@ func (s *Store) awaitChange(ctx context.Context, k Key, cur *Record, ownerRev in
 		defer t.Stop()
 		deadline = t.C
 	}
+	if testHookAwait != nil {
+		testHookAwait()
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -109,6 +112,10 @@ func (s *Store) awaitChange(ctx context.Context, k Key, cur *Record, ownerRev in
 		}
 	}
 }
+
+// testHookAwait, when set by a test, is called once awaitChange's watches
+// are open: events from then on cannot be missed.
+var testHookAwait func()
 
 // afterWatchEnded turns a watch that stopped into a result: a compacted
 // start revision means history was dropped, so read the record again; any

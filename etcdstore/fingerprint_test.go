@@ -1,0 +1,103 @@
+package etcdstore
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestCanonicalJSON(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{`{"b":1,"a":2}`, `{"a":2,"b":1}`},
+		{" {\n\"a\" : [ 1 , 2 ] } ", `{"a":[1,2]}`},
+		{`{"a":{"d":null,"c":true}}`, `{"a":{"c":true,"d":null}}`},
+		{`1.0`, `1`},
+		{`1e2`, `100`},
+		{`-0`, `0`},
+		{`-0.0`, `0`},
+		{`0.5`, `0.5`},
+		{`0.1`, `0.1`},
+		{`[19.99, 1.10, 2.5E-3]`, `[19.99,1.1,0.0025]`},
+		{`1.5e300`, `1.5e+300`},
+		{`12345678901234567890123`, `12345678901234567890123`}, // big integer ids survive
+		{`"\u00e9\u0041\/"`, `"éA/"`},
+		{`"<&>\u2028"`, "\"<&>\u2028\""}, // no HTML escaping
+		{`"\u0001\t"`, `"\u0001\t"`},
+		// RFC 8785 orders members by UTF-16 code units: U+FF61 (one unit)
+		// sorts after U+1F600 (surrogates D83D DE00).
+		{`{"｡":1,"😀":2}`, `{"😀":2,"｡":1}`},
+	}
+	for _, tt := range tests {
+		got, err := CanonicalJSON([]byte(tt.in))
+		if err != nil || string(got) != tt.want {
+			t.Errorf("CanonicalJSON(%s) = %s, %v; want %s", tt.in, got, err, tt.want)
+		}
+	}
+}
+
+func TestCanonicalJSONRejects(t *testing.T) {
+	for _, in := range []string{
+		`{"a":1,"a":1}`,
+		`{"a":{"b":1,"b":2}}`,
+		`1e400`,
+		`-1e400`,
+		`0.1000000000000000000001`,
+		`{"a":1} {"b":2}`,
+		`{"a":1`,
+		"\"\xff\"",
+		strings.Repeat("[", maxJSONDepth+2) + strings.Repeat("]", maxJSONDepth+2),
+	} {
+		if _, err := CanonicalJSON([]byte(in)); !errors.Is(err, ErrInvalidParams) {
+			t.Errorf("CanonicalJSON(%.40q) error = %v; want ErrInvalidParams", in, err)
+		}
+	}
+}
+
+func TestFingerprintOf(t *testing.T) {
+	same := [][2]string{
+		{`{"a":1,"b":[1,2]}`, "{\"b\":[1,2],\n\"a\":1.0}"},
+		{`not json`, `not json`},
+		{``, ``},
+	}
+	for _, p := range same {
+		if fpOf(t, p[0]) != fpOf(t, p[1]) {
+			t.Errorf("FingerprintOf(%q) != FingerprintOf(%q); want equal", p[0], p[1])
+		}
+	}
+	differ := [][2]string{
+		{`{"a":1}`, `{"a":2}`},
+		{`{"a":1}`, `{"a":"1"}`},
+		{`[1,2]`, `[2,1]`},
+		{`not json`, `not json `},
+		{`12345678901234567890`, `12345678901234567891`},
+		{`{"a":1}`, `{"a":1}x`}, // the second is not JSON: raw bytes
+	}
+	for _, p := range differ {
+		if fpOf(t, p[0]) == fpOf(t, p[1]) {
+			t.Errorf("FingerprintOf(%q) == FingerprintOf(%q); want different", p[0], p[1])
+		}
+	}
+	if _, err := FingerprintOf([]byte(`{"a":1,"a":2}`)); !errors.Is(err, ErrInvalidParams) {
+		t.Errorf("duplicate member: %v; want ErrInvalidParams", err)
+	}
+}
+
+func FuzzCanonicalJSON(f *testing.F) {
+	for _, s := range []string{`{"b":1,"a":[1,2.5,"x"]}`, `1e2`, `"\u00e9"`, `{"a":{"b":null}}`, `[]`, `-0.0`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := CanonicalJSON(b)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidParams) {
+				t.Fatalf("error %v does not wrap ErrInvalidParams", err)
+			}
+			return
+		}
+		// The canonical form is a fixed point.
+		c2, err := CanonicalJSON(c)
+		if err != nil || string(c2) != string(c) {
+			t.Fatalf("not idempotent: %q -> %q -> %q, %v", b, c, c2, err)
+		}
+	})
+}

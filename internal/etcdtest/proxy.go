@@ -1,0 +1,179 @@
+package etcdtest
+
+import (
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Proxy is a TCP proxy on loopback in front of one address, for cutting,
+// delaying and resetting one link. It binds a port the kernel picks. Faults
+// apply to both directions and to connections already open.
+type Proxy struct {
+	ln     net.Listener
+	target string
+
+	blackhole atomic.Bool
+	delay     atomic.Int64 // one-way delay in nanoseconds
+	jitter    atomic.Int64 // extra random delay bound in nanoseconds
+
+	// Counters that let a fault test prove the fault fired.
+	Forwarded atomic.Int64 // bytes delivered
+	Dropped   atomic.Int64 // bytes swallowed by a blackhole
+	Resets    atomic.Int64 // connections closed by DropConnections
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// NewProxy starts a proxy to target ("host:port").
+func NewProxy(target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{ln: ln, target: target, conns: make(map[net.Conn]struct{})}
+	p.wg.Add(1)
+	go p.accept()
+	return p, nil
+}
+
+// Addr returns the proxy's "host:port".
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// URL returns the proxy's address as an http URL.
+func (p *Proxy) URL() string { return "http://" + p.Addr() }
+
+// Blackhole silently drops all traffic, in both directions, without closing
+// connections: like a network partition, the peer sees nothing at all.
+func (p *Proxy) Blackhole() { p.blackhole.Store(true) }
+
+// Heal ends a blackhole and removes delays.
+func (p *Proxy) Heal() {
+	p.blackhole.Store(false)
+	p.delay.Store(0)
+	p.jitter.Store(0)
+}
+
+// Delay adds d (plus up to jitter) to every chunk in each direction, so a
+// round trip through the proxy costs about 2d more.
+func (p *Proxy) Delay(d, jitter time.Duration) {
+	p.delay.Store(int64(d))
+	p.jitter.Store(int64(jitter))
+}
+
+// DropConnections closes every open connection (a reset); new ones are
+// accepted.
+func (p *Proxy) DropConnections() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		c.Close()
+		p.Resets.Add(1)
+	}
+}
+
+// Close stops the proxy and closes every connection.
+func (p *Proxy) Close() {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	p.ln.Close()
+	p.DropConnections()
+	p.wg.Wait()
+}
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		in, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		out, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+		if err != nil {
+			in.Close()
+			continue
+		}
+		if !p.track(in, out) {
+			return
+		}
+		p.wg.Add(2)
+		go p.pipe(out, in)
+		go p.pipe(in, out)
+	}
+}
+
+func (p *Proxy) track(cs ...net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		for _, c := range cs {
+			c.Close()
+		}
+		return false
+	}
+	for _, c := range cs {
+		p.conns[c] = struct{}{}
+	}
+	return true
+}
+
+func (p *Proxy) untrack(c net.Conn) {
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
+	c.Close()
+}
+
+type chunk struct {
+	at   time.Time
+	data []byte
+}
+
+// pipe copies src to dst through a queue, so a delay shifts every chunk by
+// the same amount instead of throttling the stream.
+func (p *Proxy) pipe(dst, src net.Conn) {
+	defer p.wg.Done()
+	queue := make(chan chunk, 1024)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for c := range queue {
+			if wait := time.Until(c.at); wait > 0 {
+				time.Sleep(wait) // simulated wire latency, not synchronisation
+			}
+			if _, err := dst.Write(c.data); err != nil {
+				for range queue { // drain so the reader is never stuck
+				}
+				return
+			}
+			p.Forwarded.Add(int64(len(c.data)))
+		}
+	}()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if p.blackhole.Load() {
+				p.Dropped.Add(int64(n))
+			} else {
+				d := time.Duration(p.delay.Load())
+				if j := p.jitter.Load(); j > 0 {
+					d += time.Duration(time.Now().UnixNano() % j)
+				}
+				queue <- chunk{at: time.Now().Add(d), data: append([]byte(nil), buf[:n]...)}
+			}
+		}
+		if err != nil { // EOF, reset, or closed by DropConnections
+			break
+		}
+	}
+	close(queue)
+	<-done
+	p.untrack(src)
+	p.untrack(dst)
+}
