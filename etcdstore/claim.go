@@ -74,12 +74,12 @@ func WithWait() ClaimOption {
 // until then the process holds the key and other callers get ErrConflict.
 // A Claim's methods are safe for concurrent use; its writes are serialised.
 type Claim struct {
-	s        *Store
-	key      Key
-	fp       Fingerprint
-	attempt  string
-	owner    string
-	token    fencing.Token
+	s         *Store
+	key       Key
+	fp        Fingerprint
+	attempt   string
+	owner     string
+	token     fencing.Token
 	created   time.Time
 	deadline  time.Time
 	takeovers int     // how often the key was taken over before this claim
