@@ -77,8 +77,9 @@ func TestLostClaimReplyIsRecognised(t *testing.T) {
 func TestRetryWithSameAttemptIsRecognised(t *testing.T) {
 	var lose atomic.Int32
 	cli := lossyClient(t, &lose)
-	s := newStore(t, cli, testPrefix(t))
-	other := newStore(t, client(t), testPrefix(t))
+	prefix := testPrefix(t)
+	s := newStore(t, cli, prefix)
+	other := newStore(t, client(t), prefix)
 	ctx := testCtx(t)
 	key := Key{ID: "k"}
 	fp := fpOf(t, "p")

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -72,10 +73,13 @@ func client(t testing.TB) *clientv3.Client {
 	return single.MustClient(t)
 }
 
-// testPrefix returns a key prefix no other test uses.
+// testPrefix returns a key prefix no other test, and no other run of this
+// test (-count), uses.
 func testPrefix(t testing.TB) string {
-	return "/t/" + strings.ReplaceAll(t.Name(), "/", "_") + "/"
+	return fmt.Sprintf("/t/%s/%d/", strings.ReplaceAll(t.Name(), "/", "_"), prefixSeq.Add(1))
 }
+
+var prefixSeq atomic.Int64
 
 // newStore returns a store under prefix, closed when the test ends.
 func newStore(t testing.TB, cli *clientv3.Client, prefix string, opts ...Option) *Store {

@@ -87,8 +87,9 @@ func TestMismatchNeverRunsNeverReplaysNeverWrites(t *testing.T) {
 
 func TestDoneReplaysWithoutRunningOrWriting(t *testing.T) {
 	cli := client(t)
-	s := newStore(t, cli, testPrefix(t))
-	other := newStore(t, cli, testPrefix(t)) // another process
+	prefix := testPrefix(t)
+	s := newStore(t, cli, prefix)
+	other := newStore(t, cli, prefix) // another process
 	ctx := testCtx(t)
 	key := Key{ID: "k"}
 	body := bytes.Repeat([]byte{0, 1, 2, 0xff}, 1000) // binary, not text
@@ -118,8 +119,9 @@ func TestDoneReplaysWithoutRunningOrWriting(t *testing.T) {
 
 func TestInFlightLiveOwnerConflicts(t *testing.T) {
 	cli := client(t)
-	owner := newStore(t, cli, testPrefix(t))
-	other := newStore(t, cli, testPrefix(t), WithRetryAfter(3*time.Second))
+	prefix := testPrefix(t)
+	owner := newStore(t, cli, prefix)
+	other := newStore(t, cli, prefix, WithRetryAfter(3*time.Second))
 	ctx := testCtx(t)
 	key := Key{ID: "k"}
 	fp := fpOf(t, "p")
@@ -149,8 +151,9 @@ func TestInFlightLiveOwnerConflicts(t *testing.T) {
 
 func TestConflictRetryAfterFollowsDeadline(t *testing.T) {
 	cli := client(t)
-	owner := newStore(t, cli, testPrefix(t))
-	other := newStore(t, cli, testPrefix(t), WithRetryAfter(time.Hour))
+	prefix := testPrefix(t)
+	owner := newStore(t, cli, prefix)
+	other := newStore(t, cli, prefix, WithRetryAfter(time.Hour))
 	ctx := testCtx(t)
 	c, _, err := owner.Claim(ctx, Key{ID: "k"}, fpOf(t, "p"), WithDeadline(time.Minute))
 	if err != nil {

@@ -33,8 +33,9 @@ type waitResult struct {
 
 func TestWaitReturnsOutcomeWhenOwnerCompletes(t *testing.T) {
 	cli := client(t)
-	owner := newStore(t, cli, testPrefix(t))
-	waiter := newStore(t, cli, testPrefix(t))
+	prefix := testPrefix(t)
+	owner := newStore(t, cli, prefix)
+	waiter := newStore(t, cli, prefix)
 	ctx := testCtx(t)
 	key := Key{ID: "k"}
 	c, _, err := owner.Claim(ctx, key, fpOf(t, "p"))
@@ -56,8 +57,9 @@ func TestWaitReturnsOutcomeWhenOwnerCompletes(t *testing.T) {
 
 func TestWaitEndsWhenReleasedOrStale(t *testing.T) {
 	cli := client(t)
-	owner := newStore(t, cli, testPrefix(t))
-	waiter := newStore(t, cli, testPrefix(t))
+	prefix := testPrefix(t)
+	owner := newStore(t, cli, prefix)
+	waiter := newStore(t, cli, prefix)
 	ctx := testCtx(t)
 	key := Key{ID: "k"}
 

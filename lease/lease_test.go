@@ -52,11 +52,12 @@ func TestBucketsShareOneLeasePerBucket(t *testing.T) {
 	}
 	const procs = 8
 	now := time.Now()
+	prefix := fmt.Sprintf("/t/share/%d/", now.UnixNano())
 	ids := make([]clientv3.LeaseID, procs)
 	errs := make([]error, procs)
 	var wg sync.WaitGroup
 	for i := 0; i < procs; i++ {
-		b, err := NewBuckets(cluster.MustClient(t), "/t/share/", time.Hour, time.Hour)
+		b, err := NewBuckets(cluster.MustClient(t), prefix, time.Hour, time.Hour)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -95,7 +96,7 @@ func TestBucketsShareOneLeasePerBucket(t *testing.T) {
 func TestBucketsCacheAndRecoverFromRevokedLease(t *testing.T) {
 	ctx := ctxFor(t)
 	cli := cluster.MustClient(t)
-	b, err := NewBuckets(cli, "/t/revoked/", time.Hour, time.Hour)
+	b, err := NewBuckets(cli, fmt.Sprintf("/t/revoked/%d/", time.Now().UnixNano()), time.Hour, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
