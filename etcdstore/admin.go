@@ -3,24 +3,77 @@ package etcdstore
 import (
 	"context"
 	"fmt"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
+// Admin reads and evicts records without a session: for operators' tools,
+// which must not hold leases or owner keys. It starts no goroutines. A Store
+// offers the same methods.
+type Admin struct {
+	client  *clientv3.Client
+	ks      keyspace
+	now     func() time.Time
+	timeout time.Duration // per etcd request; 0: none
+}
+
+// request bounds one etcd request by the request timeout.
+func (a *Admin) request(ctx context.Context) (context.Context, context.CancelFunc) {
+	if a.timeout <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, a.timeout)
+}
+
+// NewAdmin returns an Admin for the store under the prefix set by opts
+// (only WithPrefix and WithRequestTimeout matter).
+func NewAdmin(client *clientv3.Client, opts ...Option) (*Admin, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: nil etcd client", ErrInvalidArgument)
+	}
+	c := config{prefix: DefaultPrefix, requestTimeout: DefaultRequestTimeout}
+	for _, o := range opts {
+		if err := o(&c); err != nil {
+			return nil, fmt.Errorf("new admin: %w", err)
+		}
+	}
+	return &Admin{client: client, ks: keyspace{prefix: c.prefix}, now: time.Now, timeout: c.requestTimeout}, nil
+}
+
 // Get returns the record of key with a linearizable read, or an error
 // wrapping ErrNotFound when there is none or its retention has passed.
-func (s *Store) Get(ctx context.Context, key Key) (*Record, error) {
+func (a *Admin) Get(ctx context.Context, key Key) (*Record, error) {
 	if err := key.Validate(); err != nil {
 		return nil, fmt.Errorf("get: %w", err)
 	}
-	rec, _, err := s.get(ctx, key)
+	rec, _, err := a.get(ctx, key)
 	if err != nil {
 		return nil, err
 	}
-	if rec == nil || rec.expired(s.now()) {
+	if rec == nil || rec.expired(a.now()) {
 		return nil, fmt.Errorf("get %s: %w", key, ErrNotFound)
 	}
 	return rec, nil
+}
+
+// get reads the record with a linearizable Get. It returns nil when absent,
+// and the revision of the read.
+func (a *Admin) get(ctx context.Context, k Key) (*Record, int64, error) {
+	rctx, cancel := a.request(ctx)
+	defer cancel()
+	resp, err := a.client.Get(rctx, a.ks.record(k))
+	if err != nil {
+		return nil, 0, unavailable("get", k, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, resp.Header.Revision, nil
+	}
+	rec, err := decode(k, resp.Kvs[0])
+	if err != nil {
+		return nil, 0, fmt.Errorf("get %s: %w", k, err)
+	}
+	return rec, resp.Header.Revision, nil
 }
 
 // Evict deletes key's record whatever its state, so the next request with the
@@ -28,11 +81,13 @@ func (s *Store) Get(ctx context.Context, key Key) (*Record, error) {
 // forgets its outcome, and evicting an in-flight key fences its owner out (its
 // Complete will fail with ErrFenced). It returns an error wrapping
 // ErrNotFound when there was nothing to delete.
-func (s *Store) Evict(ctx context.Context, key Key) error {
+func (a *Admin) Evict(ctx context.Context, key Key) error {
 	if err := key.Validate(); err != nil {
 		return fmt.Errorf("evict: %w", err)
 	}
-	resp, err := s.client.Delete(ctx, s.ks.record(key))
+	rctx, cancel := a.request(ctx)
+	defer cancel()
+	resp, err := a.client.Delete(rctx, a.ks.record(key))
 	if err != nil {
 		return unavailable("evict", key, err)
 	}
@@ -61,13 +116,13 @@ const MaxListLimit = 1000
 // returned as After to get the next page. A page shorter than Limit is the
 // last. Records that cannot be decoded are skipped and counted in the error
 // (which wraps ErrCorrupt) after the page.
-func (s *Store) List(ctx context.Context, tenant string, o ListOptions) ([]*Record, error) {
-	prefix := s.ks.records()
+func (a *Admin) List(ctx context.Context, tenant string, o ListOptions) ([]*Record, error) {
+	prefix := a.ks.records()
 	if tenant != "" {
 		if err := ValidateTenant(tenant); err != nil {
 			return nil, fmt.Errorf("list: %w", err)
 		}
-		prefix = s.ks.tenant(tenant)
+		prefix = a.ks.tenant(tenant)
 	}
 	switch {
 	case o.Limit == 0:
@@ -86,19 +141,21 @@ func (s *Store) List(ctx context.Context, tenant string, o ListOptions) ([]*Reco
 		if tenant != "" && o.After.tenant() != tenant {
 			return nil, fmt.Errorf("list: %w: after key of tenant %q while listing %q", ErrInvalidArgument, o.After.tenant(), tenant)
 		}
-		start = s.ks.record(*o.After) + "\x00"
+		start = a.ks.record(*o.After) + "\x00"
 	}
 	end := clientv3.GetPrefixRangeEnd(prefix)
 	var out []*Record
 	corrupt := 0
 	for len(out) < o.Limit {
-		resp, err := s.client.Get(ctx, start, clientv3.WithRange(end), clientv3.WithLimit(int64(o.Limit)))
+		rctx, cancel := a.request(ctx)
+		resp, err := a.client.Get(rctx, start, clientv3.WithRange(end), clientv3.WithLimit(int64(o.Limit)))
+		cancel()
 		if err != nil {
 			return nil, fmt.Errorf("list %q: %w: %w", tenant, ErrUnavailable, err)
 		}
-		now := s.now()
+		now := a.now()
 		for _, kv := range resp.Kvs {
-			k, ok := s.ks.parseRecord(string(kv.Key))
+			k, ok := a.ks.parseRecord(string(kv.Key))
 			if !ok {
 				corrupt++
 				continue
@@ -125,4 +182,65 @@ func (s *Store) List(ctx context.Context, tenant string, o ListOptions) ([]*Reco
 		return out, fmt.Errorf("list %q: %w: %d records could not be read", tenant, ErrCorrupt, corrupt)
 	}
 	return out, nil
+}
+
+// Stats counts what the store holds.
+type Stats struct {
+	Records  int64 // records, expired ones included until their lease fires
+	InFlight int64 // of the scanned records
+	Done     int64 // of the scanned records
+	Expired  int64 // of the scanned records: past retention, awaiting their lease
+	Scanned  int64 // records whose state was read; < Records when the scan was capped
+	Owners   int64 // live sessions (idem processes)
+	Buckets  int64 // live retention buckets (one lease each)
+}
+
+// Stats counts records, live sessions and retention buckets, reading the
+// state of at most maxScan records (0: all) in pages of 1000.
+func (a *Admin) Stats(ctx context.Context, maxScan int64) (Stats, error) {
+	var st Stats
+	for _, c := range []struct {
+		prefix string
+		n      *int64
+	}{{a.ks.records(), &st.Records}, {a.ks.owners(), &st.Owners}, {a.ks.buckets(), &st.Buckets}} {
+		rctx, cancel := a.request(ctx)
+		resp, err := a.client.Get(rctx, c.prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		cancel()
+		if err != nil {
+			return st, fmt.Errorf("stats: %w: %w", ErrUnavailable, err)
+		}
+		*c.n = resp.Count
+	}
+	start, end := a.ks.records(), clientv3.GetPrefixRangeEnd(a.ks.records())
+	now := a.now()
+	for maxScan == 0 || st.Scanned < maxScan {
+		rctx, cancel := a.request(ctx)
+		resp, err := a.client.Get(rctx, start, clientv3.WithRange(end), clientv3.WithLimit(1000))
+		cancel()
+		if err != nil {
+			return st, fmt.Errorf("stats: %w: %w", ErrUnavailable, err)
+		}
+		for _, kv := range resp.Kvs {
+			if maxScan > 0 && st.Scanned == maxScan {
+				return st, nil
+			}
+			k, _ := a.ks.parseRecord(string(kv.Key))
+			rec, err := decode(k, kv)
+			st.Scanned++
+			switch {
+			case err != nil:
+			case rec.expired(now):
+				st.Expired++
+			case rec.State == Done:
+				st.Done++
+			default:
+				st.InFlight++
+			}
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			break
+		}
+		start = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+	return st, nil
 }

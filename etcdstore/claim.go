@@ -87,10 +87,10 @@ type Claim struct {
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	stop   context.CancelFunc // releases the deadline timer
 
 	mu         sync.Mutex
-	rev        int64 // ModRevision of this claim's last write: the fence
+	timer      *time.Timer // cancels ctx with ErrDeadline at the deadline
+	rev        int64       // ModRevision of this claim's last write: the fence
 	checkpoint []byte
 	ended      bool
 }
@@ -206,10 +206,28 @@ func (s *Store) Claim(ctx context.Context, key Key, fp Fingerprint, opts ...Clai
 		c.cancel(ErrClaimEnded)
 		return nil, done, err
 	}
-	if !c.deadline.IsZero() {
-		c.ctx, c.stop = context.WithDeadlineCause(c.ctx, c.deadline, ErrDeadline)
-	}
+	c.mu.Lock()
+	c.armDeadlineLocked()
+	c.mu.Unlock()
 	return c, nil, nil
+}
+
+// armDeadlineLocked (re)starts the timer that ends the claim's context at
+// its deadline. A claim past its deadline is no longer held by this
+// process: it is unregistered, so the next request here may take it over as
+// any other process may.
+func (c *Claim) armDeadlineLocked() {
+	if c.timer != nil {
+		c.timer.Stop()
+		c.timer = nil
+	}
+	if c.deadline.IsZero() {
+		return
+	}
+	c.timer = time.AfterFunc(c.deadline.Sub(c.s.now()), func() {
+		c.cancel(ErrDeadline)
+		c.s.unregister(c)
+	})
 }
 
 // acquire runs the decision table until the claim is won, the key is found
@@ -274,7 +292,7 @@ func (s *Store) acquire(ctx context.Context, c *Claim, sess *lease.Session, cfg 
 			Expires:     now.Add(s.retention),
 		}
 		if cfg.deadline > 0 {
-			rec.Deadline = now.Add(cfg.deadline)
+			rec.Deadline = toMillis(now.Add(cfg.deadline))
 		}
 		if taken != nil {
 			rec.Created = taken.Created
@@ -311,7 +329,9 @@ func (s *Store) acquire(ctx context.Context, c *Claim, sess *lease.Session, cfg 
 func (s *Store) writeRecord(ctx context.Context, k Key, cmps []clientv3.Cmp, rec *Record, token fencing.Token, extra ...clientv3.Op) (casResult, error) {
 	val := encode(rec, token)
 	for refreshed := false; ; refreshed = true {
-		id, err := s.buckets.For(ctx, s.now())
+		rctx, cancel := s.request(ctx)
+		id, err := s.buckets.For(rctx, s.now())
+		cancel()
 		if err != nil {
 			return casResult{}, err
 		}
@@ -339,7 +359,9 @@ func (c *Claim) won(rec *Record, previous *Record) {
 // ownerAlive reports whether owner's liveness key exists, with a
 // linearizable read, and the revision of that read.
 func (s *Store) ownerAlive(ctx context.Context, owner string) (bool, int64, error) {
-	resp, err := s.client.Get(ctx, s.ks.owner(owner), clientv3.WithCountOnly())
+	rctx, cancel := s.request(ctx)
+	defer cancel()
+	resp, err := s.client.Get(rctx, s.ks.owner(owner), clientv3.WithCountOnly())
 	if err != nil {
 		return false, 0, err
 	}

@@ -160,3 +160,27 @@ func TestSessionExpiryMidWorkFencesOutTheWorker(t *testing.T) {
 		t.Fatal("the blackhole dropped nothing: the fault did not fire")
 	}
 }
+
+// With etcd unreachable, calls fail with ErrUnavailable after the request
+// timeout (and the store's own retries), not when the caller gives up.
+func TestUnreachableEtcdIsUnavailable(t *testing.T) {
+	ctx := testCtx(t)
+	proxy := newProxy(t, single.Members[0].ClientURL)
+	cli := single.MustClient(t, proxy.URL())
+	s := newStore(t, cli, testPrefix(t), WithRequestTimeout(200*time.Millisecond))
+	proxy.Blackhole()
+	_, _, err := s.Claim(ctx, Key{ID: "k"}, fpOf(t, "p"))
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Claim with etcd blackholed = %v; want ErrUnavailable", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the claim waited for the caller's context")
+	}
+	if _, err := s.Get(ctx, Key{ID: "k"}); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Get = %v; want ErrUnavailable", err)
+	}
+	proxy.Heal()
+	if _, err := s.Do(ctx, Key{ID: "k"}, nil, func(context.Context, *Claim) ([]byte, error) { return nil, nil }); err != nil {
+		t.Fatalf("after healing: %v", err)
+	}
+}

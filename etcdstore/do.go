@@ -35,7 +35,7 @@ const (
 	KeepOnError
 )
 
-// OnError sets Do's error policy (default SaveError). Claim ignores it.
+// OnError sets Do's error policy (default SaveError). Claim and Run ignore it.
 //
 // Whatever the policy, a work whose context was cancelled (the caller gave
 // up, the claim was lost) is abandoned, not saved: "context canceled" is not
@@ -50,19 +50,20 @@ func OnError(p ErrorPolicy) ClaimOption {
 	}
 }
 
-// Work is the non-idempotent operation behind a key. ctx is cancelled when
-// the caller's context ends or the claim is lost, and carries the fencing
-// token (fencing.FromContext); c gives the token, the last checkpoint on a
-// takeover, and Checkpoint. The returned bytes are saved and replayed.
+// Work is the non-idempotent operation behind a key, for Do. ctx is
+// cancelled when the caller's context ends or the claim is lost, and
+// carries the fencing token (fencing.FromContext); c gives the token, the
+// last checkpoint on a takeover, and Checkpoint. The returned bytes are saved
+// and replayed.
 type Work func(ctx context.Context, c *Claim) ([]byte, error)
 
-// Result is what Do returns.
+// Result is what Do and Run return.
 type Result struct {
-	// Body is the work's result, or the replayed one.
-	Body []byte
-	// Replayed is true when Body was saved by an earlier call.
+	// Outcome is the work's outcome, or the replayed one.
+	Outcome
+	// Replayed is true when Outcome was saved by an earlier call.
 	Replayed bool
-	// Token is the fencing token of the claim that produced Body.
+	// Token is the fencing token of the claim that produced Outcome.
 	Token fencing.Token
 }
 
@@ -99,51 +100,95 @@ func (s *Store) Do(ctx context.Context, key Key, params []byte, work Work, opts 
 	if err != nil {
 		return Result{}, fmt.Errorf("do %s: %w", key, err)
 	}
+	var werr error
+	res, err := s.Run(ctx, key, fp, func(wctx context.Context, c *Claim) (Outcome, End) {
+		var body []byte
+		body, werr = work(wctx, c)
+		switch {
+		case werr == nil:
+			return Outcome{Body: body}, EndSave
+		case ctx.Err() != nil || c.Err() != nil || cfg.onError == KeepOnError:
+			return Outcome{}, EndAbandon
+		case cfg.onError == ReleaseOnError:
+			return Outcome{}, EndRelease
+		}
+		return Outcome{Err: werr.Error()}, EndSave
+	}, opts...)
+	switch {
+	case res.Replayed && res.Err != "":
+		return res, &SavedError{Message: res.Err}
+	case werr != nil && err != nil:
+		return res, fmt.Errorf("%w (and: %w)", werr, err)
+	case werr != nil:
+		return res, werr
+	}
+	return res, err
+}
+
+// End says how Run ends a work's claim.
+type End int
+
+const (
+	// EndSave completes the claim with the work's Outcome, to be replayed.
+	EndSave End = iota
+	// EndRelease deletes the claim: a retry runs the work again.
+	EndRelease
+	// EndAbandon leaves the claim, with its checkpoint, to the next request.
+	EndAbandon
+)
+
+// RunWork is the general form of a work, for Run: it returns the outcome
+// and how its claim must end.
+type RunWork func(ctx context.Context, c *Claim) (Outcome, End)
+
+// Run is the general form of Do, for callers that produce a whole Outcome
+// (an HTTP response: status, headers, body) and decide themselves how each
+// run ends. It claims key for fingerprint fp and then:
+//
+//   - replays a done key's Outcome (Result.Replayed) without running work;
+//   - returns a *MismatchError or *ConflictError as Claim does;
+//   - otherwise runs work and ends the claim as it says. The end is written
+//     even if ctx has ended (bounded by WithEndTimeout). If work panics, the
+//     claim is abandoned and the panic continues.
+//
+// When the end cannot be written, Run returns the work's Outcome with an
+// error wrapping ErrFenced (another owner took over: the saved outcome, if
+// any, is theirs) or ErrUnavailable (the store keeps trying in the
+// background, and the key stays claimed by this process meanwhile).
+func (s *Store) Run(ctx context.Context, key Key, fp Fingerprint, work RunWork, opts ...ClaimOption) (Result, error) {
 	c, done, err := s.Claim(ctx, key, fp, opts...)
 	if err != nil {
 		return Result{}, err
 	}
 	if done != nil {
-		res := Result{Body: done.Outcome.Body, Replayed: true, Token: done.Token}
-		if done.Outcome.Err != "" {
-			return res, &SavedError{Message: done.Outcome.Err}
-		}
-		return res, nil
+		return Result{Outcome: *done.Outcome, Replayed: true, Token: done.Token}, nil
 	}
-
-	body, werr := s.run(ctx, c, work)
-	res := Result{Body: body, Token: c.Token()}
-	// Save even when the caller has gone: the work is done either way.
-	end, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.endTimeout)
-	defer cancel()
+	out, end := s.run(ctx, c, work)
 	var finish func(context.Context) error
-	switch {
-	case werr == nil:
-		out := Outcome{Body: body}
-		finish = func(ctx context.Context) error { return c.Complete(ctx, out) }
-	case ctx.Err() != nil || c.Err() != nil || cfg.onError == KeepOnError:
-		finish = c.Abandon
-	case cfg.onError == ReleaseOnError:
+	switch end {
+	case EndRelease:
 		finish = c.Release
+	case EndAbandon:
+		finish = c.Abandon
 	default:
-		out := Outcome{Err: werr.Error()}
 		finish = func(ctx context.Context) error { return c.Complete(ctx, out) }
 	}
-	if err := finish(end); err != nil {
+	// Save even when the caller has gone: the work is done either way.
+	endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.endTimeout)
+	defer cancel()
+	res := Result{Outcome: out, Token: c.Token()}
+	if err := finish(endCtx); err != nil {
 		if errors.Is(err, ErrUnavailable) {
 			s.finishLater(c, finish)
 		}
-		if werr != nil {
-			return res, fmt.Errorf("%w (and: %w)", werr, err)
-		}
 		return res, err
 	}
-	return res, werr
+	return res, nil
 }
 
 // run calls work with the claim's context. A panic abandons the claim, so
 // the next request resumes it, then continues unwinding.
-func (s *Store) run(ctx context.Context, c *Claim, work Work) (body []byte, err error) {
+func (s *Store) run(ctx context.Context, c *Claim, work RunWork) (Outcome, End) {
 	wctx, cancel := c.Context(ctx)
 	defer cancel()
 	defer func() {
@@ -186,7 +231,7 @@ func (s *Store) finishLater(c *Claim, finish func(context.Context) error) {
 			err := finish(attempt)
 			cancelAttempt()
 			if !errors.Is(err, ErrUnavailable) {
-				s.log.Info("idem: saved a claim's end after retries", "key", c.key.String(), "err", err)
+				s.log.Info("idem: ended a claim after retries", "key", c.key.String(), "err", err)
 				return
 			}
 		}

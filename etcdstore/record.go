@@ -186,10 +186,14 @@ func decode(k Key, kv *mvccpb.KeyValue) (*Record, error) {
 	return r, nil
 }
 
+// toMillis rounds t down to the millisecond, the precision of times stored
+// in records, so a claim's in-memory deadline equals the stored one.
+func toMillis(t time.Time) time.Time { return time.UnixMilli(t.UnixMilli()) }
+
 // expired reports whether the record's retention has passed at now.
 func (r *Record) expired(now time.Time) bool { return !now.Before(r.Expires) }
 
-// stale reports whether an in-flight claim's deadline has passed at now.
+// pastDeadline reports whether an in-flight claim's deadline has passed at now.
 func (r *Record) pastDeadline(now time.Time) bool {
 	return !r.Deadline.IsZero() && !now.Before(r.Deadline)
 }

@@ -15,13 +15,14 @@ import (
 
 // Defaults of the Store's options.
 const (
-	DefaultPrefix        = "/idem/"
-	DefaultRetention     = 24 * time.Hour
-	DefaultBucketWidth   = time.Hour
-	DefaultSessionTTL    = 10 * time.Second
-	DefaultMaxRecordSize = 1 << 20 // 1 MiB, well under etcd's 1.5 MiB request limit
-	DefaultRetryAfter    = time.Second
-	DefaultEndTimeout    = 10 * time.Second
+	DefaultPrefix         = "/idem/"
+	DefaultRetention      = 24 * time.Hour
+	DefaultBucketWidth    = time.Hour
+	DefaultSessionTTL     = 10 * time.Second
+	DefaultMaxRecordSize  = 1 << 20 // 1 MiB, well under etcd's 1.5 MiB request limit
+	DefaultRetryAfter     = time.Second
+	DefaultEndTimeout     = 10 * time.Second
+	DefaultRequestTimeout = 5 * time.Second
 
 	// maxRecordSizeLimit leaves room under etcd's 1.5 MiB request limit for
 	// the key, the Txn framing and the caller's extra ops.
@@ -36,8 +37,9 @@ const (
 // a goroutine that retries that write until it lands, is fenced out, or the
 // Store closes.
 type Store struct {
+	Admin // Get, List, Evict, Stats
+
 	client     *clientv3.Client
-	ks         keyspace
 	buckets    *lease.Buckets
 	retention  time.Duration
 	sessionTTL time.Duration
@@ -45,7 +47,6 @@ type Store struct {
 	retryAfter time.Duration
 	endTimeout time.Duration
 	log        *slog.Logger
-	now        func() time.Time
 
 	mu      sync.Mutex
 	sess    *lease.Session // nil while a lost session is being replaced
@@ -60,14 +61,15 @@ type Store struct {
 type Option func(*config) error
 
 type config struct {
-	prefix      string
-	retention   time.Duration
-	bucketWidth time.Duration
-	sessionTTL  time.Duration
-	maxRecord   int
-	retryAfter  time.Duration
-	endTimeout  time.Duration
-	log         *slog.Logger
+	prefix         string
+	retention      time.Duration
+	bucketWidth    time.Duration
+	sessionTTL     time.Duration
+	maxRecord      int
+	retryAfter     time.Duration
+	endTimeout     time.Duration
+	requestTimeout time.Duration
+	log            *slog.Logger
 }
 
 // WithPrefix sets the etcd key prefix under which the store keeps everything
@@ -141,6 +143,21 @@ func WithEndTimeout(d time.Duration) Option {
 	}
 }
 
+// WithRequestTimeout bounds every etcd request the store makes (default
+// 5 s; 0 means none, only the caller's context): when etcd cannot be
+// reached, calls fail with ErrUnavailable instead of waiting as long as the
+// caller does. Waiting on a Watch (Wait, WithWait) is not bounded by it.
+// Across data centres, set it above a few round trips plus an election.
+func WithRequestTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 0 {
+			return fmt.Errorf("%w: request timeout %v must not be negative", ErrInvalidArgument, d)
+		}
+		c.requestTimeout = d
+		return nil
+	}
+}
+
 // WithLogger sets the logger for session events (default: discard).
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error { c.log = l; return nil }
@@ -160,6 +177,8 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 		maxRecord:  DefaultMaxRecordSize,
 		retryAfter: DefaultRetryAfter,
 		endTimeout: DefaultEndTimeout,
+
+		requestTimeout: DefaultRequestTimeout,
 	}
 	for _, o := range opts {
 		if err := o(&c); err != nil {
@@ -185,8 +204,8 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 		return nil, fmt.Errorf("new store: %w: %w", ErrUnavailable, err)
 	}
 	s := &Store{
+		Admin:      Admin{client: client, ks: ks, now: time.Now, timeout: c.requestTimeout},
 		client:     client,
-		ks:         ks,
 		buckets:    b,
 		retention:  c.retention,
 		sessionTTL: c.sessionTTL,
@@ -194,7 +213,6 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 		retryAfter: c.retryAfter,
 		endTimeout: c.endTimeout,
 		log:        c.log,
-		now:        time.Now,
 		sess:       sess,
 		running:    make(map[string]*Claim),
 		closing:    make(chan struct{}),

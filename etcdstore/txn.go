@@ -23,7 +23,9 @@ type casResult struct {
 // in the Else branch is returned as an error wrapping ErrCorrupt.
 func (s *Store) cas(ctx context.Context, k Key, cmps []clientv3.Cmp, then []clientv3.Op) (casResult, error) {
 	ekey := s.ks.record(k)
-	resp, err := s.client.Txn(ctx).If(cmps...).Then(then...).Else(clientv3.OpGet(ekey)).Commit()
+	rctx, cancel := s.request(ctx)
+	defer cancel()
+	resp, err := s.client.Txn(rctx).If(cmps...).Then(then...).Else(clientv3.OpGet(ekey)).Commit()
 	if err != nil {
 		return casResult{}, err
 	}
@@ -46,6 +48,8 @@ func (s *Store) cas(ctx context.Context, k Key, cmps []clientv3.Cmp, then []clie
 // trying again is safe because every write is conditional and the attempt id
 // lets the store recognise its own earlier write.
 func retryable(ctx context.Context, err error) bool {
+	// A request timeout (not the caller's) surfaces as DeadlineExceeded
+	// while ctx is still alive: the request's outcome is unknown.
 	if ctx.Err() != nil || err == nil {
 		return false
 	}

@@ -134,20 +134,3 @@ func (s *Store) afterWatchEnded(ctx context.Context, k Key, wr clientv3.WatchRes
 	}
 	return nil, unavailable("wait", k, err)
 }
-
-// get reads the record with a linearizable Get. It returns nil when absent,
-// and the revision of the read.
-func (s *Store) get(ctx context.Context, k Key) (*Record, int64, error) {
-	resp, err := s.client.Get(ctx, s.ks.record(k))
-	if err != nil {
-		return nil, 0, unavailable("get", k, err)
-	}
-	if len(resp.Kvs) == 0 {
-		return nil, resp.Header.Revision, nil
-	}
-	rec, err := decode(k, resp.Kvs[0])
-	if err != nil {
-		return nil, 0, fmt.Errorf("get %s: %w", k, err)
-	}
-	return rec, resp.Header.Revision, nil
-}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -126,16 +127,21 @@ func (c *Claim) write(ctx context.Context, op string, final bool, extra []client
 		// ours landed although its reply was lost.
 		mine := cur != nil && cur.Token == c.token && cur.Attempt == c.attempt
 		switch {
+		case mine && cur.State == InFlight && cur.Owner == "":
+			// Abandoned, by this claim through another handle (Attach).
+			c.endLocked(ErrClaimEnded)
+			return fmt.Errorf("%s %s: %w: abandoned", op, c.key, ErrClaimEnded)
 		case mine && cur.State == InFlight && try < maxTries:
 			c.rev = cur.Revision // write again on top of our own
 			continue
 		case mine && cur.State == Done:
 			c.rev = cur.Revision
 			c.endLocked(ErrClaimEnded)
-			if rec != nil && rec.State == Done {
+			if rec != nil && rec.State == Done && sameOutcome(cur.Outcome, rec.Outcome) {
 				return nil // our Complete landed
 			}
-			return fmt.Errorf("%s %s: %w", op, c.key, ErrClaimEnded)
+			// Completed through another handle, with another outcome.
+			return fmt.Errorf("%s %s: %w: completed with another outcome", op, c.key, ErrClaimEnded)
 		case cur == nil && next == nil:
 			c.endLocked(ErrClaimEnded) // nothing of ours is left to release
 			return nil
@@ -166,8 +172,8 @@ func (c *Claim) endLocked(cause error) {
 	c.ended = true
 	c.s.unregister(c)
 	c.cancel(cause)
-	if c.stop != nil {
-		c.stop()
+	if c.timer != nil {
+		c.timer.Stop()
 	}
 }
 
@@ -193,4 +199,17 @@ func (s *Store) checkOps(ops []clientv3.Op) error {
 		}
 	}
 	return nil
+}
+
+// sameOutcome reports whether two outcomes would replay identically.
+func sameOutcome(a, b *Outcome) bool {
+	if a.Status != b.Status || a.Err != b.Err || !bytes.Equal(a.Body, b.Body) || len(a.Header) != len(b.Header) {
+		return false
+	}
+	for k, av := range a.Header {
+		if !slices.Equal(av, b.Header[k]) {
+			return false
+		}
+	}
+	return true
 }

@@ -1,0 +1,82 @@
+package etcdstore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/idem-dev/idem/fencing"
+)
+
+// Handle identifies a claim outside the process that holds it: a remote
+// worker keeps it between the calls of idem's HTTP API, which may reach
+// different idem processes. It carries no secret; its Revision is the fence
+// of the claim's last write.
+type Handle struct {
+	Key      Key
+	Attempt  string
+	Token    fencing.Token
+	Revision int64
+}
+
+// Handle returns the claim's current handle. It changes after each
+// Checkpoint or Renew.
+func (c *Claim) Handle() Handle {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return Handle{Key: c.key, Attempt: c.attempt, Token: c.token, Revision: c.rev}
+}
+
+// Attach returns a Claim for h, to complete, checkpoint, renew, release or
+// abandon it from this process. It reads the record once, with a
+// linearizable Get, and returns an error wrapping ErrFenced unless the
+// record is still exactly as h's claim last wrote it. The attached Claim is
+// not registered as running here; its writes are fenced like any other.
+func (s *Store) Attach(ctx context.Context, h Handle) (*Claim, error) {
+	if err := h.Key.Validate(); err != nil {
+		return nil, fmt.Errorf("attach: %w", err)
+	}
+	if h.Attempt == "" || h.Token <= 0 || h.Revision <= 0 {
+		return nil, fmt.Errorf("attach %s: %w: handle needs an attempt, a token and a revision", h.Key, ErrInvalidArgument)
+	}
+	rec, _, err := s.get(ctx, h.Key)
+	if err != nil {
+		return nil, err
+	}
+	if rec == nil || rec.State != InFlight || rec.Revision != h.Revision || rec.Token != h.Token || rec.Attempt != h.Attempt {
+		return nil, fmt.Errorf("attach %s: %w", h.Key, ErrFenced)
+	}
+	c := &Claim{s: s, key: h.Key, fp: rec.Fingerprint, attempt: rec.Attempt, owner: rec.Owner}
+	c.ctx, c.cancel = context.WithCancelCause(context.Background())
+	c.won(rec, nil)
+	c.mu.Lock()
+	c.armDeadlineLocked()
+	c.mu.Unlock()
+	return c, nil
+}
+
+// Renew moves the claim's deadline to d from now: a heartbeat for work that
+// runs longer than its first deadline. It is a fenced write like
+// Checkpoint, and an error wrapping ErrFenced means the claim was already
+// taken over. Renewing a claim that had no deadline gives it one. Renew
+// before the deadline: once it has passed, the claim's context has ended
+// and others may already have taken the key over.
+func (c *Claim) Renew(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return fmt.Errorf("renew %s: %w: deadline %v must be positive", c.key, ErrInvalidArgument, d)
+	}
+	var deadline time.Time
+	err := c.write(ctx, "renew", false, nil, func(r *Record) *Record {
+		deadline = toMillis(c.s.now().Add(d))
+		r.Deadline = deadline
+		return r
+	})
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.deadline = deadline
+	c.armDeadlineLocked()
+	return nil
+}
