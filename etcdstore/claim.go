@@ -103,6 +103,9 @@ func (c *Claim) Key() Key { return c.key }
 // is refused there too.
 func (c *Claim) Token() fencing.Token { return c.token }
 
+// Fingerprint returns the fingerprint the key was claimed with.
+func (c *Claim) Fingerprint() Fingerprint { return c.fp }
+
 // Attempt returns the claim's attempt id.
 func (c *Claim) Attempt() string { return c.attempt }
 
@@ -257,8 +260,12 @@ func (s *Store) acquire(ctx context.Context, c *Claim, sess *lease.Session, cfg 
 				c.won(cur, nil)
 				return nil, nil
 			case cur.Owner == "", // abandoned for the next claimant
-				cur.Owner == c.owner && !s.runningHere(cur.Owner, cur.Attempt), // our orphan
-				cur.pastDeadline(now):
+				cur.pastDeadline(now),
+				// Our orphan: nobody here runs it, and without a deadline it
+				// would hold the key until this process dies. A claim with a
+				// deadline may be renewed through another process (Attach),
+				// so only its deadline makes it stale.
+				cur.Owner == c.owner && cur.Deadline.IsZero() && !s.runningHere(cur.Owner, cur.Attempt):
 				taken = cur
 			default:
 				alive, rev, err := s.ownerAlive(ctx, cur.Owner)

@@ -128,3 +128,31 @@ func TestRunEnds(t *testing.T) {
 		t.Fatalf("after EndAbandon: %+v, %v; want an ownerless in-flight record", rec, err)
 	}
 }
+
+// A claim with a deadline, renewed through another process, is not taken
+// over as an orphan by the process that made it once its local copy is gone.
+func TestRenewedRemoteClaimIsNotAnOrphan(t *testing.T) {
+	cli := client(t)
+	prefix := testPrefix(t)
+	a, b := newStore(t, cli, prefix), newStore(t, cli, prefix)
+	ctx := testCtx(t)
+	key := Key{ID: "k"}
+	c, _, err := a.Claim(ctx, key, fpOf(t, "p"), WithDeadline(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.unregister(c) // A's copy lapsed (say, past the deadline it knew of)
+	remote, err := b.Attach(ctx, c.Handle())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Renew(ctx, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := a.Claim(ctx, key, fpOf(t, "p")); !errors.Is(err, ErrConflict) {
+		t.Fatalf("claim in the process that made it = %v; want ErrConflict, the claim is live", err)
+	}
+	if err := remote.Complete(ctx, Outcome{Body: []byte("ok")}); err != nil {
+		t.Fatal(err)
+	}
+}

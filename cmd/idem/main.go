@@ -1,13 +1,108 @@
-// Command idem is the idempotency service. The HTTP service is not built yet;
-// see the issues.
+// Command idem is the idempotency service: an HTTP reverse proxy (sidecar)
+// or JSON API that makes retried requests take effect once, on etcd, plus
+// the admin commands to inspect what it holds.
+//
+//	idem serve            run the service (embedded etcd unless --endpoints)
+//	idem get KEY          show one key
+//	idem ls               list keys
+//	idem evict KEY        forget a key so it runs again
+//	idem status           etcd cluster and key counts
+//	idem version          print the version
+//
+// Run "idem COMMAND -h" for a command's flags.
 package main
 
 import (
+	"context"
+	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
 )
 
 func main() {
-	fmt.Fprintln(os.Stderr, "idem: the HTTP service is not built yet; the library is in ./etcdstore")
-	os.Exit(2)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "idem:", err)
+		}
+		os.Exit(exitCode(err))
+	}
+}
+
+const usage = `usage: idem COMMAND [flags]
+
+Commands:
+  serve     run the idempotency service (embedded etcd unless --endpoints)
+  get       show one key:           idem get [--tenant T] KEY
+  ls        list keys:              idem ls [--tenant T] [--state in_flight|done]
+  evict     forget a key:           idem evict [--tenant T] KEY
+  status    etcd cluster and keys:  idem status
+  version   print the version
+
+Run "idem COMMAND -h" for a command's flags.
+`
+
+// run runs one command. It is main without the process: tests call it.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errUsage
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "serve":
+		return serve(ctx, rest, stdout, stderr)
+	case "get":
+		return adminGet(ctx, rest, stdout, stderr)
+	case "ls":
+		return adminList(ctx, rest, stdout, stderr)
+	case "evict":
+		return adminEvict(ctx, rest, stdout, stderr)
+	case "status":
+		return adminStatus(ctx, rest, stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintln(stdout, "idem", version())
+		return nil
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	fmt.Fprint(stderr, usage)
+	return fmt.Errorf("unknown command %q", cmd)
+}
+
+// errUsage is a usage error: exit code 2.
+var errUsage = errors.New("usage")
+
+func exitCode(err error) int {
+	var ue usageError
+	if errors.Is(err, errUsage) || errors.Is(err, flag.ErrHelp) || errors.As(err, &ue) {
+		return 2
+	}
+	return 1
+}
+
+// usageError marks an error in a command's arguments.
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+func version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		v := bi.Main.Version
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+				v += " " + s.Value[:12]
+			}
+		}
+		return v
+	}
+	return "(unknown)"
 }

@@ -1,0 +1,319 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/idemhttp"
+)
+
+// adminCmd is what every admin command shares: the etcd connection (the
+// embedded etcd's address by default), the tenant and the output format.
+type adminCmd struct {
+	etcd    etcdFlags
+	tenant  string
+	format  string
+	timeout time.Duration
+	fs      *flag.FlagSet
+}
+
+func newAdminCmd(name, synopsis string, stderr io.Writer) *adminCmd {
+	a := &adminCmd{fs: flag.NewFlagSet(name, flag.ContinueOnError)}
+	a.fs.SetOutput(stderr)
+	a.fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: idem %s\n\nFlags:\n", synopsis)
+		a.fs.PrintDefaults()
+	}
+	a.etcd.register(a.fs, []string{"127.0.0.1:2379"})
+	a.fs.StringVar(&a.tenant, "tenant", etcdstore.DefaultTenant, "tenant of the keys")
+	a.fs.StringVar(&a.format, "w", "simple", "output format: simple, json or table")
+	a.fs.DurationVar(&a.timeout, "command-timeout", 10*time.Second, "timeout of the command")
+	return a
+}
+
+// open parses args and connects.
+func (a *adminCmd) open(ctx context.Context, args []string, nargs int) (*etcdstore.Admin, *clientv3.Client, context.Context, context.CancelFunc, error) {
+	if err := parseFlags(a.fs, args); err != nil {
+		return nil, nil, nil, nil, err
+	}
+	if a.fs.NArg() != nargs {
+		a.fs.Usage()
+		return nil, nil, nil, nil, usageError{fmt.Errorf("%s takes %d argument(s), got %d", a.fs.Name(), nargs, a.fs.NArg())}
+	}
+	switch a.format {
+	case "simple", "json", "table":
+	default:
+		return nil, nil, nil, nil, usageError{fmt.Errorf("-w %q: must be simple, json or table", a.format)}
+	}
+	if err := etcdstore.ValidateTenant(a.tenant); err != nil {
+		return nil, nil, nil, nil, usageError{fmt.Errorf("--tenant: %w", err)}
+	}
+	cli, err := a.etcd.client()
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	adm, err := etcdstore.NewAdmin(cli, etcdstore.WithPrefix(a.etcd.prefix))
+	if err != nil {
+		cli.Close()
+		return nil, nil, nil, nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, a.timeout)
+	return adm, cli, cctx, func() { cancel(); cli.Close() }, nil
+}
+
+func adminGet(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	a := newAdminCmd("get", "get [--tenant T] [-w simple|json|table] KEY", stderr)
+	adm, _, ctx, done, err := a.open(ctx, args, 1)
+	if err != nil {
+		return err
+	}
+	defer done()
+	rec, err := adm.Get(ctx, etcdstore.Key{Tenant: a.tenant, ID: a.fs.Arg(0)})
+	if err != nil {
+		return err
+	}
+	return printRecords(stdout, a.format, []*etcdstore.Record{rec}, true)
+}
+
+func adminList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	a := newAdminCmd("ls", "ls [--tenant T] [--all-tenants] [--state in_flight|done] [--limit N] [-w simple|json|table]", stderr)
+	state := a.fs.String("state", "", "only keys in this state: in_flight or done")
+	limit := a.fs.Int("limit", 0, "at most this many keys (0: all)")
+	all := a.fs.Bool("all-tenants", false, "list every tenant's keys")
+	adm, _, ctx, done, err := a.open(ctx, args, 0)
+	if err != nil {
+		return err
+	}
+	defer done()
+	tenant := a.tenant
+	if *all {
+		tenant = ""
+	}
+	var recs []*etcdstore.Record
+	var after *etcdstore.Key
+	for {
+		page := etcdstore.MaxListLimit
+		if *limit > 0 {
+			page = min(page, *limit-len(recs))
+		}
+		got, err := adm.List(ctx, tenant, etcdstore.ListOptions{State: etcdstore.State(*state), After: after, Limit: page})
+		if err != nil {
+			return err
+		}
+		recs = append(recs, got...)
+		if len(got) < page || *limit > 0 && len(recs) >= *limit {
+			break
+		}
+		after = &got[len(got)-1].Key
+	}
+	return printRecords(stdout, a.format, recs, false)
+}
+
+func adminEvict(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	a := newAdminCmd("evict", "evict [--tenant T] KEY", stderr)
+	adm, _, ctx, done, err := a.open(ctx, args, 1)
+	if err != nil {
+		return err
+	}
+	defer done()
+	key := etcdstore.Key{Tenant: a.tenant, ID: a.fs.Arg(0)}
+	if err := adm.Evict(ctx, key); err != nil {
+		return err
+	}
+	if a.format == "json" {
+		return json.NewEncoder(stdout).Encode(map[string]any{"evicted": key.ID, "tenant": a.tenant})
+	}
+	fmt.Fprintf(stdout, "evicted %s\n", key)
+	return nil
+}
+
+// statusReport is idem status's output.
+type statusReport struct {
+	Members []memberStatus  `json:"members"`
+	Leader  string          `json:"leader"`
+	Keys    etcdstore.Stats `json:"keys"`
+}
+
+type memberStatus struct {
+	ID        string `json:"id"`
+	Name      string `json:"name"`
+	Endpoint  string `json:"endpoint"`
+	Version   string `json:"version,omitempty"`
+	DBSize    int64  `json:"db_size,omitempty"`
+	DBInUse   int64  `json:"db_size_in_use,omitempty"`
+	IsLeader  bool   `json:"is_leader"`
+	RaftIndex uint64 `json:"raft_index,omitempty"`
+	Error     string `json:"error,omitempty"`
+}
+
+func adminStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	a := newAdminCmd("status", "status [-w simple|json|table] [--max-scan N]", stderr)
+	maxScan := a.fs.Int64("max-scan", 100000, "read the state of at most this many keys (0: all)")
+	adm, cli, ctx, done, err := a.open(ctx, args, 0)
+	if err != nil {
+		return err
+	}
+	defer done()
+	ml, err := cli.MemberList(ctx)
+	if err != nil {
+		return fmt.Errorf("member list: %w", err)
+	}
+	var rep statusReport
+	for _, m := range ml.Members {
+		ms := memberStatus{ID: strconv.FormatUint(m.ID, 16), Name: m.Name}
+		if len(m.ClientURLs) > 0 {
+			ms.Endpoint = m.ClientURLs[0]
+			st, err := cli.Status(ctx, ms.Endpoint)
+			if err != nil {
+				ms.Error = err.Error()
+			} else {
+				ms.Version, ms.DBSize, ms.DBInUse, ms.RaftIndex = st.Version, st.DbSize, st.DbSizeInUse, st.RaftIndex
+				ms.IsLeader = st.Leader == m.ID
+				if ms.IsLeader {
+					rep.Leader = ms.Name
+				}
+			}
+		}
+		rep.Members = append(rep.Members, ms)
+	}
+	sort.Slice(rep.Members, func(i, j int) bool { return rep.Members[i].Name < rep.Members[j].Name })
+	if rep.Keys, err = adm.Stats(ctx, *maxScan); err != nil {
+		return err
+	}
+	switch a.format {
+	case "json":
+		return json.NewEncoder(stdout).Encode(rep)
+	case "table":
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "MEMBER\tID\tENDPOINT\tVERSION\tDB SIZE\tIN USE\tLEADER\tERROR")
+		for _, m := range rep.Members {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%v\t%s\n", m.Name, m.ID, m.Endpoint, m.Version, bytesOf(m.DBSize), bytesOf(m.DBInUse), m.IsLeader, m.Error)
+		}
+		tw.Flush()
+		fmt.Fprintln(stdout)
+		tw = tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		k := rep.Keys
+		fmt.Fprintln(tw, "KEYS\tIN FLIGHT\tDONE\tEXPIRED\tSCANNED\tSESSIONS\tBUCKETS")
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%d\n", k.Records, k.InFlight, k.Done, k.Expired, k.Scanned, k.Owners, k.Buckets)
+		return tw.Flush()
+	}
+	for _, m := range rep.Members {
+		line := fmt.Sprintf("member %s id=%s endpoint=%s version=%s db=%s in_use=%s leader=%v", m.Name, m.ID, m.Endpoint, m.Version, bytesOf(m.DBSize), bytesOf(m.DBInUse), m.IsLeader)
+		if m.Error != "" {
+			line += " error=" + strconv.Quote(m.Error)
+		}
+		fmt.Fprintln(stdout, line)
+	}
+	k := rep.Keys
+	fmt.Fprintf(stdout, "keys=%d in_flight=%d done=%d expired=%d scanned=%d sessions=%d buckets=%d\n",
+		k.Records, k.InFlight, k.Done, k.Expired, k.Scanned, k.Owners, k.Buckets)
+	return nil
+}
+
+// printRecords writes records in the chosen format. detail adds the body
+// to simple output.
+func printRecords(w io.Writer, format string, recs []*etcdstore.Record, detail bool) error {
+	switch format {
+	case "json":
+		out := make([]recordView, len(recs))
+		for i, r := range recs {
+			out[i] = view(r)
+		}
+		enc := json.NewEncoder(w)
+		if detail && len(out) == 1 {
+			return enc.Encode(out[0])
+		}
+		return enc.Encode(out)
+	case "table":
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "TENANT\tKEY\tSTATE\tTOKEN\tSTATUS\tBODY\tCREATED\tEXPIRES")
+		for _, r := range recs {
+			v := view(r)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", v.Tenant, v.Key, v.State, v.Token, statusOf(v), bytesOf(int64(len(v.bodyBytes))),
+				v.Created.Format(time.RFC3339), v.Expires.Format(time.RFC3339))
+		}
+		return tw.Flush()
+	}
+	for _, r := range recs {
+		v := view(r)
+		fmt.Fprintf(w, "%s/%s state=%s token=%d status=%s body=%s created=%s expires=%s", v.Tenant, v.Key, v.State, v.Token,
+			statusOf(v), bytesOf(int64(len(v.bodyBytes))), v.Created.Format(time.RFC3339), v.Expires.Format(time.RFC3339))
+		if v.Abandoned {
+			fmt.Fprint(w, " abandoned=true")
+		}
+		if v.Deadline != nil {
+			fmt.Fprintf(w, " deadline=%s", v.Deadline.Format(time.RFC3339))
+		}
+		fmt.Fprintln(w)
+		if detail && len(v.bodyBytes) > 0 {
+			fmt.Fprintf(w, "%s\n", printable(v.bodyBytes))
+		}
+	}
+	return nil
+}
+
+// recordView is a record as the admin commands show it.
+type recordView struct {
+	Tenant string `json:"tenant"`
+	idemhttp.RecordJSON
+	Owner     string `json:"owner,omitempty"`
+	Attempt   string `json:"attempt,omitempty"`
+	bodyBytes []byte
+}
+
+func view(r *etcdstore.Record) recordView {
+	v := recordView{Tenant: r.Key.Tenant, Owner: r.Owner, Attempt: r.Attempt, RecordJSON: idemhttp.RecordJSON{
+		Key: r.Key.ID, State: string(r.State), Token: int64(r.Token), Fingerprint: r.Fingerprint.String(),
+		Created: r.Created.UTC(), Expires: r.Expires.UTC(), Takeovers: r.Takeovers,
+		Abandoned: r.State == etcdstore.InFlight && r.Owner == "", Checkpoint: r.Checkpoint,
+	}}
+	if !r.Deadline.IsZero() {
+		d := r.Deadline.UTC()
+		v.Deadline = &d
+	}
+	if o := r.Outcome; o != nil {
+		v.Outcome = &idemhttp.OutcomeJSON{Status: o.Status, Headers: o.Header, Body: o.Body, Error: o.Err}
+		v.bodyBytes = o.Body
+	}
+	return v
+}
+
+func statusOf(v recordView) string {
+	if v.Outcome == nil || v.Outcome.Status == 0 {
+		return "-"
+	}
+	return strconv.Itoa(v.Outcome.Status)
+}
+
+func bytesOf(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1fGiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1fMiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1fKiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%dB", n)
+}
+
+// printable shows a body as text when it is, and as a quoted string when not.
+func printable(b []byte) string {
+	s := string(b)
+	if strings.ToValidUTF8(s, "\uFFFD") == s && !strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 && r != '\n' && r != '\t' }) {
+		return s
+	}
+	return strconv.Quote(s)
+}
+

@@ -1,0 +1,147 @@
+package main
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// envName is the environment variable that sets flag name: IDEM_ and the
+// name in upper case with dashes as underscores (--session-ttl:
+// IDEM_SESSION_TTL).
+func envName(name string) string {
+	return "IDEM_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+// parseFlags sets every flag of fs from its environment variable, then from
+// args: the command line wins. A bad environment value is an error naming
+// the variable.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if v, ok := os.LookupEnv(envName(f.Name)); ok && err == nil {
+			if e := fs.Set(f.Name, v); e != nil {
+				err = fmt.Errorf("environment %s=%q: %w", envName(f.Name), v, e)
+			}
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 && fs.Name() == "serve" {
+		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	return nil
+}
+
+// listFlag is a comma-separated list that may also be repeated.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+func (l *listFlag) Set(s string) error {
+	for _, v := range strings.Split(s, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			*l = append(*l, v)
+		}
+	}
+	return nil
+}
+
+// etcdFlags are the connection flags, named as etcdctl names them.
+type etcdFlags struct {
+	endpoints   listFlag
+	cacert      string
+	cert        string
+	key         string
+	user        string
+	password    string
+	dialTimeout time.Duration
+	prefix      string
+}
+
+func (e *etcdFlags) register(fs *flag.FlagSet, defaultEndpoints []string) {
+	e.endpoints = defaultEndpoints
+	fs.Var(&e.endpoints, "endpoints", "etcd endpoints, comma-separated (default: "+strings.Join(defaultEndpoints, ",")+")")
+	fs.StringVar(&e.cacert, "cacert", "", "verify etcd's certificate with this CA bundle")
+	fs.StringVar(&e.cert, "cert", "", "client certificate for etcd (mTLS)")
+	fs.StringVar(&e.key, "key", "", "client certificate key for etcd (mTLS)")
+	fs.StringVar(&e.user, "user", "", "etcd user name, or user:password")
+	fs.StringVar(&e.password, "password", "", "etcd password (prefer IDEM_PASSWORD to the command line)")
+	fs.DurationVar(&e.dialTimeout, "dial-timeout", 5*time.Second, "timeout for connecting to etcd")
+	fs.StringVar(&e.prefix, "prefix", "/idem/", "etcd key prefix of idem's data")
+}
+
+// tlsConfig builds the TLS configuration for etcd, or nil when no TLS flag
+// is set. Endpoints with https:// and no --cacert use the system roots.
+func (e *etcdFlags) tlsConfig() (*tls.Config, error) {
+	secure := false
+	for _, ep := range e.endpoints {
+		secure = secure || strings.HasPrefix(ep, "https://")
+	}
+	if e.cacert == "" && e.cert == "" && e.key == "" && !secure {
+		return nil, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if e.cacert != "" {
+		pem, err := os.ReadFile(e.cacert)
+		if err != nil {
+			return nil, fmt.Errorf("--cacert: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--cacert %s: no PEM certificates", e.cacert)
+		}
+		cfg.RootCAs = pool
+	}
+	if (e.cert == "") != (e.key == "") {
+		return nil, errors.New("--cert and --key go together")
+	}
+	if e.cert != "" {
+		pair, err := tls.LoadX509KeyPair(e.cert, e.key)
+		if err != nil {
+			return nil, fmt.Errorf("--cert/--key: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return cfg, nil
+}
+
+// client connects to etcd.
+func (e *etcdFlags) client() (*clientv3.Client, error) {
+	if len(e.endpoints) == 0 {
+		return nil, errors.New("--endpoints: none given")
+	}
+	tlsCfg, err := e.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	user, password := e.user, e.password
+	if u, p, ok := strings.Cut(user, ":"); ok {
+		user, password = u, p
+	}
+	if user != "" && password == "" {
+		return nil, errors.New("--user needs a password (--password, IDEM_PASSWORD, or --user name:password)")
+	}
+	return clientv3.New(clientv3.Config{
+		Endpoints:            e.endpoints,
+		DialTimeout:          e.dialTimeout,
+		DialKeepAliveTime:    10 * time.Second,
+		DialKeepAliveTimeout: 5 * time.Second,
+		TLS:                  tlsCfg,
+		Username:             user,
+		Password:             password,
+		Logger:               zap.NewNop(),
+		RejectOldCluster:     false,
+	})
+}

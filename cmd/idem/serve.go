@@ -1,0 +1,453 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"net/netip"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+
+	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/idemhttp"
+	"github.com/idem-dev/idem/internal/embedded"
+)
+
+const serveUsage = `usage: idem serve [flags]
+
+Runs the idempotency service. Without --endpoints it starts an embedded
+single-node etcd in --data-dir and uses it; with --endpoints it uses that
+etcd cluster and starts none.
+
+With --upstream it is a reverse proxy (a sidecar): POST and PATCH requests
+with an Idempotency-Key are claimed, forwarded once, and their response
+saved and replayed to every retry. Without --upstream it serves the JSON
+worker API under /v1/ (api/openapi.yaml).
+
+Every flag can also be set with an environment variable: IDEM_ and the
+flag's name in capitals, dashes as underscores (IDEM_UPSTREAM).
+
+Flags:
+`
+
+// serveConfig is everything idem serve is told.
+type serveConfig struct {
+	etcd etcdFlags
+
+	listen, adminListen string
+	upstream            string
+	upstreamTimeout     time.Duration
+	methods             listFlag
+	requireKey          listFlag
+	release5xx          listFlag
+	onNoResponse        string
+	fingerprintHeaders  listFlag
+	maxRequestBody      int64
+	maxResponseBody     int
+	maxWait             time.Duration
+	claimDeadline       time.Duration
+	apiDeadline         time.Duration
+	tenantHeader        string
+	trustedProxies      listFlag
+
+	retention      time.Duration
+	bucketWidth    time.Duration
+	sessionTTL     time.Duration
+	requestTimeout time.Duration
+
+	dataDir           string
+	embeddedClientURL string
+	embeddedPeerURL   string
+	quotaBytes        int64
+	compaction        string
+	unsafeNoFsync     bool
+
+	logFormat, logLevel string
+	logKeys             bool
+	pprof               bool
+	shutdownGrace       time.Duration
+}
+
+func (c *serveConfig) flags(stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, serveUsage)
+		fs.PrintDefaults()
+	}
+	c.etcd.register(fs, nil)
+	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "address of the idempotency edge (proxy or JSON API)")
+	fs.StringVar(&c.adminListen, "admin-listen", "127.0.0.1:8081", "address of /livez, /readyz, /metrics (and /debug/pprof with --pprof)")
+	fs.StringVar(&c.upstream, "upstream", "", "upstream URL: run as a reverse proxy (sidecar) in front of it")
+	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", 30*time.Second, "how long to wait for the upstream's response headers")
+	c.methods = listFlag{"POST", "PATCH"}
+	fs.Var(&c.methods, "methods", "methods whose keyed requests are claimed (default POST,PATCH)")
+	fs.Var(&c.requireKey, "require-key", "path prefixes whose claimed methods must carry an Idempotency-Key (400 otherwise); repeatable")
+	fs.Var(&c.release5xx, "release-5xx", "path prefixes where a 5xx response releases the key (retry runs again) instead of being saved; repeatable")
+	fs.StringVar(&c.onNoResponse, "on-no-response", "release", "when the upstream gives no response (unreachable, timeout): release (retry runs again) or keep (abandon for the next request to resume)")
+	fs.Var(&c.fingerprintHeaders, "fingerprint-headers", "request headers that are part of the fingerprint, comma-separated")
+	fs.Int64Var(&c.maxRequestBody, "max-request-body", idemhttp.DefaultMaxRequestBody, "largest request body with a key, bytes (413 past it)")
+	fs.IntVar(&c.maxResponseBody, "max-response-body", idemhttp.DefaultMaxResponseBody, "largest response body saved for replay, bytes")
+	fs.DurationVar(&c.maxWait, "max-wait", idemhttp.DefaultMaxWait, "cap on Prefer: wait=N")
+	fs.DurationVar(&c.claimDeadline, "claim-deadline", 0, "deadline of a proxied claim (0: none; only the owner's death makes it stale)")
+	fs.DurationVar(&c.apiDeadline, "api-deadline", idemhttp.DefaultAPIDeadline, "default deadline of a claim made through the JSON API")
+	fs.StringVar(&c.tenantHeader, "tenant-header", "", "request header naming the tenant, honoured only from --trusted-proxies")
+	fs.Var(&c.trustedProxies, "trusted-proxies", "CIDRs of authenticating proxies whose --tenant-header is trusted")
+	fs.DurationVar(&c.retention, "retention", etcdstore.DefaultRetention, "how long keys are kept after their last write; clients must stop retrying well inside it")
+	fs.DurationVar(&c.bucketWidth, "bucket-width", etcdstore.DefaultBucketWidth, "width of a retention bucket (one shared lease each)")
+	fs.DurationVar(&c.sessionTTL, "session-ttl", etcdstore.DefaultSessionTTL, "TTL of this process's liveness lease: its claims are taken over this long after it dies")
+	fs.DurationVar(&c.requestTimeout, "request-timeout", etcdstore.DefaultRequestTimeout, "bound on each etcd request; past it a request gets 503 (raise across data centres)")
+	fs.StringVar(&c.dataDir, "data-dir", "idem-data", "data directory of the embedded etcd (without --endpoints)")
+	fs.StringVar(&c.embeddedClientURL, "embedded-client-url", "http://127.0.0.1:2379", "client URL of the embedded etcd")
+	fs.StringVar(&c.embeddedPeerURL, "embedded-peer-url", "http://127.0.0.1:2380", "peer URL of the embedded etcd")
+	fs.Int64Var(&c.quotaBytes, "quota-backend-bytes", 2<<30, "backend quota of the embedded etcd, bytes")
+	fs.StringVar(&c.compaction, "auto-compaction-retention", "1h", "periodic auto-compaction window of the embedded etcd")
+	fs.BoolVar(&c.unsafeNoFsync, "unsafe-no-fsync", false, "embedded etcd without fsync: loses acknowledged data on a crash; benchmarks only")
+	fs.StringVar(&c.logFormat, "log-format", "json", "log format: json or text")
+	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.BoolVar(&c.logKeys, "log-keys", false, "log idempotency keys in clear (default: a hash)")
+	fs.BoolVar(&c.pprof, "pprof", false, "serve /debug/pprof on the admin address")
+	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long in-flight requests may take to finish")
+	return fs
+}
+
+// validate checks what flag parsing cannot.
+func (c *serveConfig) validate() error {
+	if c.upstream != "" {
+		u, err := url.Parse(c.upstream)
+		if err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+			return fmt.Errorf("--upstream %q: must be an absolute http or https URL", c.upstream)
+		}
+	}
+	if c.onNoResponse != "release" && c.onNoResponse != "keep" {
+		return fmt.Errorf("--on-no-response %q: must be release or keep", c.onNoResponse)
+	}
+	if c.logFormat != "json" && c.logFormat != "text" {
+		return fmt.Errorf("--log-format %q: must be json or text", c.logFormat)
+	}
+	if _, err := parseLevel(c.logLevel); err != nil {
+		return err
+	}
+	if (c.tenantHeader == "") != (len(c.trustedProxies) == 0) {
+		return errors.New("--tenant-header and --trusted-proxies go together")
+	}
+	if _, err := c.trusted(); err != nil {
+		return err
+	}
+	for _, p := range append(append([]string{}, c.requireKey...), c.release5xx...) {
+		if !strings.HasPrefix(p, "/") {
+			return fmt.Errorf("route prefix %q must start with /", p)
+		}
+	}
+	if c.shutdownGrace <= 0 {
+		return fmt.Errorf("--shutdown-grace %v must be positive", c.shutdownGrace)
+	}
+	return nil
+}
+
+func (c *serveConfig) trusted() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range c.trustedProxies {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			a, aerr := netip.ParseAddr(s)
+			if aerr != nil {
+				return nil, fmt.Errorf("--trusted-proxies %q: not a CIDR or address", s)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("--log-level %q: must be debug, info, warn or error", s)
+	}
+	return l, nil
+}
+
+func (c *serveConfig) logger(w io.Writer) *slog.Logger {
+	level, _ := parseLevel(c.logLevel)
+	opts := &slog.HandlerOptions{Level: level}
+	if c.logFormat == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// serve runs idem serve until ctx ends, then shuts down gracefully.
+func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var c serveConfig
+	fs := c.flags(stderr)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := c.validate(); err != nil {
+		return err
+	}
+	log := c.logger(stderr)
+
+	// etcd: embedded, or the cluster given.
+	var etcd *embed.Etcd
+	if len(c.etcd.endpoints) == 0 {
+		e, err := c.startEmbedded(ctx)
+		if err != nil {
+			return err
+		}
+		etcd = e
+		defer func() {
+			etcd.Close()
+			log.Info("embedded etcd stopped")
+		}()
+		c.etcd.endpoints = listFlag{c.embeddedClientURL}
+		log.Info("embedded etcd started", "data_dir", c.dataDir, "client_url", c.embeddedClientURL)
+	}
+	cli, err := c.etcd.client()
+	if err != nil {
+		return fmt.Errorf("etcd client: %w", err)
+	}
+	defer cli.Close()
+	sctx, cancel := context.WithTimeout(ctx, c.etcd.dialTimeout+c.sessionTTL)
+	store, err := etcdstore.New(sctx, cli,
+		etcdstore.WithPrefix(c.etcd.prefix),
+		etcdstore.WithRetention(c.retention),
+		etcdstore.WithBucketWidth(min(c.bucketWidth, c.retention)),
+		etcdstore.WithSessionTTL(c.sessionTTL),
+		etcdstore.WithRequestTimeout(c.requestTimeout),
+		etcdstore.WithLogger(log),
+	)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("idem store on %s: %w", strings.Join(c.etcd.endpoints, ","), err)
+	}
+	storeClosed := false
+	defer func() {
+		if !storeClosed {
+			store.Close()
+		}
+	}()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "idem_claims_running", Help: "Claims this process holds and has not ended.",
+	}, func() float64 { return float64(store.Running()) }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "idem_session_live", Help: "1 while this process has a live etcd session.",
+	}, func() float64 {
+		if store.Live() {
+			return 1
+		}
+		return 0
+	}))
+	metrics := idemhttp.NewMetrics(reg)
+
+	edge, err := c.edge(store, metrics, log)
+	if err != nil {
+		return err
+	}
+	var draining atomic.Bool
+	var inflight sync.WaitGroup
+	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		inflight.Add(1)
+		defer inflight.Done()
+		edge.ServeHTTP(w, r)
+	})
+	main := &http.Server{
+		Handler:           counted,
+		ReadHeaderTimeout: 10 * time.Second, // slowloris
+		ReadTimeout:       time.Minute,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	admin := &http.Server{
+		Handler:           c.adminMux(cli, store, reg, &draining),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	mainLn, err := net.Listen("tcp", c.listen)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	adminLn, err := net.Listen("tcp", c.adminListen)
+	if err != nil {
+		mainLn.Close()
+		return fmt.Errorf("--admin-listen: %w", err)
+	}
+	mode := "api"
+	if c.upstream != "" {
+		mode = "proxy"
+	}
+	log.Info("idem listening", "listen", mainLn.Addr().String(), "admin", adminLn.Addr().String(),
+		"mode", mode, "upstream", c.upstream, "etcd", strings.Join(c.etcd.endpoints, ","), "owner", store.Owner())
+
+	errc := make(chan error, 2)
+	go func() { errc <- main.Serve(mainLn) }()
+	go func() { errc <- admin.Serve(adminLn) }()
+	var etcdErr <-chan error
+	if etcd != nil {
+		etcdErr = etcd.Err()
+	}
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down", "grace", c.shutdownGrace.String())
+	case err := <-errc:
+		return fmt.Errorf("http server: %w", err)
+	case err := <-etcdErr:
+		return fmt.Errorf("embedded etcd: %w", err)
+	}
+
+	// Stop taking requests, let in-flight ones finish (their claims are
+	// completed, released or abandoned by the middleware), then close the
+	// session so other processes can take over anything left at once.
+	draining.Store(true)
+	grace, cancelGrace := context.WithTimeout(context.Background(), c.shutdownGrace)
+	defer cancelGrace()
+	if err := main.Shutdown(grace); err != nil {
+		log.Warn("grace period over; closing remaining connections", "err", err)
+		main.Close() // cancels the remaining requests' contexts
+	}
+	done := make(chan struct{})
+	go func() { inflight.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(etcdstore.DefaultEndTimeout):
+		log.Warn("requests still running after the grace period; their claims will be taken over")
+	}
+	storeClosed = true
+	if err := store.Close(); err != nil {
+		log.Warn("closing the session", "err", err)
+	}
+	adminCtx, cancelAdmin := context.WithTimeout(context.Background(), time.Second)
+	defer cancelAdmin()
+	admin.Shutdown(adminCtx)
+	log.Info("idem stopped")
+	return nil
+}
+
+// edge builds the idempotency edge: the proxy or the JSON API.
+func (c *serveConfig) edge(store *etcdstore.Store, metrics *idemhttp.Metrics, log *slog.Logger) (http.Handler, error) {
+	tenant := idemhttp.FixedTenant(etcdstore.DefaultTenant)
+	if c.tenantHeader != "" {
+		trusted, _ := c.trusted()
+		tenant = idemhttp.TrustedHeaderTenant(c.tenantHeader, trusted, tenant)
+	}
+	if c.upstream == "" {
+		return idemhttp.NewAPI(idemhttp.APIConfig{
+			Store: store, Tenant: tenant, Deadline: c.apiDeadline, MaxWait: c.maxWait, Metrics: metrics,
+		})
+	}
+	cfg := idemhttp.Config{
+		Store:              store,
+		Methods:            c.methods,
+		Tenant:             tenant,
+		FingerprintHeaders: c.fingerprintHeaders,
+		MaxRequestBody:     c.maxRequestBody,
+		MaxResponseBody:    c.maxResponseBody,
+		MaxWait:            c.maxWait,
+		ClaimDeadline:      c.claimDeadline,
+		Logger:             log,
+		LogKeys:            c.logKeys,
+		Metrics:            metrics,
+	}
+	if len(c.requireKey) > 0 {
+		cfg.RequireKey = pathPrefixes(c.requireKey)
+	}
+	if len(c.release5xx) > 0 {
+		release := pathPrefixes(c.release5xx)
+		cfg.Save5xx = func(r *http.Request) bool { return !release(r) }
+	}
+	cfg.KeepOnNoResponse = c.onNoResponse == "keep"
+	mw, err := idemhttp.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	up, _ := url.Parse(c.upstream)
+	return idemhttp.NewProxy(up, mw, idemhttp.ProxyOptions{Timeout: c.upstreamTimeout, Logger: log})
+}
+
+func pathPrefixes(prefixes []string) func(*http.Request) bool {
+	return func(r *http.Request) bool {
+		for _, p := range prefixes {
+			if strings.HasPrefix(r.URL.Path, p) {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// adminMux serves /livez, /readyz, /metrics and, opted in, /debug/pprof.
+func (c *serveConfig) adminMux(cli *clientv3.Client, store *etcdstore.Store, reg *prometheus.Registry, draining *atomic.Bool) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "ok") // the process runs; no dependencies
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case draining.Load():
+			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+			return
+		case !store.Live():
+			http.Error(w, "no live etcd session", http.StatusServiceUnavailable)
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		// A linearizable read: answers only with a quorum behind it.
+		if _, err := cli.Get(ctx, c.etcd.prefix+"readyz", clientv3.WithCountOnly()); err != nil {
+			http.Error(w, "etcd unreachable: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	if c.pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	return mux
+}
+
+// startEmbedded starts the single-node etcd of the default mode.
+func (c *serveConfig) startEmbedded(ctx context.Context) (*embed.Etcd, error) {
+	sctx, cancel := context.WithTimeout(ctx, embedded.ReadyTimeout)
+	defer cancel()
+	e, err := embedded.Start(sctx, embedded.Config{
+		Name:                "idem",
+		Dir:                 c.dataDir,
+		ClientURL:           c.embeddedClientURL,
+		PeerURL:             c.embeddedPeerURL,
+		QuotaBytes:          c.quotaBytes,
+		CompactionRetention: c.compaction,
+		NoFsync:             c.unsafeNoFsync,
+		Logger:              zap.NewNop(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("embedded etcd in %s: %w", c.dataDir, err)
+	}
+	return e, nil
+}

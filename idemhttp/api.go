@@ -1,0 +1,545 @@
+package idemhttp
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/fencing"
+)
+
+// Defaults of APIConfig.
+const (
+	DefaultAPIDeadline    = 30 * time.Second
+	DefaultAPIMaxDeadline = time.Hour
+)
+
+// apiRoutes are the API's routes, as documented in api/openapi.yaml (a test
+// checks that the two agree).
+var apiRoutes = []struct{ Method, Pattern, Op string }{
+	{"POST", "/v1/claim", "claim"},
+	{"POST", "/v1/complete", "complete"},
+	{"POST", "/v1/checkpoint", "checkpoint"},
+	{"POST", "/v1/renew", "renew"},
+	{"POST", "/v1/release", "release"},
+	{"POST", "/v1/abandon", "abandon"},
+	{"GET", "/v1/keys/{key}", "get"},
+}
+
+// APIConfig configures the worker API.
+type APIConfig struct {
+	Store *etcdstore.Store
+	// Tenant scopes keys (default FixedTenant(etcdstore.DefaultTenant)).
+	Tenant TenantFunc
+	// MaxBody is the largest request body (default 2 MiB, room for a 1 MiB
+	// outcome in base64).
+	MaxBody int64
+	// Deadline is the claim deadline when a claim asks for none (default
+	// 30 s): a worker that dies without ending its claim holds the key no
+	// longer than this. MaxDeadline caps what a claim may ask (default 1 h).
+	Deadline, MaxDeadline time.Duration
+	// MaxWait caps waiting (default 60 s).
+	MaxWait time.Duration
+	Metrics *Metrics
+}
+
+// API is idem's JSON API for workers in any language: claim, checkpoint,
+// renew, complete, release, abandon, get and wait, under /v1/. It is
+// documented in api/openapi.yaml.
+//
+// A claim made through the API is held by this idem process's session and
+// has a deadline, renewed by the worker (renew, or checkpoint with
+// extend_ms): a worker that dies stops renewing and the key is taken over
+// after the deadline. Every call after claim carries the claim's handle,
+// so it may reach any idem process of the deployment.
+type API struct {
+	cfg APIConfig
+	mux *http.ServeMux
+
+	mu     sync.Mutex
+	claims map[string]*etcdstore.Claim // by attempt id: claims made here
+}
+
+// NewAPI returns the worker API handler.
+func NewAPI(cfg APIConfig) (*API, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("idemhttp: nil store")
+	}
+	if cfg.Tenant == nil {
+		cfg.Tenant = FixedTenant(etcdstore.DefaultTenant)
+	}
+	if cfg.MaxBody <= 0 {
+		cfg.MaxBody = 2 << 20
+	}
+	if cfg.Deadline <= 0 {
+		cfg.Deadline = DefaultAPIDeadline
+	}
+	if cfg.MaxDeadline <= 0 {
+		cfg.MaxDeadline = DefaultAPIMaxDeadline
+	}
+	if cfg.MaxWait <= 0 {
+		cfg.MaxWait = DefaultMaxWait
+	}
+	a := &API{cfg: cfg, mux: http.NewServeMux(), claims: make(map[string]*etcdstore.Claim)}
+	handlers := map[string]http.HandlerFunc{
+		"claim": a.claim, "complete": a.end("complete"), "checkpoint": a.end("checkpoint"),
+		"renew": a.end("renew"), "release": a.end("release"), "abandon": a.end("abandon"), "get": a.get,
+	}
+	for _, rt := range apiRoutes {
+		a.mux.HandleFunc(rt.Method+" "+rt.Pattern, handlers[rt.Op])
+	}
+	a.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		NewProblem(http.StatusNotFound, KindNotFound, "no such API route: "+r.Method+" "+r.URL.Path).Write(w)
+	})
+	return a, nil
+}
+
+func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	rw := &statusWriter{ResponseWriter: w}
+	a.mux.ServeHTTP(rw, r)
+	if m := a.cfg.Metrics; m != nil {
+		outcome := rw.outcome
+		if outcome == "" {
+			outcome = OutcomeError
+		}
+		m.Requests.WithLabelValues(outcome).Inc()
+		m.Duration.WithLabelValues(outcome).Observe(time.Since(start).Seconds())
+	}
+}
+
+// statusWriter remembers the outcome a handler set.
+type statusWriter struct {
+	http.ResponseWriter
+	outcome string
+}
+
+// HandleJSON is a claim handle on the wire.
+type HandleJSON struct {
+	Key      string `json:"key"`
+	Attempt  string `json:"attempt"`
+	Token    int64  `json:"token"`
+	Revision int64  `json:"revision"`
+}
+
+// OutcomeJSON is an outcome on the wire. Body is base64 in JSON.
+type OutcomeJSON struct {
+	Status  int                 `json:"status,omitempty"`
+	Headers map[string][]string `json:"headers,omitempty"`
+	Body    []byte              `json:"body,omitempty"`
+	Error   string              `json:"error,omitempty"`
+}
+
+// ClaimRequest is the body of POST /v1/claim.
+type ClaimRequest struct {
+	Key string `json:"key"`
+	// Params are the operation's parameters, fingerprinted in canonical
+	// JSON form. Or send Fingerprint, a hex SHA-256 computed by the worker.
+	Params      json.RawMessage `json:"params,omitempty"`
+	Fingerprint string          `json:"fingerprint,omitempty"`
+	// Attempt lets a worker that lost the reply of a claim retry it and be
+	// recognised as the owner. Default: a new id, returned in the handle.
+	Attempt    string `json:"attempt,omitempty"`
+	DeadlineMS int64  `json:"deadline_ms,omitempty"`
+	WaitMS     int64  `json:"wait_ms,omitempty"`
+}
+
+// ClaimResponse is the answer to POST /v1/claim.
+type ClaimResponse struct {
+	State      string       `json:"state"` // "claimed" or "done"
+	Token      int64        `json:"token"`
+	Handle     *HandleJSON  `json:"handle,omitempty"`
+	TookOver   bool         `json:"took_over,omitempty"`
+	Checkpoint []byte       `json:"checkpoint,omitempty"`
+	Deadline   *time.Time   `json:"deadline,omitempty"`
+	Outcome    *OutcomeJSON `json:"outcome,omitempty"`
+}
+
+// EndRequest is the body of complete, checkpoint, renew, release, abandon.
+type EndRequest struct {
+	Handle     HandleJSON   `json:"handle"`
+	Outcome    *OutcomeJSON `json:"outcome,omitempty"`    // complete
+	Checkpoint []byte       `json:"checkpoint,omitempty"` // checkpoint
+	ExtendMS   int64        `json:"extend_ms,omitempty"`  // renew; checkpoint (optional)
+}
+
+// EndResponse is the answer to complete, checkpoint, renew, release, abandon.
+type EndResponse struct {
+	State  string      `json:"state"` // "done", "claimed", "released" or "abandoned"
+	Handle *HandleJSON `json:"handle,omitempty"`
+}
+
+// RecordJSON is the answer to GET /v1/keys/{key}.
+type RecordJSON struct {
+	Key         string       `json:"key"`
+	State       string       `json:"state"`
+	Token       int64        `json:"token"`
+	Fingerprint string       `json:"fingerprint"`
+	Created     time.Time    `json:"created"`
+	Expires     time.Time    `json:"expires"`
+	Deadline    *time.Time   `json:"deadline,omitempty"`
+	Takeovers   int          `json:"takeovers,omitempty"`
+	Abandoned   bool         `json:"abandoned,omitempty"`
+	Checkpoint  []byte       `json:"checkpoint,omitempty"`
+	Outcome     *OutcomeJSON `json:"outcome,omitempty"`
+}
+
+func (a *API) claim(w http.ResponseWriter, r *http.Request) {
+	var req ClaimRequest
+	tenant, ok := a.decode(w, r, &req)
+	if !ok {
+		return
+	}
+	key := etcdstore.Key{Tenant: tenant, ID: req.Key}
+	fp, err := requestFingerprint(req)
+	if err != nil {
+		a.problem(w, ProblemFor(err))
+		return
+	}
+	deadline := a.cfg.Deadline
+	if req.DeadlineMS != 0 {
+		deadline = time.Duration(req.DeadlineMS) * time.Millisecond
+		if deadline <= 0 || deadline > a.cfg.MaxDeadline {
+			a.problem(w, NewProblem(http.StatusBadRequest, KindInvalidRequest,
+				fmt.Sprintf("deadline_ms %d must be between 1 and %d", req.DeadlineMS, a.cfg.MaxDeadline.Milliseconds())))
+			return
+		}
+	}
+	opts := []etcdstore.ClaimOption{etcdstore.WithDeadline(deadline)}
+	if req.Attempt != "" {
+		opts = append(opts, etcdstore.WithAttempt(req.Attempt))
+	}
+	wait := preferWait(r.Header, a.cfg.MaxWait)
+	if req.WaitMS > 0 {
+		wait = min(time.Duration(req.WaitMS)*time.Millisecond, a.cfg.MaxWait)
+	}
+	ctx := r.Context()
+	if wait > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, wait)
+		defer cancel()
+		opts = append(opts, etcdstore.WithWait())
+	}
+	if held := a.held(key, req.Attempt); held != nil {
+		if held.Fingerprint() != fp {
+			a.problem(w, ProblemFor(&etcdstore.MismatchError{Key: key}))
+			a.outcomeIs(w, OutcomeMismatch)
+			return
+		}
+		// The same attempt claims again: its first reply was lost. Answer
+		// with the claim as it stands.
+		a.outcomeIs(w, OutcomeClaimed)
+		writeJSON(w, http.StatusCreated, claimResponse(held))
+		return
+	}
+	c, done, err := a.cfg.Store.Claim(ctx, key, fp, opts...)
+	if err != nil {
+		if wait > 0 && errors.Is(err, context.DeadlineExceeded) && r.Context().Err() == nil {
+			err = &etcdstore.ConflictError{Key: key, RetryAfter: time.Second}
+		}
+		a.problem(w, ProblemFor(err))
+		a.outcome(w, err)
+		return
+	}
+	if done != nil {
+		a.outcomeIs(w, OutcomeReplayed)
+		writeJSON(w, http.StatusOK, ClaimResponse{State: "done", Token: int64(done.Token), Outcome: outcomeJSON(done.Outcome)})
+		return
+	}
+	a.hold(c)
+	a.outcomeIs(w, OutcomeClaimed)
+	if c.TookOver() {
+		a.outcomeIs(w, OutcomeTakeover)
+	}
+	writeJSON(w, http.StatusCreated, claimResponse(c))
+}
+
+func claimResponse(c *etcdstore.Claim) ClaimResponse {
+	resp := ClaimResponse{State: "claimed", Token: int64(c.Token()), Handle: handleJSON(c.Handle()), TookOver: c.TookOver(), Checkpoint: c.LastCheckpoint()}
+	if d := c.Deadline(); !d.IsZero() {
+		resp.Deadline = &d
+	}
+	return resp
+}
+
+// held returns the claim this process holds for attempt on key, if any.
+func (a *API) held(key etcdstore.Key, attempt string) *etcdstore.Claim {
+	if attempt == "" {
+		return nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if c := a.claims[attempt]; c != nil && c.Key() == key && c.Err() == nil {
+		return c
+	}
+	return nil
+}
+
+// hold keeps a claim made here until it ends or its deadline passes.
+func (a *API) hold(c *etcdstore.Claim) {
+	a.mu.Lock()
+	a.claims[c.Attempt()] = c
+	a.mu.Unlock()
+	context.AfterFunc(claimDone{c}, func() {
+		a.mu.Lock()
+		if a.claims[c.Attempt()] == c {
+			delete(a.claims, c.Attempt())
+		}
+		a.mu.Unlock()
+	})
+}
+
+// claimDone adapts a Claim's Done channel to a context for AfterFunc.
+type claimDone struct{ c *etcdstore.Claim }
+
+func (d claimDone) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (d claimDone) Done() <-chan struct{}       { return d.c.Done() }
+func (d claimDone) Err() error                  { return d.c.Err() }
+func (d claimDone) Value(any) any               { return nil }
+
+func (a *API) end(op string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req EndRequest
+		tenant, ok := a.decode(w, r, &req)
+		if !ok {
+			return
+		}
+		h := etcdstore.Handle{
+			Key:      etcdstore.Key{Tenant: tenant, ID: req.Handle.Key},
+			Attempt:  req.Handle.Attempt,
+			Token:    fencing.Token(req.Handle.Token),
+			Revision: req.Handle.Revision,
+		}
+		if err := h.Key.Validate(); err != nil {
+			a.problem(w, ProblemFor(err))
+			return
+		}
+		if op == "complete" && req.Outcome == nil {
+			a.problem(w, NewProblem(http.StatusBadRequest, KindInvalidRequest, "complete needs an outcome"))
+			return
+		}
+		if op == "renew" && req.ExtendMS <= 0 {
+			a.problem(w, NewProblem(http.StatusBadRequest, KindInvalidRequest, "renew needs extend_ms > 0"))
+			return
+		}
+		extend := time.Duration(req.ExtendMS) * time.Millisecond
+		if extend < 0 || extend > a.cfg.MaxDeadline {
+			a.problem(w, NewProblem(http.StatusBadRequest, KindInvalidRequest,
+				fmt.Sprintf("extend_ms must be between 0 and %d", a.cfg.MaxDeadline.Milliseconds())))
+			return
+		}
+		c, err := a.claimFor(r.Context(), h)
+		if err != nil {
+			a.problem(w, ProblemFor(err))
+			a.outcome(w, err)
+			return
+		}
+		var state string
+		switch op {
+		case "complete":
+			err, state = c.Complete(r.Context(), etcdstore.Outcome{
+				Status: req.Outcome.Status, Header: req.Outcome.Headers, Body: req.Outcome.Body, Err: req.Outcome.Error,
+			}), "done"
+		case "checkpoint":
+			state = "claimed"
+			if err = c.Checkpoint(r.Context(), req.Checkpoint); err == nil && extend > 0 {
+				err = c.Renew(r.Context(), extend)
+			}
+		case "renew":
+			err, state = c.Renew(r.Context(), extend), "claimed"
+		case "release":
+			err, state = c.Release(r.Context()), "released"
+		case "abandon":
+			err, state = c.Abandon(r.Context()), "abandoned"
+		}
+		if err != nil {
+			a.problem(w, ProblemFor(err))
+			a.outcome(w, err)
+			return
+		}
+		resp := EndResponse{State: state}
+		if state == "claimed" {
+			resp.Handle = handleJSON(c.Handle())
+		}
+		a.outcomeIs(w, OutcomeClaimed)
+		writeJSON(w, http.StatusOK, resp)
+	}
+}
+
+// claimFor finds the claim of h: the one made here, or one attached from
+// etcd when the claim was made by another idem process (or before a restart).
+func (a *API) claimFor(ctx context.Context, h etcdstore.Handle) (*etcdstore.Claim, error) {
+	a.mu.Lock()
+	c := a.claims[h.Attempt]
+	a.mu.Unlock()
+	// The handle's tenant comes from authentication: a claim of another
+	// tenant is never found here, even with its attempt id. A handle is
+	// valid only at the claim's current revision, here as through Attach.
+	if c != nil && c.Handle() == h {
+		return c, nil
+	}
+	return a.cfg.Store.Attach(ctx, h)
+}
+
+func (a *API) get(w http.ResponseWriter, r *http.Request) {
+	tenant, err := a.cfg.Tenant(r)
+	if err != nil {
+		a.problem(w, tenantProblem(err))
+		return
+	}
+	key := etcdstore.Key{Tenant: tenant, ID: r.PathValue("key")}
+	var rec *etcdstore.Record
+	wait := preferWait(r.Header, a.cfg.MaxWait)
+	if s := r.URL.Query().Get("wait"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			a.problem(w, NewProblem(http.StatusBadRequest, KindInvalidRequest, "wait must be a whole number of seconds"))
+			return
+		}
+		wait = min(time.Duration(n)*time.Second, a.cfg.MaxWait)
+	}
+	if wait > 0 {
+		ctx, cancel := context.WithTimeout(r.Context(), wait)
+		defer cancel()
+		rec, err = a.cfg.Store.Wait(ctx, key)
+		if errors.Is(err, context.DeadlineExceeded) && r.Context().Err() == nil {
+			rec, err = a.cfg.Store.Get(r.Context(), key) // still in flight: say so
+		}
+	} else {
+		rec, err = a.cfg.Store.Get(r.Context(), key)
+	}
+	if err != nil {
+		a.problem(w, ProblemFor(err))
+		return
+	}
+	out := RecordJSON{
+		Key: rec.Key.ID, State: string(rec.State), Token: int64(rec.Token), Fingerprint: rec.Fingerprint.String(),
+		Created: rec.Created.UTC(), Expires: rec.Expires.UTC(), Takeovers: rec.Takeovers,
+		Abandoned: rec.State == etcdstore.InFlight && rec.Owner == "", Checkpoint: rec.Checkpoint,
+	}
+	if !rec.Deadline.IsZero() {
+		d := rec.Deadline.UTC()
+		out.Deadline = &d
+	}
+	if rec.Outcome != nil {
+		out.Outcome = outcomeJSON(rec.Outcome)
+	}
+	a.outcomeIs(w, OutcomePassthrough)
+	writeJSON(w, http.StatusOK, out)
+}
+
+// decode reads a strict JSON body (unknown fields and trailing data are
+// errors) and the request's tenant. It answers the request itself on error.
+func (a *API) decode(w http.ResponseWriter, r *http.Request, v any) (string, bool) {
+	tenant, err := a.cfg.Tenant(r)
+	if err != nil {
+		a.problem(w, tenantProblem(err))
+		return "", false
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.cfg.MaxBody))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			a.problem(w, NewProblem(http.StatusRequestEntityTooLarge, KindRequestTooLarge, fmt.Sprintf("body over the limit of %d bytes", a.cfg.MaxBody)))
+		} else {
+			a.problem(w, NewProblem(http.StatusBadRequest, KindInvalidRequest, err.Error()))
+		}
+		return "", false
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		a.problem(w, NewProblem(http.StatusBadRequest, KindInvalidRequest, "request body: "+err.Error()))
+		return "", false
+	}
+	if dec.More() {
+		a.problem(w, NewProblem(http.StatusBadRequest, KindInvalidRequest, "request body: data after the JSON object"))
+		return "", false
+	}
+	return tenant, true
+}
+
+func (a *API) problem(w http.ResponseWriter, p Problem) {
+	if sw, ok := w.(*statusWriter); ok && sw.outcome == "" {
+		sw.outcome = OutcomeInvalid
+		if p.Status >= 500 {
+			sw.outcome = OutcomeUnavailable
+		}
+	}
+	p.Write(w)
+}
+
+func (a *API) outcome(w http.ResponseWriter, err error) {
+	switch {
+	case errors.Is(err, etcdstore.ErrConflict):
+		a.outcomeIs(w, OutcomeConflict)
+	case errors.Is(err, etcdstore.ErrMismatch):
+		a.outcomeIs(w, OutcomeMismatch)
+	case errors.Is(err, etcdstore.ErrFenced), errors.Is(err, etcdstore.ErrClaimEnded):
+		a.outcomeIs(w, OutcomeFenced)
+	}
+}
+
+func (a *API) outcomeIs(w http.ResponseWriter, outcome string) {
+	if sw, ok := w.(*statusWriter); ok {
+		sw.outcome = outcome
+	}
+}
+
+func tenantProblem(err error) Problem {
+	if errors.Is(err, ErrUntrustedTenant) {
+		return NewProblem(http.StatusForbidden, KindUntrustedTenant, err.Error())
+	}
+	if errors.Is(err, ErrUnauthenticated) {
+		return NewProblem(http.StatusUnauthorized, KindUnauthorized, err.Error())
+	}
+	return ProblemFor(err)
+}
+
+// requestFingerprint is the fingerprint a claim request names or implies.
+func requestFingerprint(req ClaimRequest) (etcdstore.Fingerprint, error) {
+	var fp etcdstore.Fingerprint
+	switch {
+	case req.Fingerprint != "" && len(req.Params) > 0:
+		return fp, fmt.Errorf("%w: send params or fingerprint, not both", etcdstore.ErrInvalidArgument)
+	case req.Fingerprint != "":
+		b, err := hex.DecodeString(req.Fingerprint)
+		if err != nil || len(b) != len(fp) {
+			return fp, fmt.Errorf("%w: fingerprint must be 64 hex digits (a SHA-256)", etcdstore.ErrInvalidArgument)
+		}
+		copy(fp[:], b)
+		return fp, nil
+	}
+	c, err := etcdstore.CanonicalJSON(req.Params)
+	if len(req.Params) == 0 {
+		c, err = []byte("null"), nil // no params: all such claims agree
+	}
+	if err != nil {
+		return fp, err
+	}
+	return etcdstore.FingerprintOf(c)
+}
+
+func handleJSON(h etcdstore.Handle) *HandleJSON {
+	return &HandleJSON{Key: h.Key.ID, Attempt: h.Attempt, Token: int64(h.Token), Revision: h.Revision}
+}
+
+func outcomeJSON(o *etcdstore.Outcome) *OutcomeJSON {
+	return &OutcomeJSON{Status: o.Status, Headers: o.Header, Body: o.Body, Error: o.Err}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}

@@ -1,0 +1,52 @@
+package idemhttp
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Outcomes of a request at the edge, the values of the "outcome" label.
+const (
+	OutcomeClaimed     = "claimed"      // a new key: the handler ran
+	OutcomeTakeover    = "takeover"     // a stale claim was taken over: the handler ran
+	OutcomeReplayed    = "replayed"     // a saved response was replayed
+	OutcomeConflict    = "conflict"     // 409: in flight elsewhere
+	OutcomeMismatch    = "mismatch"     // 422
+	OutcomeFenced      = "fenced"       // the handler ran but its claim was taken over
+	OutcomeInvalid     = "invalid"      // 400/403/413 before any claim
+	OutcomeUnavailable = "unavailable"  // 503: etcd unreachable
+	OutcomeUpstream    = "upstream_err" // 502: no response from the handler/upstream
+	OutcomePassthrough = "passthrough"  // no key, or a method that is not claimed
+	OutcomeError       = "error"        // anything else
+)
+
+// Metrics are the edge's Prometheus metrics. Labels never include keys,
+// tenants or paths: their cardinality is unbounded.
+type Metrics struct {
+	Requests *prometheus.CounterVec
+	Duration *prometheus.HistogramVec
+	Waits    prometheus.Counter
+}
+
+// NewMetrics creates the metrics and registers them with reg (none when reg
+// is nil).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idem_requests_total",
+			Help: "Requests at the idempotency edge, by outcome.",
+		}, []string{"outcome"}),
+		Duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idem_request_duration_seconds",
+			Help:    "Time to answer a request at the idempotency edge, by outcome (including the handler or upstream).",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"outcome"}),
+		Waits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idem_waits_total",
+			Help: "Requests that waited (Prefer: wait) for an in-flight key.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.Requests, m.Duration, m.Waits)
+	}
+	return m
+}

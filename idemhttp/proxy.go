@@ -1,0 +1,68 @@
+package idemhttp
+
+import (
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"time"
+)
+
+// ProxyOptions configure NewProxy.
+type ProxyOptions struct {
+	// Timeout bounds the wait for the upstream's response headers (default
+	// 30 s). Past it the request counts as having no response.
+	Timeout time.Duration
+	// Transport replaces the default transport (for TLS to the upstream).
+	Transport http.RoundTripper
+	// Logger receives upstream errors (default: none).
+	Logger *slog.Logger
+}
+
+// NewProxy returns a reverse proxy to upstream, behind mw: idem as a sidecar.
+// Requests with a key are claimed, forwarded once with the key and the
+// fencing token (header Idempotency-Fence), and their response saved and
+// replayed; other requests are forwarded as they are. When the upstream
+// cannot be reached or does not answer in time, a keyed request's claim
+// ends as mw's OnNoResponse says, and the client gets 502.
+func NewProxy(upstream *url.URL, mw *Middleware, o ProxyOptions) (http.Handler, error) {
+	if upstream == nil || upstream.Scheme != "http" && upstream.Scheme != "https" || upstream.Host == "" {
+		return nil, errors.New("idemhttp: upstream must be an absolute http or https URL")
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 30 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	tr := o.Transport
+	if tr == nil {
+		tr = &http.Transport{
+			Proxy:                 nil, // a sidecar talks to its app directly
+			DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConns:          256,
+			MaxIdleConnsPerHost:   256,
+			IdleConnTimeout:       90 * time.Second,
+			ResponseHeaderTimeout: o.Timeout,
+			ExpectContinueTimeout: time.Second,
+		}
+	}
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(upstream)
+			pr.SetXForwarded()
+		},
+		Transport: tr,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			o.Logger.Warn("idem: upstream error", "method", r.Method, "err", err)
+			if NoResponse(w, err) {
+				return // the middleware answers and ends the claim
+			}
+			p := NewProblem(http.StatusBadGateway, KindUpstreamUnavailable, "no response from the upstream: "+err.Error())
+			p.Write(w)
+		},
+	}
+	return mw.Wrap(rp), nil
+}

@@ -1,0 +1,336 @@
+package idemhttp
+
+import (
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem/etcdstore"
+)
+
+func TestReplayIsIdenticalAndUpstreamCalledOnce(t *testing.T) {
+	up := newUpstream(t)
+	front := newFront(t, Config{}, up, ProxyOptions{})
+	first := do(t, "POST", front.URL+"/charge?order=42", "key-1", `{"amount":100,"currency":"eur"}`)
+	if first.status != http.StatusCreated || first.header.Get(HeaderReplayed) != "" {
+		t.Fatalf("first = %d %q replayed=%q; want 201, not replayed", first.status, first.body, first.header.Get(HeaderReplayed))
+	}
+	if got := first.header.Get(HeaderRetention); got != "86400" {
+		t.Fatalf("%s = %q; want 86400", HeaderRetention, got)
+	}
+	for i := 0; i < 3; i++ {
+		// Same params: JSON members reordered, whitespace changed.
+		again := do(t, "POST", front.URL+"/charge?order=42", "key-1", `{ "currency": "eur", "amount": 100 }`)
+		if again.status != first.status || again.body != first.body || again.header.Get("X-Charge-Id") != first.header.Get("X-Charge-Id") {
+			t.Fatalf("replay %d = %d %q %v; want the first response %d %q", i, again.status, again.body, again.header, first.status, first.body)
+		}
+		if again.header.Get(HeaderReplayed) != "true" {
+			t.Fatalf("replay lacks %s: true", HeaderReplayed)
+		}
+		if again.header.Get("Connection") == "close" {
+			t.Fatal("a hop-by-hop header was saved and replayed")
+		}
+	}
+	if n := up.calls.Load(); n != 1 {
+		t.Fatalf("upstream called %d times; want 1", n)
+	}
+}
+
+func TestMismatchIs422(t *testing.T) {
+	up := newUpstream(t)
+	front := newFront(t, Config{}, up, ProxyOptions{})
+	do(t, "POST", front.URL+"/charge", "key-1", `{"amount":100}`)
+	for name, r := range map[string]reply{
+		"other body":   do(t, "POST", front.URL+"/charge", "key-1", `{"amount":999}`),
+		"other path":   do(t, "POST", front.URL+"/refund", "key-1", `{"amount":100}`),
+		"other query":  do(t, "POST", front.URL+"/charge?x=1", "key-1", `{"amount":100}`),
+		"other method": do(t, "PATCH", front.URL+"/charge", "key-1", `{"amount":100}`),
+	} {
+		if r.status != http.StatusUnprocessableEntity || problemType(t, r) != KindMismatch {
+			t.Fatalf("%s: %d %q; want 422 mismatch", name, r.status, r.body)
+		}
+	}
+	if n := up.calls.Load(); n != 1 {
+		t.Fatalf("upstream called %d times; want 1", n)
+	}
+}
+
+func TestInFlightIs409OrWaits(t *testing.T) {
+	up := newUpstream(t)
+	front := newFront(t, Config{}, up, ProxyOptions{})
+	firstDone := make(chan reply, 1)
+	go func() { firstDone <- do(t, "POST", front.URL+"/slow", "key-1", `{}`) }()
+	<-up.entered // the first request is in the upstream now
+
+	r := do(t, "POST", front.URL+"/slow", "key-1", `{}`)
+	if r.status != http.StatusConflict || problemType(t, r) != KindConflict {
+		t.Fatalf("duplicate in flight = %d %q; want 409 conflict", r.status, r.body)
+	}
+	if ra, err := strconv.Atoi(r.header.Get("Retry-After")); err != nil || ra < 1 {
+		t.Fatalf("Retry-After = %q; want a number of seconds", r.header.Get("Retry-After"))
+	}
+	waited := make(chan reply, 1)
+	go func() { waited <- do(t, "POST", front.URL+"/slow", "key-1", `{}`, "Prefer", "wait=30") }()
+	close(up.hold) // let the first finish
+	first := <-firstDone
+	w := <-waited
+	if w.status != first.status || w.body != first.body || w.header.Get(HeaderReplayed) != "true" {
+		t.Fatalf("waiting duplicate = %d %q; want the first response replayed", w.status, w.body)
+	}
+	if n := up.calls.Load(); n != 1 {
+		t.Fatalf("upstream called %d times; want 1", n)
+	}
+}
+
+func TestConcurrentDuplicatesCallUpstreamOnce(t *testing.T) {
+	up := newUpstream(t)
+	front := newFront(t, Config{}, up, ProxyOptions{})
+	const n = 24
+	var wg sync.WaitGroup
+	replies := make([]reply, n)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			replies[i] = do(t, "POST", front.URL+"/charge", "same-key", `{"amount":1}`, "Prefer", "wait=30")
+		}()
+	}
+	wg.Wait()
+	if c := up.calls.Load(); c != 1 {
+		t.Fatalf("upstream called %d times; want 1", c)
+	}
+	for i, r := range replies {
+		if r.status != http.StatusCreated || r.body != replies[0].body {
+			t.Fatalf("reply %d = %d %q; want every reply to be the one response", i, r.status, r.body)
+		}
+	}
+}
+
+func TestBadRequestsAreRefusedBeforeAnyClaim(t *testing.T) {
+	up := newUpstream(t)
+	store := newStore(t, "")
+	front := newFront(t, Config{
+		Store:          store,
+		MaxRequestBody: 100,
+		RequireKey:     func(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, "/charge") },
+	}, up, ProxyOptions{})
+	cases := []struct {
+		name   string
+		key    string
+		body   string
+		hdr    []string
+		status int
+		kind   string
+	}{
+		{"missing key on a route that needs one", "", `{}`, nil, 400, KindMissingKey},
+		{"key with a space", "a b", `{}`, nil, 400, KindInvalidKey},
+		{"key too long", strings.Repeat("k", 256), `{}`, nil, 400, KindInvalidKey},
+		{"non-ASCII key", "clé", `{}`, nil, 400, KindInvalidKey},
+		{"two key headers", "k1", `{}`, []string{HeaderKey, "k2"}, 400, KindInvalidKey},
+		{"unterminated quoted key", `"abc`, `{}`, nil, 400, KindInvalidKey},
+		{"quoted list", `"a", "b"`, `{}`, nil, 400, KindInvalidKey},
+		{"body over the limit", "k3", `{"pad":"` + strings.Repeat("x", 200) + `"}`, nil, 413, KindRequestTooLarge},
+		{"malformed JSON", "k4", `{"a":`, nil, 400, KindInvalidJSON},
+		{"JSON with a repeated member", "k5", `{"a":1,"a":2}`, nil, 400, KindInvalidJSON},
+		{"JSON number that cannot round-trip", "k6", `{"a":1e999}`, nil, 400, KindInvalidJSON},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before, err := store.Stats(t.Context(), 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := do(t, "POST", front.URL+"/charge", tc.key, tc.body, tc.hdr...)
+			if r.status != tc.status || problemType(t, r) != tc.kind {
+				t.Fatalf("%d %q; want %d %s", r.status, r.body, tc.status, tc.kind)
+			}
+			after, err := store.Stats(t.Context(), 0)
+			if err != nil || after.Records != before.Records {
+				t.Fatalf("records %d -> %d (%v): a refused request was claimed", before.Records, after.Records, err)
+			}
+		})
+	}
+	if c := up.calls.Load(); c != 0 {
+		t.Fatalf("upstream called %d times by refused requests", c)
+	}
+	// A quoted key (RFC 8941 sf-string, the IETF draft's form) is the same
+	// key as the bare one.
+	a := do(t, "POST", front.URL+"/charge", `"k-quoted"`, `{}`)
+	b := do(t, "POST", front.URL+"/charge", `k-quoted`, `{}`)
+	if a.status != 201 || b.header.Get(HeaderReplayed) != "true" || a.body != b.body {
+		t.Fatalf("quoted then bare = %d, %d replayed=%q; want one operation", a.status, b.status, b.header.Get(HeaderReplayed))
+	}
+}
+
+func TestPassThrough(t *testing.T) {
+	up := newUpstream(t)
+	front := newFront(t, Config{}, up, ProxyOptions{})
+	for i := 0; i < 3; i++ {
+		if r := do(t, "POST", front.URL+"/charge", "", `{}`); r.status != 201 {
+			t.Fatalf("no key: %d", r.status)
+		}
+	}
+	if r := do(t, "GET", front.URL+"/charge", "get-key", ``); r.status != 201 || r.header.Get(HeaderReplayed) != "" {
+		t.Fatalf("GET with a key: %d; want it passed through", r.status)
+	}
+	if r := do(t, "GET", front.URL+"/charge", "get-key", ``); r.header.Get(HeaderReplayed) != "" {
+		t.Fatal("GET was replayed")
+	}
+	if c := up.calls.Load(); c != 5 {
+		t.Fatalf("upstream called %d times; want 5: requests without a claimed method or key pass through", c)
+	}
+	// A client cannot forge a fencing token to the upstream.
+	r := do(t, "POST", front.URL+"/echo", "", `{}`, "Idempotency-Fence", "999999999")
+	if strings.Contains(r.body, "999999999") {
+		t.Fatalf("a client-sent fence reached the upstream: %s", r.body)
+	}
+}
+
+func TestUpstreamGetsKeyAndFence(t *testing.T) {
+	up := newUpstream(t)
+	front := newFront(t, Config{}, up, ProxyOptions{})
+	r := do(t, "POST", front.URL+"/echo", "key-e", `{}`, "Idempotency-Fence", "1")
+	if !strings.Contains(r.body, `"Idempotency-Key":["key-e"]`) {
+		t.Fatalf("upstream did not get the key: %s", r.body)
+	}
+	if !strings.Contains(r.body, `"Idempotency-Fence":["`) || strings.Contains(r.body, `"Idempotency-Fence":["1"]`) {
+		t.Fatalf("upstream did not get idem's token (and only it): %s", r.body)
+	}
+}
+
+func TestUpstreamWithoutResponse(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		path    string
+		keep    bool
+		timeout time.Duration
+	}{
+		{"connection dropped, release", "/drop", false, 0},
+		{"timeout, release", "/hang", false, 300 * time.Millisecond},
+		{"connection dropped, keep", "/drop", true, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := newUpstream(t)
+			store := newStore(t, "")
+			front := newFront(t, Config{Store: store, KeepOnNoResponse: tc.keep}, up, ProxyOptions{Timeout: tc.timeout})
+			r := do(t, "POST", front.URL+tc.path, "k", `{}`)
+			if r.status != http.StatusBadGateway || problemType(t, r) != KindUpstreamUnavailable {
+				t.Fatalf("%d %q; want 502 upstream-unavailable", r.status, r.body)
+			}
+			rec, err := store.Get(t.Context(), etcdstore.Key{ID: "k"})
+			if !tc.keep && err == nil {
+				t.Fatalf("record %+v after release; want none", rec)
+			}
+			if tc.keep && (err != nil || rec.State != etcdstore.InFlight || rec.Owner != "") {
+				t.Fatalf("record %+v, %v; want an abandoned claim", rec, err)
+			}
+			// Either way the retry reaches the upstream again.
+			do(t, "POST", front.URL+tc.path, "k", `{}`)
+			if c := up.calls.Load(); c != 2 {
+				t.Fatalf("upstream calls = %d; want 2 (the retry runs again)", c)
+			}
+		})
+	}
+}
+
+func TestServerErrorsSavedOrReleased(t *testing.T) {
+	up := newUpstream(t)
+	saving := newFront(t, Config{}, up, ProxyOptions{})
+	for i := 0; i < 2; i++ {
+		if r := do(t, "POST", saving.URL+"/fail", "k", `{}`); r.status != 500 {
+			t.Fatalf("try %d: %d", i, r.status)
+		}
+	}
+	if c := up.calls.Load(); c != 1 {
+		t.Fatalf("saved 5xx: upstream called %d times; want 1", c)
+	}
+	releasing := newFront(t, Config{Save5xx: func(*http.Request) bool { return false }}, up, ProxyOptions{})
+	for i := 0; i < 2; i++ {
+		if r := do(t, "POST", releasing.URL+"/fail", "k", `{}`); r.status != 500 || r.header.Get(HeaderReplayed) != "" {
+			t.Fatalf("try %d: %d replayed=%q", i, r.status, r.header.Get(HeaderReplayed))
+		}
+	}
+	if c := up.calls.Load(); c != 3 {
+		t.Fatalf("released 5xx: upstream called %d times; want 1 more per try", c)
+	}
+}
+
+func TestResponseTooLargeToReplay(t *testing.T) {
+	up := newUpstream(t)
+	front := newFront(t, Config{MaxResponseBody: 1000}, up, ProxyOptions{})
+	first := do(t, "POST", front.URL+"/big?n=5000", "k", `{}`)
+	if first.status != 200 || len(first.body) != 5000 {
+		t.Fatalf("first = %d, %d bytes; want the whole response", first.status, len(first.body))
+	}
+	again := do(t, "POST", front.URL+"/big?n=5000", "k", `{}`)
+	if again.status != 500 || problemType(t, again) != KindResponseNotSaved || again.header.Get(HeaderReplayed) != "true" {
+		t.Fatalf("replay = %d %q; want the saved response-not-saved problem", again.status, again.body)
+	}
+	if c := up.calls.Load(); c != 1 {
+		t.Fatalf("upstream called %d times; want 1", c)
+	}
+}
+
+// An operator evicts a key while its request runs: the claim is fenced out
+// at save time and the client is told, not given an unsaved answer.
+func TestFencedWhileRunning(t *testing.T) {
+	up := newUpstream(t)
+	store := newStore(t, "")
+	front := newFront(t, Config{Store: store}, up, ProxyOptions{})
+	done := make(chan reply, 1)
+	go func() { done <- do(t, "POST", front.URL+"/slow", "k", `{}`) }()
+	<-up.entered
+	if err := store.Evict(t.Context(), etcdstore.Key{ID: "k"}); err != nil {
+		t.Fatal(err)
+	}
+	close(up.hold)
+	r := <-done
+	if r.status != http.StatusConflict || problemType(t, r) != KindFenced {
+		t.Fatalf("%d %q; want 409 fenced", r.status, r.body)
+	}
+}
+
+func TestTenants(t *testing.T) {
+	up := newUpstream(t)
+	trusted := []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
+	front := newFront(t, Config{Tenant: TrustedHeaderTenant("X-Tenant", trusted, FixedTenant("default"))}, up, ProxyOptions{})
+	a := do(t, "POST", front.URL+"/charge", "k", `{}`, "X-Tenant", "acme")
+	b := do(t, "POST", front.URL+"/charge", "k", `{}`, "X-Tenant", "globex")
+	if a.header.Get(HeaderReplayed) != "" || b.header.Get(HeaderReplayed) != "" || a.body == b.body {
+		t.Fatalf("two tenants, one key: %q / %q; want two operations", a.body, b.body)
+	}
+	if r := do(t, "POST", front.URL+"/charge", "k", `{}`, "X-Tenant", "acme"); r.body != a.body {
+		t.Fatalf("acme's replay = %q; want %q", r.body, a.body)
+	}
+	if r := do(t, "POST", front.URL+"/charge", "k", `{}`, "X-Tenant", "../acme"); r.status != 400 || problemType(t, r) != KindInvalidTenant {
+		t.Fatalf("bad tenant = %d %q; want 400", r.status, r.body)
+	}
+
+	untrusting := newFront(t, Config{Tenant: TrustedHeaderTenant("X-Tenant", []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, FixedTenant("default"))}, up, ProxyOptions{})
+	if r := do(t, "POST", untrusting.URL+"/charge", "k", `{}`, "X-Tenant", "acme"); r.status != 403 || problemType(t, r) != KindUntrustedTenant {
+		t.Fatalf("tenant header from an untrusted peer = %d %q; want 403", r.status, r.body)
+	}
+}
+
+func TestEtcdUnreachableIs503(t *testing.T) {
+	up := newUpstream(t)
+	proxy, err := etcdtestProxy(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := newStoreOn(t, proxy.URL(), etcdstore.WithRequestTimeout(200*time.Millisecond))
+	front := newFront(t, Config{Store: store}, up, ProxyOptions{})
+	proxy.Blackhole()
+	t.Cleanup(proxy.Heal) // before the store's cleanup, so it can revoke its session
+	r := do(t, "POST", front.URL+"/charge", "k", `{}`)
+	if r.status != http.StatusServiceUnavailable || problemType(t, r) != KindUnavailable || r.header.Get("Retry-After") == "" {
+		t.Fatalf("%d %q; want 503 unavailable with Retry-After", r.status, r.body)
+	}
+	if c := up.calls.Load(); c != 0 {
+		t.Fatalf("upstream called %d times without a claim", c)
+	}
+}
