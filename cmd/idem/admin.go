@@ -316,4 +316,3 @@ func printable(b []byte) string {
 	}
 	return strconv.Quote(s)
 }
-
