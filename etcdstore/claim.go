@@ -307,6 +307,11 @@ func (s *Store) acquire(ctx context.Context, c *Claim, sess *lease.Session, cfg 
 			rec.Takeovers = taken.Takeovers + 1
 		}
 		res, err := s.writeRecord(ctx, c.key, cmps, rec, 0)
+		if errors.Is(err, rpctypes.ErrNoSpace) {
+			// etcd is over its quota and refuses any Txn with a Put, even
+			// when its Else would run. A done key can still be replayed.
+			return s.readOnly(ctx, c, err)
+		}
 		if err != nil {
 			if errors.Is(err, ErrCorrupt) || !retryable(ctx, err) || tries >= maxTries {
 				return nil, wrapEtcd("claim", c.key, err)
@@ -328,6 +333,22 @@ func (s *Store) acquire(ctx context.Context, c *Claim, sess *lease.Session, cfg 
 		cur, known = res.cur, true
 	}
 	return nil, s.conflict(c.key, cur, s.now())
+}
+
+// readOnly answers a claim from a read when etcd refuses writes: the saved
+// outcome of a done key, a mismatch, or the write's error.
+func (s *Store) readOnly(ctx context.Context, c *Claim, werr error) (*Record, error) {
+	cur, _, err := s.get(ctx, c.key)
+	switch {
+	case err != nil:
+		return nil, err
+	case cur == nil || cur.expired(s.now()):
+	case cur.Fingerprint != c.fp:
+		return nil, &MismatchError{Key: c.key}
+	case cur.State == Done:
+		return cur, nil
+	}
+	return nil, wrapEtcd("claim", c.key, werr)
 }
 
 // writeRecord puts rec on the current retention lease under cmps, with token

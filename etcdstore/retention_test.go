@@ -3,12 +3,18 @@ package etcdstore
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+
+	"github.com/idem-dev/idem/internal/etcdtest"
 )
 
 // After retention the shared bucket lease deletes the record, and the same key
@@ -89,5 +95,45 @@ func TestExpiredRecordIsAbsentBeforeItsLeaseFires(t *testing.T) {
 	}
 	if runs.Load() != 2 || second.Token <= first.Token {
 		t.Fatalf("runs %d, token %d (first %d); want a new run with a greater token", runs.Load(), second.Token, first.Token)
+	}
+}
+
+// When etcd is full (NOSPACE alarm), new keys are refused with ErrUnavailable
+// but done keys are still replayed, from a read.
+func TestReplayWhenEtcdIsFull(t *testing.T) {
+	small, err := etcdtest.New(t.TempDir(), 1, etcdtest.Options{Configure: func(c *embed.Config) {
+		c.QuotaBackendBytes = 8 << 20
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer small.Close()
+	cli := small.MustClient(t)
+	s := newStore(t, cli, "/full/")
+	ctx := testCtx(t)
+	work := func(context.Context, *Claim) ([]byte, error) { return []byte("saved"), nil }
+	if _, err := s.Do(ctx, Key{ID: "done-before"}, []byte("p"), work); err != nil {
+		t.Fatal(err)
+	}
+	// Fill the database until etcd raises the alarm.
+	filler := strings.Repeat("x", 512<<10)
+	for i := 0; ; i++ {
+		_, err := cli.Put(ctx, fmt.Sprintf("/filler/%d", i), filler)
+		if errors.Is(err, rpctypes.ErrNoSpace) {
+			break
+		}
+		if err != nil || i > 1000 {
+			t.Fatalf("filling etcd: %v after %d puts", err, i)
+		}
+	}
+	res, err := s.Do(ctx, Key{ID: "done-before"}, []byte("p"), work)
+	if err != nil || !res.Replayed || string(res.Body) != "saved" {
+		t.Fatalf("replay when full = %+v, %v; want the saved outcome", res, err)
+	}
+	if _, err := s.Do(ctx, Key{ID: "done-before"}, []byte("other"), work); !errors.Is(err, ErrMismatch) {
+		t.Fatalf("mismatch when full = %v; want ErrMismatch", err)
+	}
+	if _, err := s.Do(ctx, Key{ID: "new"}, []byte("p"), work); !errors.Is(err, ErrUnavailable) || !errors.Is(err, rpctypes.ErrNoSpace) {
+		t.Fatalf("new key when full = %v; want ErrUnavailable caused by NOSPACE", err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idem-dev/idem/etcdstore"
@@ -302,7 +303,7 @@ func (m *Middleware) run(w http.ResponseWriter, req *request, next http.Handler,
 		m.log(req, OutcomeUnavailable, res.Token, p.Status)
 		return OutcomeUnavailable, nil
 	case err != nil && !errors.Is(err, etcdstore.ErrUnavailable):
-		m.cfg.Logger.Error("idem: ending a claim", "key", req.logKey, "err", err)
+		m.cfg.Logger.Error("idem: ending a claim", "key", req.logKey, "err", m.redact(req, err))
 	}
 	switch {
 	case rec.noResp != nil:
@@ -335,8 +336,17 @@ func (m *Middleware) fail(w http.ResponseWriter, req *request, err error) string
 	case ProblemTypePrefix + KindInvalidJSON, ProblemTypePrefix + KindInvalidKey, ProblemTypePrefix + KindRequestTooLarge:
 		outcome = OutcomeInvalid
 	}
-	m.cfg.Logger.Info("idem: refused", "key", req.logKey, "outcome", outcome, "status", p.Status, "err", err)
+	m.cfg.Logger.Info("idem: refused", "key", req.logKey, "outcome", outcome, "status", p.Status, "err", m.redact(req, err))
 	return outcome
+}
+
+// redact returns err's text with the key replaced by its log form: store
+// errors name their key, and keys are logged only as a hash unless LogKeys.
+func (m *Middleware) redact(req *request, err error) string {
+	if m.cfg.LogKeys {
+		return err.Error()
+	}
+	return strings.ReplaceAll(err.Error(), req.key.String(), "key#"+req.logKey)
 }
 
 // refuse answers a request that was refused before any claim.

@@ -72,7 +72,11 @@ type etcdFlags struct {
 
 func (e *etcdFlags) register(fs *flag.FlagSet, defaultEndpoints []string) {
 	e.endpoints = defaultEndpoints
-	fs.Var(&e.endpoints, "endpoints", "etcd endpoints, comma-separated (default: "+strings.Join(defaultEndpoints, ",")+")")
+	usage := "etcd endpoints, comma-separated"
+	if len(defaultEndpoints) == 0 {
+		usage += " (none: start an embedded etcd)"
+	}
+	fs.Var(&e.endpoints, "endpoints", usage)
 	fs.StringVar(&e.cacert, "cacert", "", "verify etcd's certificate with this CA bundle")
 	fs.StringVar(&e.cert, "cert", "", "client certificate for etcd (mTLS)")
 	fs.StringVar(&e.key, "key", "", "client certificate key for etcd (mTLS)")

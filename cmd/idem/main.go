@@ -7,6 +7,7 @@
 //	idem ls               list keys
 //	idem evict KEY        forget a key so it runs again
 //	idem status           etcd cluster and key counts
+//	idem echo             a non-idempotent demo upstream
 //	idem version          print the version
 //
 // Run "idem COMMAND -h" for a command's flags.
@@ -44,6 +45,7 @@ Commands:
   ls        list keys:              idem ls [--tenant T] [--state in_flight|done]
   evict     forget a key:           idem evict [--tenant T] KEY
   status    etcd cluster and keys:  idem status
+  echo      a non-idempotent demo upstream, to put idem in front of
   version   print the version
 
 Run "idem COMMAND -h" for a command's flags.
@@ -67,6 +69,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return adminEvict(ctx, rest, stdout, stderr)
 	case "status":
 		return adminStatus(ctx, rest, stdout, stderr)
+	case "echo":
+		return echo(ctx, rest, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, "idem", version())
 		return nil

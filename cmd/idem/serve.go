@@ -97,7 +97,7 @@ func (c *serveConfig) flags(stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.upstream, "upstream", "", "upstream URL: run as a reverse proxy (sidecar) in front of it")
 	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", 30*time.Second, "how long to wait for the upstream's response headers")
 	c.methods = listFlag{"POST", "PATCH"}
-	fs.Var(&c.methods, "methods", "methods whose keyed requests are claimed (default POST,PATCH)")
+	fs.Var(&c.methods, "methods", "methods whose keyed requests are claimed, comma-separated")
 	fs.Var(&c.requireKey, "require-key", "path prefixes whose claimed methods must carry an Idempotency-Key (400 otherwise); repeatable")
 	fs.Var(&c.release5xx, "release-5xx", "path prefixes where a 5xx response releases the key (retry runs again) instead of being saved; repeatable")
 	fs.StringVar(&c.onNoResponse, "on-no-response", "release", "when the upstream gives no response (unreachable, timeout): release (retry runs again) or keep (abandon for the next request to resume)")

@@ -1,0 +1,100 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"os"
+	"strings"
+	"testing"
+)
+
+func TestServeRefusesBadFlagsBeforeStartingAnything(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--upstream", "ftp://example.com"}, "--upstream"},
+		{[]string{"--upstream", "/relative"}, "--upstream"},
+		{[]string{"--on-no-response", "retry"}, "--on-no-response"},
+		{[]string{"--log-format", "xml"}, "--log-format"},
+		{[]string{"--log-level", "loud"}, "--log-level"},
+		{[]string{"--tenant-header", "X-Tenant"}, "--trusted-proxies"},
+		{[]string{"--tenant-header", "X-Tenant", "--trusted-proxies", "not-an-ip"}, "--trusted-proxies"},
+		{[]string{"--require-key", "pay"}, "must start with /"},
+		{[]string{"--shutdown-grace", "0s"}, "--shutdown-grace"},
+		{[]string{"--session-ttl", "soon"}, "invalid value"},
+		{[]string{"extra-arg"}, "unexpected arguments"},
+		{[]string{"--no-such-flag"}, "not defined"},
+	} {
+		out, err := runCmd(t, append([]string{"serve", "--data-dir", t.TempDir()}, tc.args...)...)
+		if err == nil || !strings.Contains(err.Error()+out, tc.want) {
+			t.Errorf("serve %v = %v; want an error naming %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+func TestEnvironmentSetsFlagsAndCommandLineWins(t *testing.T) {
+	t.Setenv("IDEM_LOG_FORMAT", "xml")
+	_, err := runCmd(t, "serve")
+	if err == nil || !strings.Contains(err.Error(), "--log-format") {
+		t.Fatalf("IDEM_LOG_FORMAT=xml: %v; want --log-format refused", err)
+	}
+	t.Setenv("IDEM_LOG_FORMAT", "text")
+	t.Setenv("IDEM_SESSION_TTL", "soon")
+	_, err = runCmd(t, "serve")
+	if err == nil || !strings.Contains(err.Error(), "IDEM_SESSION_TTL") {
+		t.Fatalf("IDEM_SESSION_TTL=soon: %v; want an error naming the variable", err)
+	}
+	t.Setenv("IDEM_SESSION_TTL", "")
+	t.Setenv("IDEM_SESSION_TTL", "5s")
+	t.Setenv("IDEM_UPSTREAM", "ftp://bad")
+	_, err = runCmd(t, "serve", "--upstream", "ftp://also-bad-but-from-the-command-line")
+	if err == nil || !strings.Contains(err.Error(), "also-bad") {
+		t.Fatalf("command line vs environment: %v; want the command line's value", err)
+	}
+	if envName("session-ttl") != "IDEM_SESSION_TTL" {
+		t.Fatalf("envName = %s", envName("session-ttl"))
+	}
+}
+
+func TestCommands(t *testing.T) {
+	if _, err := runCmd(t); !errors.Is(err, errUsage) || exitCode(err) != 2 {
+		t.Fatalf("no command = %v (exit %d); want a usage error", err, exitCode(err))
+	}
+	if out, err := runCmd(t, "frobnicate"); err == nil || !strings.Contains(out, "usage") {
+		t.Fatalf("unknown command = %q, %v", out, err)
+	}
+	if out, err := runCmd(t, "version"); err != nil || !strings.HasPrefix(out, "idem ") {
+		t.Fatalf("version = %q, %v", out, err)
+	}
+	if _, err := runCmd(t, "get"); exitCode(err) != 2 {
+		t.Fatalf("get without a key = %v; want a usage error", err)
+	}
+	if _, err := runCmd(t, "get", "-w", "yaml", "k"); exitCode(err) != 2 {
+		t.Fatalf("get -w yaml = %v; want a usage error", err)
+	}
+	if _, err := runCmd(t, "ls", "--tenant", "a/b"); exitCode(err) != 2 {
+		t.Fatalf("ls --tenant a/b = %v; want a usage error", err)
+	}
+	if _, err := runCmd(t, "serve", "-h"); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("serve -h = %v; want flag.ErrHelp", err)
+	}
+}
+
+// docs/CLI.md documents every flag of serve and of the admin commands.
+func TestCLIDocNamesEveryFlag(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/CLI.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c serveConfig
+	sets := []*flag.FlagSet{c.flags(io.Discard), newAdminCmd("ls", "", io.Discard).fs}
+	for _, fs := range sets {
+		fs.VisitAll(func(f *flag.Flag) {
+			if !strings.Contains(string(doc), "-"+f.Name+" ") && !strings.Contains(string(doc), "-"+f.Name+"\n") {
+				t.Errorf("docs/CLI.md does not document -%s of %s", f.Name, fs.Name())
+			}
+		})
+	}
+}
