@@ -162,7 +162,7 @@ func TestKilledAfterUpstreamCallNoDoubleEffect(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
-	<-up.entered                                                      // the charge happened
+	<-up.entered // the charge happened
 	idem.kill()
 	up.mu.Lock()
 	close(up.hold)
