@@ -24,25 +24,7 @@ import (
 
 var cluster *etcdtest.Cluster
 
-func TestMain(m *testing.M) {
-	os.Exit(runTests(m))
-}
-
-func runTests(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "idemhttp-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	cluster, err = etcdtest.New(dir, 1, etcdtest.Options{})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer cluster.Close()
-	return m.Run()
-}
+func TestMain(m *testing.M) { os.Exit(etcdtest.Main(m, 1, etcdtest.Options{}, &cluster)) }
 
 var prefixSeq atomic.Int64
 

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -288,4 +289,26 @@ func FreePorts(n int) ([]int, error) {
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
+}
+
+// Main is a TestMain body for a package whose tests share one cluster: it
+// starts an n-member cluster in a temporary directory, hands it to use, runs
+// the tests, and removes everything. Call it as
+//
+//	func TestMain(m *testing.M) { os.Exit(etcdtest.Main(m, 1, etcdtest.Options{}, &cluster)) }
+func Main(m *testing.M, n int, opts Options, cluster **Cluster) int {
+	dir, err := os.MkdirTemp("", "idem-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	c, err := New(dir, n, opts)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "start etcd:", err)
+		return 1
+	}
+	defer c.Close()
+	*cluster = c
+	return m.Run()
 }
