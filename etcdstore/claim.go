@@ -207,6 +207,12 @@ func (s *Store) Claim(ctx context.Context, key Key, fp Fingerprint, opts ...Clai
 	if err != nil || done != nil {
 		s.unregister(c)
 		c.cancel(ErrClaimEnded)
+		if errors.Is(err, ErrUnavailable) || ctx.Err() != nil {
+			// The claim may have been written although we could not learn
+			// it: nobody here will run it, and other processes would see a
+			// live owner until this one dies. Give it up if it is ours.
+			s.abandonIfOurs(key, c.owner, c.attempt)
+		}
 		return nil, done, err
 	}
 	c.mu.Lock()

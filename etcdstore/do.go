@@ -237,3 +237,61 @@ func (s *Store) finishLater(c *Claim, finish func(context.Context) error) {
 		}
 	}()
 }
+
+// abandonIfOurs gives up, in the background, a claim of ours whose write
+// had an unknown outcome: if the record is in flight under owner and
+// attempt, it is abandoned (owner cleared), so the next claimant anywhere
+// takes it over at once. While it works it holds attempt in this process,
+// so a retry with the same attempt id gets ErrConflict instead of racing it.
+func (s *Store) abandonIfOurs(k Key, owner, attempt string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		hold := &Claim{s: s, key: k, attempt: attempt, owner: owner}
+		hold.ctx, hold.cancel = context.WithCancelCause(context.Background())
+		for try := 0; ; try++ {
+			wait := time.NewTimer(time.Duration(50<<min(try, 6)) * time.Millisecond)
+			select {
+			case <-s.closing:
+				wait.Stop()
+				return // our session is revoked on close: the claim goes stale anyway
+			case <-wait.C:
+			}
+			if s.register(hold) != nil {
+				continue // a retry with this attempt id is running: let it decide
+			}
+			done := s.abandonOnce(k, owner, attempt)
+			s.unregister(hold)
+			if done {
+				return
+			}
+		}
+	}()
+}
+
+// abandonOnce makes one attempt; it reports whether there is nothing left
+// to do.
+func (s *Store) abandonOnce(k Key, owner, attempt string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), s.endTimeout)
+	defer cancel()
+	rec, _, err := s.get(ctx, k)
+	if err != nil {
+		return false
+	}
+	if rec == nil || rec.State != InFlight || rec.Owner != owner || rec.Attempt != attempt {
+		return true // never written, or not ours any more
+	}
+	c := &Claim{s: s, key: k, fp: rec.Fingerprint, attempt: attempt, owner: owner}
+	c.ctx, c.cancel = context.WithCancelCause(context.Background())
+	c.won(rec, nil)
+	err = c.Abandon(ctx)
+	if err == nil {
+		s.log.Info("idem: abandoned a claim whose write had an unknown outcome", "key", k.String())
+	}
+	return !errors.Is(err, ErrUnavailable)
+}

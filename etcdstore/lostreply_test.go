@@ -94,12 +94,18 @@ func TestRetryWithSameAttemptIsRecognised(t *testing.T) {
 	if _, _, err := other.Claim(ctx, key, fp); !errors.Is(err, ErrConflict) {
 		t.Fatalf("other process = %v; want ErrConflict", err)
 	}
+	// The retry gets the key: either it recognises its own claim, or the
+	// store's reaper already abandoned that claim and the retry takes it
+	// over. It never conflicts with itself.
 	c, _, err := s.Claim(ctx, key, fp, WithAttempt("attempt-1"))
 	if err != nil {
 		t.Fatalf("retry with the same attempt: %v", err)
 	}
-	if c.TookOver() || c.Attempt() != "attempt-1" {
-		t.Fatalf("retry: tookOver %v attempt %q; want its own claim", c.TookOver(), c.Attempt())
+	if c.Attempt() != "attempt-1" {
+		t.Fatalf("retry: attempt %q; want attempt-1", c.Attempt())
+	}
+	if c.TookOver() && (c.Previous() == nil || c.Previous().Owner != "" || c.Previous().Attempt != "attempt-1") {
+		t.Fatalf("retry took over %+v; want only its own abandoned claim", c.Previous())
 	}
 	if err := c.Complete(ctx, Outcome{Body: []byte("ok")}); err != nil {
 		t.Fatal(err)
@@ -135,5 +141,37 @@ func TestLostCompleteReplyIsRecognised(t *testing.T) {
 	rec, err := s.Get(ctx, key)
 	if err != nil || rec.State != Done || string(rec.Outcome.Body) != "ok" || string(rec.Checkpoint) != "cp2" {
 		t.Fatalf("record = %+v, %v; want done with the last checkpoint", rec, err)
+	}
+}
+
+// A claim written although its caller only saw errors is given up by the
+// store, so another process can take the key over without waiting for this
+// one to die.
+func TestAmbiguousClaimIsAbandonedForOthers(t *testing.T) {
+	var lose atomic.Int32
+	cli := lossyClient(t, &lose)
+	prefix := testPrefix(t)
+	s := newStore(t, cli, prefix)
+	other := newStore(t, client(t), prefix)
+	ctx := testCtx(t)
+	key := Key{ID: "k"}
+	fp := fpOf(t, "p")
+
+	lose.Store(maxTries + 10) // every reply of this claim is lost
+	if _, _, err := s.Claim(ctx, key, fp); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Claim = %v; want ErrUnavailable", err)
+	}
+	lose.Store(0)
+	// The other process waits on the key's Watch; the store's reaper
+	// abandons the claim, and the other process takes it over.
+	c, _, err := other.Claim(ctx, key, fp, WithWait())
+	if err != nil {
+		t.Fatalf("other process: %v; want it to take the abandoned claim over", err)
+	}
+	if !c.TookOver() || c.Previous() == nil || c.Previous().Owner != "" {
+		t.Fatalf("tookOver %v previous %+v; want a takeover of an abandoned claim", c.TookOver(), c.Previous())
+	}
+	if err := c.Complete(ctx, Outcome{Body: []byte("ok")}); err != nil {
+		t.Fatal(err)
 	}
 }

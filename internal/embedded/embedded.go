@@ -25,6 +25,9 @@ type Config struct {
 	Dir       string
 	ClientURL string // listened on and advertised, e.g. http://127.0.0.1:2379
 	PeerURL   string // listened on and advertised, e.g. http://127.0.0.1:2380
+	// AdvertisePeerURL, when set, is advertised instead of PeerURL: the
+	// address of a proxy in front of the member's peer port.
+	AdvertisePeerURL string
 
 	// InitialCluster is "name=peerURL,..." for every member. Empty means a
 	// single-member cluster of this member alone.
@@ -99,16 +102,22 @@ func (c Config) embedConfig() (*embed.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("embedded etcd peer URL: %w", err)
 	}
+	apurl := purl
+	if c.AdvertisePeerURL != "" {
+		if apurl, err = url.Parse(c.AdvertisePeerURL); err != nil {
+			return nil, fmt.Errorf("embedded etcd advertised peer URL: %w", err)
+		}
+	}
 	cfg := embed.NewConfig()
 	cfg.Name = c.Name
 	cfg.Dir = c.Dir
 	cfg.ListenClientUrls = []url.URL{*curl}
 	cfg.AdvertiseClientUrls = []url.URL{*curl}
 	cfg.ListenPeerUrls = []url.URL{*purl}
-	cfg.AdvertisePeerUrls = []url.URL{*purl}
+	cfg.AdvertisePeerUrls = []url.URL{*apurl}
 	cfg.InitialCluster = c.InitialCluster
 	if cfg.InitialCluster == "" {
-		cfg.InitialCluster = c.Name + "=" + c.PeerURL
+		cfg.InitialCluster = c.Name + "=" + apurl.String()
 	}
 	cfg.ClusterState = embed.ClusterStateFlagNew
 	if c.Existing {

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/types"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
@@ -34,14 +35,20 @@ type Options struct {
 	TickMs, ElectionMs uint
 	// Configure adjusts every member's embed.Config last.
 	Configure func(*embed.Config)
+	// Proxies puts a Proxy in front of every member's peer port (advertised
+	// to the other members, so all traffic to the member crosses it) and
+	// one in front of its client port (Member.ClientProxy), for fault
+	// injection.
+	Proxies bool
 }
 
 // Cluster is a running embedded etcd cluster.
 type Cluster struct {
-	Members []*Member
-	opts    Options
-	mu      sync.Mutex
-	clients []*clientv3.Client
+	Members   []*Member
+	opts      Options
+	memberIDs map[int]types.ID // known even while a member is stopped
+	mu        sync.Mutex
+	clients   []*clientv3.Client
 }
 
 // Member is one embedded etcd member.
@@ -51,6 +58,10 @@ type Member struct {
 	ClientURL string
 	PeerURL   string
 	cfg       embedded.Config
+
+	// PeerProxy carries all raft traffic to this member, when the cluster
+	// was started with Proxies. ClientProxy is a proxy to its client port.
+	PeerProxy, ClientProxy *Proxy
 
 	mu   sync.Mutex
 	etcd *embed.Etcd // nil while stopped
@@ -102,14 +113,33 @@ func start(dir string, try, n int, opts Options) (*Cluster, error) {
 			PeerURL:   fmt.Sprintf("http://127.0.0.1:%d", ports[1]),
 		}
 		c.Members = append(c.Members, m)
-		initial = append(initial, m.Name+"="+m.PeerURL)
+		advertised := m.PeerURL
+		if opts.Proxies {
+			var err error
+			if m.PeerProxy, err = NewProxy(strings.TrimPrefix(m.PeerURL, "http://")); err != nil {
+				c.Close()
+				return nil, err
+			}
+			if m.ClientProxy, err = NewProxy(strings.TrimPrefix(m.ClientURL, "http://")); err != nil {
+				c.Close()
+				return nil, err
+			}
+			advertised = m.PeerProxy.URL()
+		}
+		initial = append(initial, m.Name+"="+advertised)
 	}
 	for _, m := range c.Members {
 		m.cfg = embedded.Config{
-			Name:           m.Name,
-			Dir:            m.Dir,
-			ClientURL:      m.ClientURL,
-			PeerURL:        m.PeerURL,
+			Name:      m.Name,
+			Dir:       m.Dir,
+			ClientURL: m.ClientURL,
+			PeerURL:   m.PeerURL,
+			AdvertisePeerURL: func() string {
+				if m.PeerProxy != nil {
+					return m.PeerProxy.URL()
+				}
+				return ""
+			}(),
 			InitialCluster: strings.Join(initial, ","),
 			ClusterToken:   filepath.Base(dir),
 			NoFsync:        !opts.Fsync,
@@ -134,6 +164,10 @@ func start(dir string, try, n int, opts Options) (*Cluster, error) {
 	if err := errors.Join(errs...); err != nil {
 		c.Close()
 		return nil, err
+	}
+	c.memberIDs = make(map[int]types.ID)
+	for i, m := range c.Members {
+		c.memberIDs[i] = m.Etcd().Server.MemberID()
 	}
 	return c, nil
 }
@@ -226,14 +260,9 @@ func (c *Cluster) MustClient(t testing.TB, endpoints ...string) *clientv3.Client
 // running member knows a leader.
 func (c *Cluster) Leader() int {
 	for _, m := range c.Members {
-		e := m.Etcd()
-		if e == nil {
-			continue
-		}
-		lead := e.Server.Leader()
-		for j, o := range c.Members {
-			if oe := o.Etcd(); oe != nil && oe.Server.MemberID() == lead {
-				return j
+		if e := m.Etcd(); e != nil {
+			if l := c.indexOf(e.Server.Leader()); l >= 0 {
+				return l
 			}
 		}
 	}
@@ -266,6 +295,13 @@ func (c *Cluster) Close() {
 	wg.Wait()
 	if lead >= 0 {
 		c.Members[lead].Stop()
+	}
+	for _, m := range c.Members {
+		for _, p := range []*Proxy{m.PeerProxy, m.ClientProxy} {
+			if p != nil {
+				p.Close()
+			}
+		}
 	}
 }
 

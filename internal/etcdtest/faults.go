@@ -1,0 +1,118 @@
+package etcdtest
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"go.etcd.io/etcd/client/pkg/v3/types"
+)
+
+// Isolate cuts member i off from every other member, in both directions:
+// its peer proxy drops all traffic to it, and it stops sending to the others
+// (EtcdServer.CutPeer, as etcd's own integration framework does). The
+// cluster must have been started with Proxies. Heal undoes it.
+func (c *Cluster) Isolate(i int) error {
+	m := c.Members[i]
+	if m.PeerProxy == nil {
+		return fmt.Errorf("isolate %s: the cluster has no proxies", m.Name)
+	}
+	m.PeerProxy.Blackhole()
+	if e := m.Etcd(); e != nil {
+		for _, id := range c.otherIDs(i) {
+			e.Server.CutPeer(id)
+		}
+	}
+	return nil
+}
+
+// Heal ends every proxy fault and mends every cut peer link.
+func (c *Cluster) Heal() {
+	for i, m := range c.Members {
+		for _, p := range []*Proxy{m.PeerProxy, m.ClientProxy} {
+			if p != nil {
+				p.Heal()
+			}
+		}
+		if e := m.Etcd(); e != nil {
+			for _, id := range c.otherIDs(i) {
+				e.Server.MendPeer(id)
+			}
+		}
+	}
+}
+
+func (c *Cluster) otherIDs(i int) []types.ID {
+	var ids []types.ID
+	for j, o := range c.Members {
+		if j == i {
+			continue
+		}
+		if e := o.Etcd(); e != nil {
+			ids = append(ids, e.Server.MemberID())
+		} else if id, ok := c.memberIDs[j]; ok {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// LeaderOf returns the index of the leader that every running member in
+// among agrees on, or -1 when they do not agree or know none.
+func (c *Cluster) LeaderOf(among ...int) int {
+	lead := -1
+	for _, i := range among {
+		e := c.Members[i].Etcd()
+		if e == nil {
+			continue
+		}
+		l := c.indexOf(e.Server.Leader())
+		if l < 0 || lead >= 0 && l != lead {
+			return -1
+		}
+		lead = l
+	}
+	return lead
+}
+
+func (c *Cluster) indexOf(id types.ID) int {
+	for j, o := range c.Members {
+		if e := o.Etcd(); e != nil && e.Server.MemberID() == id {
+			return j
+		}
+		if c.memberIDs[j] == id && id != 0 {
+			return j
+		}
+	}
+	return -1
+}
+
+// WaitLeader waits until the members in among agree on a leader that is
+// not excluded, and returns it. It polls the members' own view every few
+// milliseconds: there is no event for "a quorum agrees".
+func (c *Cluster) WaitLeader(ctx context.Context, among []int, exclude ...int) (int, error) {
+	for {
+		l := c.LeaderOf(among...)
+		ok := l >= 0
+		for _, x := range exclude {
+			ok = ok && l != x
+		}
+		if ok {
+			return l, nil
+		}
+		select {
+		case <-ctx.Done():
+			return -1, fmt.Errorf("no leader agreed on by members %v: %w", among, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// All returns the indexes of every member, for LeaderOf and WaitLeader.
+func (c *Cluster) All() []int {
+	idx := make([]int, len(c.Members))
+	for i := range idx {
+		idx[i] = i
+	}
+	return idx
+}
