@@ -19,10 +19,11 @@ import (
 type ClaimOption func(*claimConfig) error
 
 type claimConfig struct {
-	attempt  string
-	deadline time.Duration
-	wait     bool
-	onError  ErrorPolicy
+	attempt   string
+	deadline  time.Duration
+	wait      bool
+	onError   ErrorPolicy
+	noSession bool
 }
 
 // MaxAttemptLen is the longest attempt id.
@@ -60,6 +61,19 @@ func WithDeadline(d time.Duration) ClaimOption {
 		return nil
 	}
 }
+
+// WithoutSession ties the claim's liveness to its deadline alone, not to
+// this process's session: the claim is stale only once its deadline passes,
+// and it survives this process. It is for claims held on behalf of a remote
+// worker (idem's HTTP worker API), whose liveness is its renewals (Renew).
+// It requires WithDeadline.
+func WithoutSession() ClaimOption {
+	return func(c *claimConfig) error { c.noSession = true; return nil }
+}
+
+// deadlineOwner is the owner of claims made WithoutSession. It is never an
+// owner key, and it cannot collide with a session's owner id (a UUID).
+const deadlineOwner = "~deadline"
 
 // WithWait makes Claim and Do wait, on an etcd Watch, while a live owner runs
 // the key, instead of returning a ConflictError at once. The wait ends when
@@ -110,7 +124,11 @@ func (c *Claim) Fingerprint() Fingerprint { return c.fp }
 func (c *Claim) Attempt() string { return c.attempt }
 
 // Deadline returns the claim's deadline, or the zero time.
-func (c *Claim) Deadline() time.Time { return c.deadline }
+func (c *Claim) Deadline() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.deadline
+}
 
 // TookOver reports whether the key was taken over from a stale owner (dead,
 // past its deadline, or abandoned) at least once. The work may then have run,
@@ -197,7 +215,14 @@ func (s *Store) Claim(ctx context.Context, key Key, fp Fingerprint, opts ...Clai
 	if cfg.attempt == "" {
 		cfg.attempt = uuid.NewString()
 	}
-	c := &Claim{s: s, key: key, fp: fp, attempt: cfg.attempt, owner: sess.Owner()}
+	owner := sess.Owner()
+	if cfg.noSession {
+		if cfg.deadline <= 0 {
+			return nil, nil, fmt.Errorf("claim %s: %w: WithoutSession needs WithDeadline", key, ErrInvalidArgument)
+		}
+		owner = deadlineOwner
+	}
+	c := &Claim{s: s, key: key, fp: fp, attempt: cfg.attempt, owner: owner}
 	c.ctx, c.cancel = context.WithCancelCause(context.Background())
 	if err := s.register(c); err != nil {
 		c.cancel(ErrClaimEnded)
@@ -243,8 +268,15 @@ func (c *Claim) armDeadlineLocked() {
 // done, or a definite refusal. It returns the done record for a replay.
 func (s *Store) acquire(ctx context.Context, c *Claim, sess *lease.Session, cfg *claimConfig) (*Record, error) {
 	ekey := s.ks.record(c.key)
-	var cur *Record // nil: not read yet, or absent
-	known := false  // whether cur reflects a read
+	// A claim under a session is written only while the session's owner key
+	// exists, so a claim can never be made under a session that has ended.
+	checkOwner := sess.Owner()
+	if c.owner == deadlineOwner {
+		checkOwner = ""
+	}
+	var cur *Record   // nil: not read yet, or absent
+	var seenRev int64 // the revision at which cur was read
+	known := false    // whether cur reflects a read
 	tries := 0
 	for round := 0; round < 8; {
 		now := s.now()
@@ -261,20 +293,20 @@ func (s *Store) acquire(ctx context.Context, c *Claim, sess *lease.Session, cfg 
 				return nil, &MismatchError{Key: c.key}
 			case cur.State == Done:
 				return cur, nil
-			case cur.Owner == c.owner && cur.Attempt == c.attempt:
-				// Our own claim, written by an earlier try whose reply was lost.
-				c.won(cur, nil)
-				return nil, nil
 			case cur.Owner == "", // abandoned for the next claimant
-				cur.pastDeadline(now),
+				cur.pastDeadline(now), // even our own: its holder may be gone
 				// Our orphan: nobody here runs it, and without a deadline it
 				// would hold the key until this process dies. A claim with a
 				// deadline may be renewed through another process (Attach),
 				// so only its deadline makes it stale.
-				cur.Owner == c.owner && cur.Deadline.IsZero() && !s.runningHere(cur.Owner, cur.Attempt):
+				cur.Owner == c.owner && cur.Deadline.IsZero() && !s.runningHere(c.key, cur.Attempt):
 				taken = cur
+			case cur.Owner == c.owner && cur.Attempt == c.attempt:
+				// Our own claim, written by an earlier try whose reply was lost.
+				c.won(cur, nil)
+				return nil, nil
 			default:
-				alive, rev, err := s.ownerAlive(ctx, cur.Owner)
+				alive, ownerRev, err := s.ownerAlive(ctx, cur.Owner)
 				if err != nil {
 					return nil, unavailable("claim", c.key, err)
 				}
@@ -282,11 +314,11 @@ func (s *Store) acquire(ctx context.Context, c *Claim, sess *lease.Session, cfg 
 					if !cfg.wait {
 						return nil, s.conflict(c.key, cur, now)
 					}
-					next, err := s.awaitChange(ctx, c.key, cur, rev)
+					next, rev, err := s.awaitChange(ctx, c.key, cur, seenRev, ownerRev)
 					if err != nil {
 						return nil, err
 					}
-					cur = next
+					cur, seenRev = next, rev
 					continue
 				}
 				taken = cur
@@ -312,7 +344,7 @@ func (s *Store) acquire(ctx context.Context, c *Claim, sess *lease.Session, cfg 
 			rec.Checkpoint = taken.Checkpoint
 			rec.Takeovers = taken.Takeovers + 1
 		}
-		res, err := s.writeRecord(ctx, c.key, cmps, rec, 0)
+		res, err := s.writeRecord(ctx, c.key, checkOwner, cmps, rec, 0)
 		if errors.Is(err, rpctypes.ErrNoSpace) {
 			// etcd is over its quota and refuses any Txn with a Put, even
 			// when its Else would run. A done key can still be replayed.
@@ -336,7 +368,10 @@ func (s *Store) acquire(ctx context.Context, c *Claim, sess *lease.Session, cfg 
 			c.won(rec, taken)
 			return nil, nil
 		}
-		cur, known = res.cur, true
+		if res.ownerGone {
+			return nil, fmt.Errorf("claim %s: %w: %w", c.key, ErrUnavailable, ErrSessionLost)
+		}
+		cur, seenRev, known = res.cur, res.rev, true
 	}
 	return nil, s.conflict(c.key, cur, s.now())
 }
@@ -357,10 +392,10 @@ func (s *Store) readOnly(ctx context.Context, c *Claim, werr error) (*Record, er
 	return nil, wrapEtcd("claim", c.key, werr)
 }
 
-// writeRecord puts rec on the current retention lease under cmps, with token
-// (0: the revision of this write), refreshing the lease once if etcd no longer
-// knows it.
-func (s *Store) writeRecord(ctx context.Context, k Key, cmps []clientv3.Cmp, rec *Record, token fencing.Token, extra ...clientv3.Op) (casResult, error) {
+// writeRecord puts rec on the current retention lease under cmps (and, when
+// owner is set, only while owner's key exists), with token (0: the revision
+// of this write), refreshing the lease once if etcd no longer knows it.
+func (s *Store) writeRecord(ctx context.Context, k Key, owner string, cmps []clientv3.Cmp, rec *Record, token fencing.Token, extra ...clientv3.Op) (casResult, error) {
 	val := encode(rec, token)
 	for refreshed := false; ; refreshed = true {
 		rctx, cancel := s.request(ctx)
@@ -370,7 +405,7 @@ func (s *Store) writeRecord(ctx context.Context, k Key, cmps []clientv3.Cmp, rec
 			return casResult{}, err
 		}
 		then := append([]clientv3.Op{clientv3.OpPut(s.ks.record(k), string(val), clientv3.WithLease(id))}, extra...)
-		res, err := s.cas(ctx, k, cmps, then)
+		res, err := s.cas(ctx, k, owner, cmps, then)
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) && !refreshed {
 			s.buckets.Invalidate(id)
 			continue
@@ -391,8 +426,12 @@ func (c *Claim) won(rec *Record, previous *Record) {
 }
 
 // ownerAlive reports whether owner's liveness key exists, with a
-// linearizable read, and the revision of that read.
+// linearizable read, and the revision of that read. A claim made
+// WithoutSession has no owner key and counts as alive.
 func (s *Store) ownerAlive(ctx context.Context, owner string) (bool, int64, error) {
+	if owner == deadlineOwner {
+		return true, 0, nil // only its deadline makes it stale
+	}
 	rctx, cancel := s.request(ctx)
 	defer cancel()
 	resp, err := s.client.Get(rctx, s.ks.owner(owner), clientv3.WithCountOnly())

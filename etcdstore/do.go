@@ -177,13 +177,26 @@ func (s *Store) Run(ctx context.Context, key Key, fp Fingerprint, work RunWork, 
 	endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.endTimeout)
 	defer cancel()
 	res := Result{Outcome: out, Token: c.Token()}
-	if err := finish(endCtx); err != nil {
-		if errors.Is(err, ErrUnavailable) {
-			s.finishLater(c, finish)
+	err = finish(endCtx)
+	switch {
+	case err == nil, errors.Is(err, ErrFenced), errors.Is(err, ErrClaimEnded):
+	case errors.Is(err, ErrUnavailable):
+		s.finishLater(c, finish)
+	case errors.Is(err, ErrTooLarge) && end == EndSave:
+		// The work ran but its outcome cannot be saved: save that fact, so
+		// a retry learns it instead of running the work again.
+		tooLarge := Outcome{Err: "the outcome could not be saved: " + err.Error()}
+		if e := c.Complete(endCtx, tooLarge); errors.Is(e, ErrUnavailable) {
+			s.finishLater(c, func(ctx context.Context) error { return c.Complete(ctx, tooLarge) })
 		}
-		return res, err
+	default:
+		// The claim could not end as asked; never leave it held: the next
+		// request resumes it.
+		if e := c.Abandon(endCtx); errors.Is(e, ErrUnavailable) {
+			s.finishLater(c, c.Abandon)
+		}
 	}
-	return res, nil
+	return res, err
 }
 
 // run calls work with the claim's context. A panic abandons the claim, so
@@ -262,8 +275,11 @@ func (s *Store) abandonIfOurs(k Key, owner, attempt string) {
 				return // our session is revoked on close: the claim goes stale anyway
 			case <-wait.C:
 			}
-			if s.register(hold) != nil {
-				continue // a retry with this attempt id is running: let it decide
+			if err := s.register(hold); err != nil {
+				if errors.Is(err, ErrConflict) {
+					continue // a retry with this attempt id is running: let it decide
+				}
+				return // our session ended: its claims are stale to everyone now
 			}
 			done := s.abandonOnce(k, owner, attempt)
 			s.unregister(hold)

@@ -10,8 +10,9 @@ import (
 
 // Handle identifies a claim outside the process that holds it: a remote
 // worker keeps it between the calls of idem's HTTP API, which may reach
-// different idem processes. It carries no secret; its Revision is the fence
-// of the claim's last write.
+// different idem processes. It carries no secret. Key, Attempt and Token
+// identify the claim; Revision is the fence of the last write the handle
+// saw, for information.
 type Handle struct {
 	Key      Key
 	Attempt  string
@@ -30,20 +31,23 @@ func (c *Claim) Handle() Handle {
 // Attach returns a Claim for h, to complete, checkpoint, renew, release or
 // abandon it from this process. It reads the record once, with a
 // linearizable Get, and returns an error wrapping ErrFenced unless the
-// record is still exactly as h's claim last wrote it. The attached Claim is
-// not registered as running here; its writes are fenced like any other.
+// record is still in flight under h's claim: same token and attempt id, not
+// abandoned. Only that claim writes records with its token and attempt id,
+// so a handle whose revision is older (a checkpoint reply was lost) still
+// attaches, at the current revision. The attached Claim is not registered
+// as running here; its writes are fenced like any other.
 func (s *Store) Attach(ctx context.Context, h Handle) (*Claim, error) {
 	if err := h.Key.Validate(); err != nil {
 		return nil, fmt.Errorf("attach: %w", err)
 	}
-	if h.Attempt == "" || h.Token <= 0 || h.Revision <= 0 {
-		return nil, fmt.Errorf("attach %s: %w: handle needs an attempt, a token and a revision", h.Key, ErrInvalidArgument)
+	if h.Attempt == "" || h.Token <= 0 {
+		return nil, fmt.Errorf("attach %s: %w: handle needs an attempt and a token", h.Key, ErrInvalidArgument)
 	}
 	rec, _, err := s.get(ctx, h.Key)
 	if err != nil {
 		return nil, err
 	}
-	if rec == nil || rec.State != InFlight || rec.Revision != h.Revision || rec.Token != h.Token || rec.Attempt != h.Attempt {
+	if rec == nil || rec.State != InFlight || rec.Owner == "" || rec.Token != h.Token || rec.Attempt != h.Attempt {
 		return nil, fmt.Errorf("attach %s: %w", h.Key, ErrFenced)
 	}
 	c := &Claim{s: s, key: h.Key, fp: rec.Fingerprint, attempt: rec.Attempt, owner: rec.Owner}

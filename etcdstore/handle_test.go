@@ -21,13 +21,20 @@ func TestAttachFromAnotherProcess(t *testing.T) {
 	if err := c.Checkpoint(ctx, []byte("cp")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Attach(ctx, stale); !errors.Is(err, ErrFenced) {
-		t.Fatalf("Attach with a handle from before a checkpoint = %v; want ErrFenced", err)
+	// A handle from before a checkpoint (its reply was lost) still names
+	// the claim: only this claim writes with its token and attempt.
+	if older, err := b.Attach(ctx, stale); err != nil || older.Handle().Revision == stale.Revision {
+		t.Fatalf("Attach with a handle from before a checkpoint = %v; want the claim at its current revision", err)
 	}
 	bad := c.Handle()
 	bad.Token++
 	if _, err := b.Attach(ctx, bad); !errors.Is(err, ErrFenced) {
 		t.Fatalf("Attach with another token = %v; want ErrFenced", err)
+	}
+	other := c.Handle()
+	other.Attempt = "someone-else"
+	if _, err := b.Attach(ctx, other); !errors.Is(err, ErrFenced) {
+		t.Fatalf("Attach with another attempt = %v; want ErrFenced", err)
 	}
 	if _, err := b.Attach(ctx, Handle{Key: Key{ID: "k"}}); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("Attach with an empty handle = %v; want ErrInvalidArgument", err)

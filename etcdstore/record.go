@@ -94,7 +94,7 @@ type meta struct {
 	Checkpoint []byte              `json:"cp,omitempty"`
 	Takeovers  int                 `json:"n,omitempty"`
 	Status     int                 `json:"st,omitempty"`
-	Header     map[string][]string `json:"h,omitempty"`
+	Header     map[string][][]byte `json:"hb,omitempty"` // bytes: header values need not be UTF-8
 	Err        string              `json:"e,omitempty"`
 }
 
@@ -118,7 +118,17 @@ func encode(r *Record, token fencing.Token) []byte {
 	}
 	var body []byte
 	if o := r.Outcome; o != nil {
-		m.Status, m.Header, m.Err, body = o.Status, o.Header, o.Err, o.Body
+		m.Status, m.Err, body = o.Status, o.Err, o.Body
+		if len(o.Header) > 0 {
+			m.Header = make(map[string][][]byte, len(o.Header))
+			for k, vs := range o.Header {
+				bs := make([][]byte, len(vs))
+				for i, v := range vs {
+					bs[i] = []byte(v)
+				}
+				m.Header[k] = bs
+			}
+		}
 	}
 	js, err := json.Marshal(&m)
 	if err != nil {
@@ -176,7 +186,17 @@ func decode(k Key, kv *mvccpb.KeyValue) (*Record, error) {
 			return nil, fmt.Errorf("record %s: %w: in-flight record with a body", k, ErrCorrupt)
 		}
 	case Done:
-		r.Outcome = &Outcome{Status: m.Status, Header: m.Header, Err: m.Err, Body: body}
+		r.Outcome = &Outcome{Status: m.Status, Err: m.Err, Body: body}
+		if len(m.Header) > 0 {
+			r.Outcome.Header = make(map[string][]string, len(m.Header))
+			for k, bs := range m.Header {
+				vs := make([]string, len(bs))
+				for i, b := range bs {
+					vs[i] = string(b)
+				}
+				r.Outcome.Header[k] = vs
+			}
+		}
 		if len(body) == 0 {
 			r.Outcome.Body = nil
 		}

@@ -50,7 +50,7 @@ type Store struct {
 
 	mu      sync.Mutex
 	sess    *lease.Session // nil while a lost session is being replaced
-	running map[string]*Claim
+	running map[runKey]*Claim
 	closed  bool
 
 	closing chan struct{}
@@ -214,13 +214,16 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 		endTimeout: c.endTimeout,
 		log:        c.log,
 		sess:       sess,
-		running:    make(map[string]*Claim),
+		running:    make(map[runKey]*Claim),
 		closing:    make(chan struct{}),
 	}
 	s.wg.Add(1)
 	go s.superviseSession(sess)
 	return s, nil
 }
+
+// MaxRecordSize returns the largest outcome plus checkpoint a claim can save.
+func (s *Store) MaxRecordSize() int { return s.maxRecord }
 
 // Retention returns how long keys are kept after their last write.
 func (s *Store) Retention() time.Duration { return s.retention }
@@ -261,7 +264,7 @@ func (s *Store) Close() error {
 	sess := s.sess
 	s.sess = nil
 	running := s.running
-	s.running = make(map[string]*Claim)
+	s.running = make(map[runKey]*Claim)
 	s.mu.Unlock()
 	for _, c := range running {
 		c.cancel(ErrClosed)
@@ -305,10 +308,10 @@ func (s *Store) superviseSession(sess *lease.Session) {
 		}
 		s.sess = nil
 		var lost []*Claim
-		for id, c := range s.running {
+		for rk, c := range s.running {
 			if c.owner == sess.Owner() {
 				lost = append(lost, c)
-				delete(s.running, id)
+				delete(s.running, rk)
 			}
 		}
 		s.mu.Unlock()
@@ -318,7 +321,11 @@ func (s *Store) superviseSession(sess *lease.Session) {
 			c.cancel(ErrSessionLost)
 		}
 		// The old lease is gone or unrenewable; revoking it is best effort.
-		go sess.Close()
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			sess.Close()
+		}()
 
 		next, ok := s.newSession()
 		if !ok {
@@ -357,34 +364,47 @@ func (s *Store) newSession() (*lease.Session, bool) {
 	}
 }
 
+// runKey identifies a claim this process runs. Attempt ids are chosen by
+// callers, so they are only unique per key.
+type runKey struct {
+	key     Key
+	attempt string
+}
+
 // register records that c is being claimed or run by this process, before
 // its claim Txn is sent, so a concurrent request never mistakes it for an
-// orphan.
+// orphan. A claim under a session must be registered while that session is
+// the current one, or it would escape the sweep when the session is lost.
 func (s *Store) register(c *Claim) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
+	switch {
+	case s.closed:
 		return ErrClosed
+	case c.owner != deadlineOwner && (s.sess == nil || s.sess.Owner() != c.owner):
+		return fmt.Errorf("%w: %w", ErrUnavailable, ErrSessionLost)
 	}
-	if _, dup := s.running[c.attempt]; dup {
+	rk := runKey{c.key, c.attempt}
+	if _, dup := s.running[rk]; dup {
 		return &ConflictError{Key: c.key, RetryAfter: s.retryAfter}
 	}
-	s.running[c.attempt] = c
+	s.running[rk] = c
 	return nil
 }
 
 func (s *Store) unregister(c *Claim) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.running[c.attempt] == c {
-		delete(s.running, c.attempt)
+	rk := runKey{c.key, c.attempt}
+	if s.running[rk] == c {
+		delete(s.running, rk)
 	}
 }
 
-// runningHere reports whether this process holds attempt under owner.
-func (s *Store) runningHere(owner, attempt string) bool {
+// runningHere reports whether this process runs attempt on key.
+func (s *Store) runningHere(k Key, attempt string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c, ok := s.running[attempt]
-	return ok && c.owner == owner
+	_, ok := s.running[runKey{k, attempt}]
+	return ok
 }

@@ -16,31 +16,42 @@ type casResult struct {
 	ok  bool    // the compare held and the Then ops ran
 	rev int64   // the revision of the Txn: the Put's ModRevision when ok
 	cur *Record // the record as it stood, from the Else branch, when !ok; nil when absent
+	// ownerGone is true when the Txn checked an owner key (owner != "")
+	// and it did not exist: the session behind the write has ended.
+	ownerGone bool
 }
 
-// cas runs If(cmps) Then(then) Else(Get(record)): one round trip that either
-// writes or tells the caller what the record is now. An undecodable record
-// in the Else branch is returned as an error wrapping ErrCorrupt.
-func (s *Store) cas(ctx context.Context, k Key, cmps []clientv3.Cmp, then []clientv3.Op) (casResult, error) {
+// cas runs If(cmps [, owner key exists]) Then(then) Else(Get(record) [, count
+// owner key]): one round trip that either writes or tells the caller what
+// the record is now. An undecodable record in the Else branch is returned as
+// an error wrapping ErrCorrupt.
+func (s *Store) cas(ctx context.Context, k Key, owner string, cmps []clientv3.Cmp, then []clientv3.Op) (casResult, error) {
 	ekey := s.ks.record(k)
+	els := []clientv3.Op{clientv3.OpGet(ekey)}
+	if owner != "" {
+		okey := s.ks.owner(owner)
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(okey), ">", 0))
+		els = append(els, clientv3.OpGet(okey, clientv3.WithCountOnly()))
+	}
 	rctx, cancel := s.request(ctx)
 	defer cancel()
-	resp, err := s.client.Txn(rctx).If(cmps...).Then(then...).Else(clientv3.OpGet(ekey)).Commit()
+	resp, err := s.client.Txn(rctx).If(cmps...).Then(then...).Else(els...).Commit()
 	if err != nil {
 		return casResult{}, err
 	}
 	if resp.Succeeded {
 		return casResult{ok: true, rev: resp.Header.Revision}, nil
 	}
-	kvs := resp.Responses[0].GetResponseRange().Kvs
-	if len(kvs) == 0 {
-		return casResult{rev: resp.Header.Revision}, nil
+	res := casResult{rev: resp.Header.Revision}
+	if owner != "" {
+		res.ownerGone = resp.Responses[1].GetResponseRange().Count == 0
 	}
-	cur, err := decode(k, kvs[0])
-	if err != nil {
-		return casResult{}, err
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		if res.cur, err = decode(k, kvs[0]); err != nil {
+			return casResult{}, err
+		}
 	}
-	return casResult{rev: resp.Header.Revision, cur: cur}, nil
+	return res, nil
 }
 
 // retryable reports whether an etcd error may be retried by the store with
@@ -48,15 +59,21 @@ func (s *Store) cas(ctx context.Context, k Key, cmps []clientv3.Cmp, then []clie
 // trying again is safe because every write is conditional and the attempt id
 // lets the store recognise its own earlier write.
 func retryable(ctx context.Context, err error) bool {
-	// A request timeout (not the caller's) surfaces as DeadlineExceeded
-	// while ctx is still alive: the request's outcome is unknown.
 	if ctx.Err() != nil || err == nil {
 		return false
 	}
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		return true // definitely not applied; the caller refreshes the lease
 	}
-	switch status.Code(err) {
+	// etcd's own errors carry their gRPC code; others may be transport
+	// errors. A request timeout (not the caller's) surfaces as
+	// DeadlineExceeded while ctx is still alive: the outcome is unknown.
+	code := status.Code(err)
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		code = ee.Code()
+	}
+	switch code {
 	case codes.Unavailable, codes.Unknown, codes.Internal, codes.Aborted, codes.DeadlineExceeded, codes.Canceled:
 		return true
 	}

@@ -29,12 +29,13 @@ func (s *Store) Wait(ctx context.Context, key Key) (*Record, error) {
 	}
 	for {
 		now := s.now()
+		ownerRev := rev
 		switch {
 		case cur == nil || cur.expired(now):
 			return nil, fmt.Errorf("wait %s: %w", key, ErrNotFound)
 		case cur.State == Done, cur.Owner == "", cur.pastDeadline(now):
 			return cur, nil
-		case cur.Owner != "" && s.runningHere(cur.Owner, cur.Attempt):
+		case s.runningHere(key, cur.Attempt):
 			// Running in this process: the owner is alive by definition.
 		default:
 			alive, r, err := s.ownerAlive(ctx, cur.Owner)
@@ -44,35 +45,33 @@ func (s *Store) Wait(ctx context.Context, key Key) (*Record, error) {
 			if !alive {
 				return cur, nil
 			}
-			rev = r
+			ownerRev = r
 		}
-		next, err := s.awaitChange(ctx, key, cur, rev)
+		cur, rev, err = s.awaitChange(ctx, key, cur, rev, ownerRev)
 		if err != nil {
 			return nil, err
 		}
-		if next != nil {
-			rev = max(rev, next.Revision)
-		}
-		cur = next
 	}
 }
 
 // awaitChange blocks until the record changes from cur (it returns the new
 // record, or nil when deleted), cur's owner key is deleted, or cur's
-// deadline passes (it returns cur unchanged in those two cases). ownerRev is
-// a revision at which the owner key was seen alive: its deletion is watched
-// from the next revision, so a death between the check and the watch is not
-// missed.
-func (s *Store) awaitChange(ctx context.Context, k Key, cur *Record, ownerRev int64) (*Record, error) {
+// deadline passes (it returns cur unchanged in those two cases), with the
+// revision the answer reflects. seenRev is the revision at which cur was
+// read and ownerRev one at which its owner was seen alive: watches start
+// just after them, so no change in between is missed, and a record whose
+// last write was compacted away can still be watched.
+func (s *Store) awaitChange(ctx context.Context, k Key, cur *Record, seenRev, ownerRev int64) (*Record, int64, error) {
 	// WithRequireLeader: a member cut off from the leader ends the watch
 	// instead of leaving it silent forever.
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	ekey := s.ks.record(k)
-	recCh := s.client.Watch(wctx, ekey, clientv3.WithRev(cur.Revision+1))
+	from := max(cur.Revision, seenRev) + 1
+	recCh := s.client.Watch(wctx, ekey, clientv3.WithRev(from))
 	var ownerCh clientv3.WatchChan
-	if cur.Owner != "" {
-		ownerCh = s.client.Watch(wctx, s.ks.owner(cur.Owner), clientv3.WithRev(ownerRev+1))
+	if cur.Owner != "" && cur.Owner != deadlineOwner {
+		ownerCh = s.client.Watch(wctx, s.ks.owner(cur.Owner), clientv3.WithRev(max(ownerRev, seenRev)+1))
 	}
 	var deadline <-chan time.Time
 	if !cur.Deadline.IsZero() {
@@ -86,9 +85,9 @@ func (s *Store) awaitChange(ctx context.Context, k Key, cur *Record, ownerRev in
 	for {
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("wait %s: %w", k, context.Cause(ctx))
+			return nil, 0, fmt.Errorf("wait %s: %w", k, context.Cause(ctx))
 		case <-deadline:
-			return cur, nil
+			return cur, seenRev, nil
 		case wr, ok := <-recCh:
 			if !ok || wr.Canceled || wr.Err() != nil {
 				return s.afterWatchEnded(ctx, k, wr, ok)
@@ -96,9 +95,10 @@ func (s *Store) awaitChange(ctx context.Context, k Key, cur *Record, ownerRev in
 			if n := len(wr.Events); n > 0 {
 				ev := wr.Events[n-1]
 				if ev.Type == mvccpb.DELETE {
-					return nil, nil
+					return nil, ev.Kv.ModRevision, nil
 				}
-				return decode(k, ev.Kv)
+				rec, err := decode(k, ev.Kv)
+				return rec, ev.Kv.ModRevision, err
 			}
 		case wr, ok := <-ownerCh:
 			if !ok || wr.Canceled || wr.Err() != nil {
@@ -106,7 +106,7 @@ func (s *Store) awaitChange(ctx context.Context, k Key, cur *Record, ownerRev in
 			}
 			for _, ev := range wr.Events {
 				if ev.Type == mvccpb.DELETE {
-					return cur, nil
+					return cur, seenRev, nil
 				}
 			}
 		}
@@ -120,17 +120,17 @@ var testHookAwait func()
 // afterWatchEnded turns a watch that stopped into a result: a compacted
 // start revision means history was dropped, so read the record again; any
 // other end is the context's or etcd's.
-func (s *Store) afterWatchEnded(ctx context.Context, k Key, wr clientv3.WatchResponse, ok bool) (*Record, error) {
+func (s *Store) afterWatchEnded(ctx context.Context, k Key, wr clientv3.WatchResponse, ok bool) (*Record, int64, error) {
 	if ctx.Err() != nil {
-		return nil, fmt.Errorf("wait %s: %w", k, context.Cause(ctx))
+		return nil, 0, fmt.Errorf("wait %s: %w", k, context.Cause(ctx))
 	}
 	if ok && wr.CompactRevision != 0 {
-		rec, _, err := s.get(ctx, k)
-		return rec, err
+		// History was compacted: read again, and watch from that read on.
+		return s.get(ctx, k)
 	}
 	err := wr.Err()
 	if err == nil {
 		err = fmt.Errorf("watch closed")
 	}
-	return nil, unavailable("wait", k, err)
+	return nil, 0, unavailable("wait", k, err)
 }

@@ -102,11 +102,11 @@ func (c *Claim) write(ctx context.Context, op string, final bool, extra []client
 		var res casResult
 		var err error
 		if next == nil {
-			res, err = s.cas(ctx, c.key, cmps, append([]clientv3.Op{clientv3.OpDelete(ekey)}, extra...))
+			res, err = s.cas(ctx, c.key, "", cmps, append([]clientv3.Op{clientv3.OpDelete(ekey)}, extra...))
 		} else {
 			now := s.now()
 			rec = next(c.recordLocked(now))
-			res, err = s.writeRecord(ctx, c.key, cmps, rec, c.token, extra...)
+			res, err = s.writeRecord(ctx, c.key, "", cmps, rec, c.token, extra...)
 		}
 		if err != nil {
 			if errors.Is(err, ErrCorrupt) || !retryable(ctx, err) || try >= maxTries-1 || !backoff(ctx, try) {
@@ -128,8 +128,12 @@ func (c *Claim) write(ctx context.Context, op string, final bool, extra []client
 		mine := cur != nil && cur.Token == c.token && cur.Attempt == c.attempt
 		switch {
 		case mine && cur.State == InFlight && cur.Owner == "":
-			// Abandoned, by this claim through another handle (Attach).
+			c.rev = cur.Revision
 			c.endLocked(ErrClaimEnded)
+			if rec != nil && rec.State == InFlight && rec.Owner == "" {
+				return nil // our Abandon landed although its reply was lost
+			}
+			// Abandoned, by this claim through another handle (Attach).
 			return fmt.Errorf("%s %s: %w: abandoned", op, c.key, ErrClaimEnded)
 		case mine && cur.State == InFlight && try < maxTries:
 			c.rev = cur.Revision // write again on top of our own

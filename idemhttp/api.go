@@ -66,7 +66,14 @@ type API struct {
 	mux *http.ServeMux
 
 	mu     sync.Mutex
-	claims map[string]*etcdstore.Claim // by attempt id: claims made here
+	claims map[heldKey]*etcdstore.Claim // claims made here
+}
+
+// heldKey names a claim made here: attempt ids are the client's, unique
+// only per key (and a key's tenant comes from authentication).
+type heldKey struct {
+	key     etcdstore.Key
+	attempt string
 }
 
 // NewAPI returns the worker API handler.
@@ -89,7 +96,7 @@ func NewAPI(cfg APIConfig) (*API, error) {
 	if cfg.MaxWait <= 0 {
 		cfg.MaxWait = DefaultMaxWait
 	}
-	a := &API{cfg: cfg, mux: http.NewServeMux(), claims: make(map[string]*etcdstore.Claim)}
+	a := &API{cfg: cfg, mux: http.NewServeMux(), claims: make(map[heldKey]*etcdstore.Claim)}
 	handlers := map[string]http.HandlerFunc{
 		"claim": a.claim, "complete": a.end("complete"), "checkpoint": a.end("checkpoint"),
 		"renew": a.end("renew"), "release": a.end("release"), "abandon": a.end("abandon"), "get": a.get,
@@ -214,7 +221,9 @@ func (a *API) claim(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	opts := []etcdstore.ClaimOption{etcdstore.WithDeadline(deadline)}
+	// The worker's liveness is its renewals, not this process's session:
+	// the claim survives a restart of this idem process.
+	opts := []etcdstore.ClaimOption{etcdstore.WithDeadline(deadline), etcdstore.WithoutSession()}
 	if req.Attempt != "" {
 		opts = append(opts, etcdstore.WithAttempt(req.Attempt))
 	}
@@ -278,7 +287,7 @@ func (a *API) held(key etcdstore.Key, attempt string) *etcdstore.Claim {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if c := a.claims[attempt]; c != nil && c.Key() == key && c.Err() == nil {
+	if c := a.claims[heldKey{key, attempt}]; c != nil && c.Err() == nil {
 		return c
 	}
 	return nil
@@ -286,25 +295,19 @@ func (a *API) held(key etcdstore.Key, attempt string) *etcdstore.Claim {
 
 // hold keeps a claim made here until it ends or its deadline passes.
 func (a *API) hold(c *etcdstore.Claim) {
+	hk := heldKey{c.Key(), c.Attempt()}
 	a.mu.Lock()
-	a.claims[c.Attempt()] = c
+	a.claims[hk] = c
 	a.mu.Unlock()
-	context.AfterFunc(claimDone{c}, func() {
+	go func() {
+		<-c.Done() // ended, or past its deadline
 		a.mu.Lock()
-		if a.claims[c.Attempt()] == c {
-			delete(a.claims, c.Attempt())
+		if a.claims[hk] == c {
+			delete(a.claims, hk)
 		}
 		a.mu.Unlock()
-	})
+	}()
 }
-
-// claimDone adapts a Claim's Done channel to a context for AfterFunc.
-type claimDone struct{ c *etcdstore.Claim }
-
-func (d claimDone) Deadline() (time.Time, bool) { return time.Time{}, false }
-func (d claimDone) Done() <-chan struct{}       { return d.c.Done() }
-func (d claimDone) Err() error                  { return d.c.Err() }
-func (d claimDone) Value(any) any               { return nil }
 
 func (a *API) end(op string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
@@ -379,12 +382,12 @@ func (a *API) end(op string) http.HandlerFunc {
 // etcd when the claim was made by another idem process (or before a restart).
 func (a *API) claimFor(ctx context.Context, h etcdstore.Handle) (*etcdstore.Claim, error) {
 	a.mu.Lock()
-	c := a.claims[h.Attempt]
+	c := a.claims[heldKey{h.Key, h.Attempt}]
 	a.mu.Unlock()
 	// The handle's tenant comes from authentication: a claim of another
-	// tenant is never found here, even with its attempt id. A handle is
-	// valid only at the claim's current revision, here as through Attach.
-	if c != nil && c.Handle() == h {
+	// tenant is never found here, even with its attempt id. Key, attempt and
+	// token identify the claim, here as through Attach.
+	if c != nil && c.Token() == h.Token {
 		return c, nil
 	}
 	return a.cfg.Store.Attach(ctx, h)

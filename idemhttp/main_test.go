@@ -51,18 +51,25 @@ type upstream struct {
 	mu      sync.Mutex
 	effects map[string]int
 	fences  []fencing.Token
-	hold    chan struct{} // /slow waits on it
-	entered chan string   // /slow and /hang report arrival (with the key)
+	hold      chan struct{} // /slow waits on it
+	entered   chan string   // /slow and /hang report arrival (with the key)
+	cancelled chan struct{} // /slow reports that its request was cancelled
 }
 
 func newUpstream(t *testing.T) *upstream {
-	u := &upstream{effects: make(map[string]int), hold: make(chan struct{}), entered: make(chan string, 100)}
+	u := &upstream{effects: make(map[string]int), hold: make(chan struct{}), entered: make(chan string, 100), cancelled: make(chan struct{}, 100)}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/charge", u.charge)
 	mux.HandleFunc("/slow", func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body) // so the server watches the connection
+		r.Body = io.NopCloser(strings.NewReader(string(body)))
 		u.entered <- r.Header.Get(HeaderKey)
-		<-u.hold
-		u.charge(w, r)
+		select {
+		case <-u.hold:
+			u.charge(w, r)
+		case <-r.Context().Done():
+			u.cancelled <- struct{}{}
+		}
 	})
 	mux.HandleFunc("/fail", func(w http.ResponseWriter, r *http.Request) {
 		u.calls.Add(1)

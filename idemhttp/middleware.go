@@ -26,6 +26,9 @@ const (
 	DefaultMaxWait         = 60 * time.Second
 )
 
+// headerRoom is the part of a record kept for a response's headers.
+const headerRoom = 64 << 10
+
 // Config configures a Middleware. Store is required; every other field has a
 // default.
 type Config struct {
@@ -102,7 +105,11 @@ func New(cfg Config) (*Middleware, error) {
 		cfg.MaxRequestBody = DefaultMaxRequestBody
 	}
 	if cfg.MaxResponseBody <= 0 {
-		cfg.MaxResponseBody = DefaultMaxResponseBody
+		cfg.MaxResponseBody = min(DefaultMaxResponseBody, cfg.Store.MaxRecordSize()-headerRoom)
+	}
+	if cfg.MaxResponseBody > cfg.Store.MaxRecordSize()-headerRoom {
+		return nil, fmt.Errorf("idemhttp: MaxResponseBody %d leaves no room for headers in the store's %d-byte records (at most %d)",
+			cfg.MaxResponseBody, cfg.Store.MaxRecordSize(), cfg.Store.MaxRecordSize()-headerRoom)
 	}
 	if cfg.MaxWait <= 0 {
 		cfg.MaxWait = DefaultMaxWait
@@ -238,18 +245,25 @@ func (m *Middleware) run(w http.ResponseWriter, req *request, next http.Handler,
 	r := req.r
 	var rec *recorder
 	outcome := OutcomeClaimed
-	res, err := m.cfg.Store.Run(r.Context(), req.key, req.fp, func(ctx context.Context, c *etcdstore.Claim) (etcdstore.Outcome, etcdstore.End) {
+	res, err := m.cfg.Store.Run(r.Context(), req.key, req.fp, func(_ context.Context, c *etcdstore.Claim) (etcdstore.Outcome, etcdstore.End) {
 		if c.TookOver() {
 			outcome = OutcomeTakeover
 		}
+		// Once forwarded, the request runs to its end even if its client
+		// hangs up: its response is saved and the client's retry replays
+		// it. Cutting it short would leave an unknown outcome and make the
+		// retry run the operation again. Only losing the claim stops it.
+		ctx, cancel := c.Context(context.WithoutCancel(r.Context()))
+		defer cancel()
 		up := r.Clone(ctx)
 		up.Body = io.NopCloser(bytes.NewReader(req.body))
 		up.ContentLength = int64(len(req.body))
 		fencing.SetHeader(up.Header, c.Token())
 		rec = newRecorder(w, m.cfg.MaxResponseBody)
 		next.ServeHTTP(rec, up)
+		lost := c.Err() != nil
 		switch {
-		case rec.noResp != nil && m.cfg.KeepOnNoResponse:
+		case rec.noResp != nil && (lost || m.cfg.KeepOnNoResponse):
 			return etcdstore.Outcome{}, etcdstore.EndAbandon
 		case rec.noResp != nil:
 			return etcdstore.Outcome{}, etcdstore.EndRelease
@@ -263,7 +277,11 @@ func (m *Middleware) run(w http.ResponseWriter, req *request, next http.Handler,
 			rec.status = http.StatusOK
 		}
 		out := etcdstore.Outcome{Status: rec.status, Header: savedHeaders(rec.header), Body: rec.body.Bytes()}
-		if rec.status >= 500 && m.cfg.Save5xx != nil && !m.cfg.Save5xx(r) {
+		switch {
+		case rec.status >= 500 && lost:
+			// Likely caused by losing the claim: not the operation's answer.
+			return out, etcdstore.EndAbandon
+		case rec.status >= 500 && m.cfg.Save5xx != nil && !m.cfg.Save5xx(r):
 			return out, etcdstore.EndRelease
 		}
 		return out, etcdstore.EndSave
@@ -285,7 +303,7 @@ func (m *Middleware) run(w http.ResponseWriter, req *request, next http.Handler,
 		if rec.overflow {
 			return OutcomeFenced, nil
 		}
-		if cur, gerr := m.cfg.Store.Get(r.Context(), req.key); gerr == nil && cur.State == etcdstore.Done {
+		if cur, gerr := m.cfg.Store.Get(r.Context(), req.key); gerr == nil && cur.State == etcdstore.Done && cur.Fingerprint == req.fp {
 			writeOutcome(w, *cur.Outcome, true)
 			return OutcomeFenced, nil
 		}
@@ -360,8 +378,17 @@ func (m *Middleware) log(req *request, outcome string, token fencing.Token, stat
 	m.cfg.Logger.Info("idem: served", "key", req.logKey, "outcome", outcome, "token", int64(token), "status", status)
 }
 
-// writeOutcome sends a saved or fresh outcome.
+// writeOutcome sends a saved or fresh outcome. An outcome that records a
+// failure to save the response is sent as a response-not-saved problem.
 func writeOutcome(w http.ResponseWriter, o etcdstore.Outcome, replayed bool) {
+	if o.Err != "" && o.Status == 0 {
+		if replayed {
+			w.Header().Set(HeaderReplayed, "true")
+		}
+		NewProblem(http.StatusInternalServerError, KindResponseNotSaved,
+			"the request ran once, but its response could not be saved: "+o.Err+"; do not retry it with a new key").Write(w)
+		return
+	}
 	h := w.Header()
 	for k, vs := range o.Header {
 		h[k] = append([]string(nil), vs...)

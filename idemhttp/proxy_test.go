@@ -1,6 +1,7 @@
 package idemhttp
 
 import (
+	"context"
 	"net/http"
 	"net/netip"
 	"strconv"
@@ -332,5 +333,101 @@ func TestEtcdUnreachableIs503(t *testing.T) {
 	}
 	if c := up.calls.Load(); c != 0 {
 		t.Fatalf("upstream called %d times without a claim", c)
+	}
+}
+
+// A client that hangs up while the upstream runs does not make its retry
+// run the operation again: the forwarded request finishes, its response is
+// saved, and the retry replays it.
+func TestClientHangsUpMidRequest(t *testing.T) {
+	up := newUpstream(t)
+	front := newFront(t, Config{}, up, ProxyOptions{})
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", front.URL+"/slow", strings.NewReader(`{}`))
+	req.Header.Set(HeaderKey, "k")
+	req.Header.Set("Content-Type", "application/json")
+	gone := make(chan error, 1)
+	go func() {
+		_, err := http.DefaultClient.Do(req)
+		gone <- err
+	}()
+	<-up.entered
+	cancel() // the client gives up
+	if err := <-gone; err == nil {
+		t.Fatal("the cancelled request got an answer")
+	}
+	// The forwarded request must not be cut short. Cancellation reaches the
+	// upstream within milliseconds when it happens; half a second of quiet
+	// is proof enough that it did not.
+	select {
+	case <-up.cancelled:
+		t.Fatal("the upstream request was cancelled when the client hung up")
+	case <-time.After(500 * time.Millisecond):
+	}
+	close(up.hold) // the upstream finishes the operation
+	r := do(t, "POST", front.URL+"/slow", "k", `{}`, "Prefer", "wait=30")
+	if r.status != http.StatusCreated || r.header.Get(HeaderReplayed) != "true" {
+		t.Fatalf("retry = %d replayed=%q; want the first run's response, replayed", r.status, r.header.Get(HeaderReplayed))
+	}
+	if c := up.calls.Load(); c != 1 {
+		t.Fatalf("upstream called %d times; want 1", c)
+	}
+}
+
+// A fenced request is never answered with another operation's outcome.
+func TestFencedNeverReplaysOtherParams(t *testing.T) {
+	up := newUpstream(t)
+	store := newStore(t, "")
+	front := newFront(t, Config{Store: store}, up, ProxyOptions{})
+	done := make(chan reply, 1)
+	go func() { done <- do(t, "POST", front.URL+"/slow", "k", `{"amount":1}`) }()
+	<-up.entered
+	if err := store.Evict(t.Context(), etcdstore.Key{ID: "k"}); err != nil {
+		t.Fatal(err)
+	}
+	// Another operation reuses the key, with other params, and finishes.
+	other := do(t, "POST", front.URL+"/charge", "k", `{"amount":2}`)
+	if other.status != http.StatusCreated {
+		t.Fatalf("other operation = %d", other.status)
+	}
+	close(up.hold)
+	r := <-done
+	if r.status != http.StatusConflict || problemType(t, r) != KindFenced || r.body == other.body {
+		t.Fatalf("fenced request = %d %q; want 409 fenced, not the other operation's answer", r.status, r.body)
+	}
+}
+
+func TestFingerprintDistinguishes(t *testing.T) {
+	req := func(ct, query, body string) etcdstore.Fingerprint {
+		r, _ := http.NewRequest("POST", "http://x/p?"+query, nil)
+		if ct != "" {
+			r.Header.Set("Content-Type", ct)
+		}
+		fp, err := Fingerprint(r, []byte(body), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fp
+	}
+	if req("application/json", "", `{"a":1}`) == req("text/plain", "", `{"a":1}`) {
+		t.Error("the same bytes as JSON and as text share a fingerprint")
+	}
+	if req("", "a=%zz", "") == req("", "a=%yy", "") {
+		t.Error("two malformed queries share a fingerprint")
+	}
+	if req("", "a=1&b=2", "") != req("", "b=2&a=1", "") {
+		t.Error("reordered query parameters differ")
+	}
+	if req("", "a=1&a=2", "") == req("", "a=2&a=1", "") {
+		t.Error("the order of a repeated parameter was lost")
+	}
+	if req("application/json; charset=utf-8", "", `{"a":1, "b":2}`) != req("application/json", "", `{"b":2,"a":1}`) {
+		t.Error("canonical JSON with a charset parameter differs")
+	}
+}
+
+func TestNewRefusesResponseCapOverTheStoreLimit(t *testing.T) {
+	if _, err := New(Config{Store: newStore(t, ""), MaxResponseBody: 2 << 20}); err == nil {
+		t.Fatal("a 2 MiB response cap over a 1 MiB store limit was accepted")
 	}
 }

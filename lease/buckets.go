@@ -81,7 +81,7 @@ func (b *Buckets) For(ctx context.Context, now time.Time) (clientv3.LeaseID, err
 	}
 	b.mu.Unlock()
 	if !ok {
-		bk.id, bk.err = b.resolve(ctx, idx)
+		bk.id, bk.err = b.resolve(ctx, idx, now)
 		if bk.err != nil {
 			b.mu.Lock()
 			if b.buckets[idx] == bk {
@@ -123,14 +123,14 @@ func (b *Buckets) key(idx int64) string {
 		strconv.FormatInt(int64(b.width/time.Second), 10) + "s/" + strconv.FormatInt(idx, 10)
 }
 
-func (b *Buckets) resolve(ctx context.Context, idx int64) (clientv3.LeaseID, error) {
+func (b *Buckets) resolve(ctx context.Context, idx int64, now time.Time) (clientv3.LeaseID, error) {
 	key := b.key(idx)
 	// Fast path: another process already made this bucket's lease.
 	if id, ok, err := b.lookup(ctx, key); err != nil || ok {
 		return id, err
 	}
 	end := time.Unix(0, (idx+1)*int64(b.width))
-	ttl := time.Until(end.Add(b.retention))
+	ttl := end.Add(b.retention).Sub(now)
 	ttl = (ttl + time.Second - 1).Truncate(time.Second) // round up
 	if ttl < MinTTL {
 		ttl = MinTTL
@@ -145,9 +145,11 @@ func (b *Buckets) resolve(ctx context.Context, idx int64) (clientv3.LeaseID, err
 		Else(clientv3.OpGet(key)).
 		Commit()
 	if err != nil {
-		// Unknown outcome: the lease may or may not be the bucket's now. Leave
-		// it to expire (it is short relative to how often this happens) and
-		// let the next call look the bucket up again.
+		// Unknown outcome: the lease may or may not be the bucket's now, so
+		// it cannot be revoked. If it is not, it holds no keys and expires
+		// with the bucket (up to retention plus a bucket from now); this
+		// happens at most once per bucket per failure. The next call looks
+		// the bucket up again.
 		return clientv3.NoLease, fmt.Errorf("retention lease %s: claim: %w", key, err)
 	}
 	if resp.Succeeded {
