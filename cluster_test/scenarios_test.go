@@ -97,7 +97,7 @@ func others(n, except int) []int {
 	return idx
 }
 
-// The leader is killed and restarted, repeatedly.
+// The leader is killed (a hard stop, as a crash) and restarted, repeatedly.
 func TestLeaderKilledRepeatedly(t *testing.T) {
 	var leaders []int
 	run(t, scenario{
@@ -114,7 +114,7 @@ func TestLeaderKilledRepeatedly(t *testing.T) {
 					return err
 				}
 				leaders = append(leaders, l)
-				e.cluster.Members[l].Stop()
+				e.cluster.Members[l].Kill()
 				if _, err := e.cluster.WaitLeader(ctx, others(3, l), l); err != nil {
 					return err
 				}

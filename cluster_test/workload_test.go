@@ -54,6 +54,7 @@ type client struct {
 	cli      *clientv3.Client
 	store    *etcdstore.Store
 	failures atomic.Int64
+	closed   atomic.Bool
 }
 
 func newEnv(t *testing.T, members int, opts etcdtest.Options) *env {
@@ -66,11 +67,15 @@ func newEnv(t *testing.T, members int, opts etcdtest.Options) *env {
 		t.Fatalf("start %d-member cluster: %v", members, err)
 	}
 	t.Cleanup(c.Close)
-	return &env{
+	e := &env{
 		t: t, cluster: c, sink: newSink(t, true), hist: newHistory(),
 		prefix: fmt.Sprintf("/idem-%d/", time.Now().UnixNano()),
 		runs:   map[string]int{}, takes: map[string]int{},
 	}
+	// Before the cluster closes: open client streams make etcd's graceful
+	// stop wait.
+	t.Cleanup(e.closeClients)
+	return e
 }
 
 // newClient starts an idem process talking to etcd through the client
@@ -110,6 +115,9 @@ func (e *env) closeClients() {
 	e.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, c := range cs {
+		if c.closed.Swap(true) {
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

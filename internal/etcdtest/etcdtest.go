@@ -201,6 +201,19 @@ func (m *Member) Stop() {
 	}
 }
 
+// Kill stops the member at once, as a crash would: raft stops without
+// handing leadership over or draining requests. Its data stays for Restart.
+func (m *Member) Kill() {
+	m.mu.Lock()
+	e := m.etcd
+	m.etcd = nil
+	m.mu.Unlock()
+	if e != nil {
+		e.Server.HardStop()
+		e.Close()
+	}
+}
+
 // Restart starts a stopped member again on its data directory and waits until
 // it serves.
 func (m *Member) Restart(ctx context.Context) error {
