@@ -47,10 +47,10 @@ func newStore(t *testing.T, prefix string, opts ...etcdstore.Option) *etcdstore.
 // upstream is a test service that counts its effects per idempotency key.
 type upstream struct {
 	*httptest.Server
-	calls   atomic.Int64
-	mu      sync.Mutex
-	effects map[string]int
-	fences  []fencing.Token
+	calls     atomic.Int64
+	mu        sync.Mutex
+	effects   map[string]int
+	fences    []fencing.Token
 	hold      chan struct{} // /slow waits on it
 	entered   chan string   // /slow and /hang report arrival (with the key)
 	cancelled chan struct{} // /slow reports that its request was cancelled
