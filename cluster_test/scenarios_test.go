@@ -137,50 +137,63 @@ func TestLeaderKilledRepeatedly(t *testing.T) {
 	})
 }
 
-// A follower is cut off; clients pinned to it keep trying.
+// A follower is cut off; clients pinned to it keep trying. A claim it held
+// in flight is taken over once its session expires, and its late write is
+// refused.
 func TestMinorityPartition(t *testing.T) {
 	var isolated = -1
 	var during int64
 	run(t, scenario{
 		members: 3,
-		pins:    []int{0, 1, 2, 0, 1, 2},
+		pins:    []int{0, 1, 2, 0, 1, 2, -1},
 		fault: func(ctx context.Context, e *env) error {
 			l, err := e.cluster.WaitLeader(ctx, e.cluster.All())
 			if err != nil {
 				return err
 			}
 			isolated = (l + 1) % 3
+			release := e.holdClaim(e.clients[isolated], "held-in-minority")
 			if err := e.cluster.Isolate(isolated); err != nil {
+				return err
+			}
+			if err := e.cluster.WaitIsolated(ctx, isolated); err != nil {
 				return err
 			}
 			before := e.fresh.Load()
 			time.Sleep(faultTime())
+			if err := e.takeOver("held-in-minority"); err != nil {
+				return err
+			}
 			during = e.fresh.Load() - before
+			e.cluster.Heal()
+			release()
 			return nil
 		},
 		fired: func(e *env) error {
-			p := e.cluster.Members[isolated].PeerProxy
-			if p.Dropped.Load() == 0 {
-				return fmt.Errorf("the isolated member's peer proxy dropped nothing")
-			}
+			// The isolated member lost its leader (WaitIsolated, in the fault).
 			var pinnedFailures int64
 			for _, c := range e.clients {
 				if c.pinned == isolated {
 					pinnedFailures += c.failures.Load()
 				}
 			}
-			if pinnedFailures == 0 {
+			switch {
+			case pinnedFailures == 0:
 				return fmt.Errorf("clients pinned to the isolated member never failed")
-			}
-			if during == 0 {
+			case during == 0:
 				return fmt.Errorf("the majority made no progress during the partition")
+			case e.totalTakeovers() == 0:
+				return fmt.Errorf("the claim held in the minority was not taken over")
+			case staleRefused(e) == 0:
+				return fmt.Errorf("the minority's late write was not refused")
 			}
 			return nil
 		},
 	})
 }
 
-// The leader is isolated in the minority; the majority elects another.
+// The leader is isolated in the minority; the majority elects another. A
+// claim made through the old leader is taken over; its late write refused.
 func TestLeaderIsolated(t *testing.T) {
 	oldLeader, newLeader := -1, -1
 	run(t, scenario{
@@ -191,21 +204,32 @@ func TestLeaderIsolated(t *testing.T) {
 			if oldLeader, err = e.cluster.WaitLeader(ctx, e.cluster.All()); err != nil {
 				return err
 			}
+			release := e.holdClaim(e.clients[oldLeader], "held-by-old-leader")
 			if err := e.cluster.Isolate(oldLeader); err != nil {
 				return err
+			}
+			if err := e.cluster.WaitIsolated(ctx, oldLeader); err != nil {
+				return err // it stepped down: no quorum behind it
 			}
 			if newLeader, err = e.cluster.WaitLeader(ctx, others(3, oldLeader), oldLeader); err != nil {
 				return err
 			}
 			time.Sleep(faultTime())
+			if err := e.takeOver("held-by-old-leader"); err != nil {
+				return err
+			}
+			e.cluster.Heal()
+			release()
 			return nil
 		},
 		fired: func(e *env) error {
-			if newLeader < 0 || newLeader == oldLeader {
+			switch {
+			case newLeader < 0 || newLeader == oldLeader:
 				return fmt.Errorf("leader did not change: %d -> %d", oldLeader, newLeader)
-			}
-			if e.cluster.Members[oldLeader].PeerProxy.Dropped.Load() == 0 {
-				return fmt.Errorf("nothing was dropped on the isolated leader's link")
+			case e.totalTakeovers() == 0:
+				return fmt.Errorf("the claim held through the old leader was not taken over")
+			case staleRefused(e) == 0:
+				return fmt.Errorf("the old side's late write was not refused")
 			}
 			return nil
 		},
@@ -321,6 +345,8 @@ func TestMemberRestart(t *testing.T) {
 // Five members; two are cut off together.
 func TestFiveMembersTwoPartitioned(t *testing.T) {
 	cut := []int{}
+	isolatedBoth := false
+	var during int64
 	run(t, scenario{
 		members: 5,
 		pins:    []int{0, 1, 2, 3, 4},
@@ -335,14 +361,23 @@ func TestFiveMembersTwoPartitioned(t *testing.T) {
 					return err
 				}
 			}
+			for _, i := range cut {
+				if err := e.cluster.WaitIsolated(ctx, i); err != nil {
+					return err
+				}
+			}
+			isolatedBoth = true
+			before := e.fresh.Load()
 			time.Sleep(faultTime())
+			during = e.fresh.Load() - before
 			return nil
 		},
 		fired: func(e *env) error {
-			for _, i := range cut {
-				if e.cluster.Members[i].PeerProxy.Dropped.Load() == 0 {
-					return fmt.Errorf("member %d's link dropped nothing", i)
-				}
+			if !isolatedBoth {
+				return fmt.Errorf("the two members were not cut off")
+			}
+			if during == 0 {
+				return fmt.Errorf("the three-member majority made no progress")
 			}
 			return nil
 		},

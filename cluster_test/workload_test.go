@@ -193,6 +193,9 @@ func (e *env) attempt(c *client, order string, timeout time.Duration, opts ...et
 		e.fail(fmt.Errorf("order %s: mismatch with the same params: %w", order, err))
 		out = opOutput{Kind: outUnknown}
 	default:
+		if testing.Verbose() && timeout > 10*time.Second {
+			e.t.Logf("attempt %s on client %d: %v", order, c.id, err)
+		}
 		out = opOutput{Kind: outUnknown}
 		e.unknown.Add(1)
 		c.failures.Add(1)
@@ -338,4 +341,63 @@ func (e *env) totalTakeovers() int {
 
 func withPrefixCount() []clientv3.OpOption {
 	return []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithCountOnly()}
+}
+
+// holdClaim makes c claim order with a work that charges and then waits for
+// release before it captures: a claim in flight, on c's side of whatever
+// fault comes next. It returns once the charge is made. Release lets the
+// work finish (its capture comes late, after any takeover) and waits for
+// its Do to return.
+func (e *env) holdClaim(c *client, order string) (release func()) {
+	e.mu.Lock()
+	e.extra = append(e.extra, order)
+	e.mu.Unlock()
+	charged, proceed, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		proposal := fmt.Sprintf("%s/held%d", order, c.id)
+		call := e.hist.now()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		res, err := c.store.Do(ctx, etcdstore.Key{ID: order}, []byte(order), func(ctx context.Context, cl *etcdstore.Claim) ([]byte, error) {
+			e.mu.Lock()
+			e.runs[order]++
+			e.mu.Unlock()
+			err := post(ctx, e.sink.URL+"/charge/"+order, cl.Token())
+			close(charged)
+			if err != nil {
+				return nil, err
+			}
+			<-proceed
+			if err := post(context.WithoutCancel(ctx), e.sink.URL+"/capture/"+order, cl.Token()); err != nil {
+				return nil, err
+			}
+			return []byte(proposal), nil
+		}, etcdstore.OnError(etcdstore.KeepOnError))
+		out := opOutput{Kind: outUnknown}
+		if err == nil && !res.Replayed {
+			out = opOutput{outFresh, string(res.Body)}
+		}
+		e.hist.add(c.id, opInput{order, proposal}, call, out)
+	}()
+	<-charged
+	return func() { close(proceed); <-done }
+}
+
+// takeOver has a healthy client finish order, waiting for the stale claim.
+func (e *env) takeOver(order string) error {
+	c := e.clients[len(e.clients)-1]
+	if c.pinned != -1 {
+		return fmt.Errorf("the last client must talk to every member")
+	}
+	// A client given every endpoint may meet the isolated member and lose
+	// its session for a while: it retries, as any client would.
+	deadline := time.Now().Add(time.Minute)
+	for !e.attempt(c, order, 30*time.Second, etcdstore.WithWait()) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("taking %s over failed for a minute", order)
+		}
+		time.Sleep(100 * time.Millisecond) // the client's retry backoff
+	}
+	return nil
 }

@@ -18,8 +18,13 @@ type Admin struct {
 	timeout time.Duration // per etcd request; 0: none
 }
 
-// request bounds one etcd request by the request timeout.
+// request prepares the context of one etcd request: bounded by the request
+// timeout, and requiring a leader. A member cut off from the leader then
+// answers at once ("no leader") instead of holding the request until it
+// times out; the client retries reads on another member, and the store
+// retries its own conditional writes.
 func (a *Admin) request(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx = clientv3.WithRequireLeader(ctx)
 	if a.timeout <= 0 {
 		return ctx, func() {}
 	}

@@ -2,10 +2,12 @@ package etcdstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -126,6 +128,11 @@ func (s *Store) afterWatchEnded(ctx context.Context, k Key, wr clientv3.WatchRes
 	}
 	if ok && wr.CompactRevision != 0 {
 		// History was compacted: read again, and watch from that read on.
+		return s.get(ctx, k)
+	}
+	if errors.Is(wr.Err(), rpctypes.ErrNoLeader) && backoff(ctx, 1) {
+		// The watch met a member cut off from the leader. A read goes to a
+		// member that has one; the caller then watches again.
 		return s.get(ctx, k)
 	}
 	err := wr.Err()

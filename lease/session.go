@@ -36,6 +36,7 @@ func NewSession(ctx context.Context, client *clientv3.Client, prefix string, ttl
 	if ttl < MinTTL || ttl%time.Second != 0 {
 		return nil, fmt.Errorf("session: ttl %v must be a whole number of seconds, at least %v", ttl, MinTTL)
 	}
+	ctx = clientv3.WithRequireLeader(ctx) // a cut-off member fails fast
 	g, err := client.Grant(ctx, int64(ttl/time.Second))
 	if err != nil {
 		return nil, fmt.Errorf("session: grant lease: %w", err)

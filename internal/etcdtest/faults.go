@@ -9,9 +9,13 @@ import (
 )
 
 // Isolate cuts member i off from every other member, in both directions:
-// its peer proxy drops all traffic to it, and it stops sending to the others
-// (EtcdServer.CutPeer, as etcd's own integration framework does). The
-// cluster must have been started with Proxies. Heal undoes it.
+// it stops sending to the others and they stop sending to it
+// (EtcdServer.CutPeer on both sides, as etcd's own integration framework
+// does), and its peer proxy drops what still arrives. Both sides are
+// needed: rafthttp carries messages from B to A on stream connections that
+// A opened to B, so blocking A's own inbound link alone would let A keep
+// hearing the leader. The cluster must have been started with Proxies.
+// Heal undoes it; WaitIsolated proves it took effect.
 func (c *Cluster) Isolate(i int) error {
 	m := c.Members[i]
 	if m.PeerProxy == nil {
@@ -23,7 +27,29 @@ func (c *Cluster) Isolate(i int) error {
 			e.Server.CutPeer(id)
 		}
 	}
+	id := c.memberIDs[i]
+	for j, o := range c.Members {
+		if e := o.Etcd(); e != nil && j != i {
+			e.Server.CutPeer(id)
+		}
+	}
 	return nil
+}
+
+// WaitIsolated waits until member i knows no leader, or is the only member
+// that thinks it leads (an isolated leader before it steps down is still
+// not the leader the others follow): proof that Isolate took effect.
+func (c *Cluster) WaitIsolated(ctx context.Context, i int) error {
+	for {
+		if e := c.Members[i].Etcd(); e != nil && e.Server.Leader() == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("member %d still follows a leader: the cut did not take effect: %w", i, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // Heal ends every proxy fault and mends every cut peer link.
