@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -31,9 +32,9 @@ const (
 
 // Store is an idempotency store on etcd. It is safe for concurrent use.
 //
-// New starts two kinds of goroutine, both stopped by Close: one that keeps the
-// process's session lease alive, and one that replaces the session when it
-// is lost. A claim whose final write failed with an unknown outcome also runs
+// New starts goroutines, all stopped by Close: one that keeps the process's
+// session lease alive, one that replaces the session when it is lost, and,
+// WithCache, one that feeds the cache from a Watch. A claim whose final write failed with an unknown outcome also runs
 // a goroutine that retries that write until it lands, is fenced out, or the
 // Store closes.
 type Store struct {
@@ -47,6 +48,10 @@ type Store struct {
 	retryAfter time.Duration
 	endTimeout time.Duration
 	log        *slog.Logger
+
+	cache     *doneCache // nil without WithCache
+	claimPath ClaimPath
+	hitRate   atomic.Int64 // recent share of claims that found a record, in 1/65536
 
 	mu      sync.Mutex
 	sess    *lease.Session // nil while a lost session is being replaced
@@ -69,6 +74,8 @@ type config struct {
 	retryAfter     time.Duration
 	endTimeout     time.Duration
 	requestTimeout time.Duration
+	cacheBytes     int64
+	claimPath      ClaimPath
 	log            *slog.Logger
 }
 
@@ -158,6 +165,52 @@ func WithRequestTimeout(d time.Duration) Option {
 	}
 }
 
+// WithCache keeps up to bytes of done records in memory, fed and
+// invalidated by an etcd Watch of every record, so that a replay needs no
+// etcd round trip at all (default: no cache). A record evicted from
+// another process may be replayed from the cache until its deletion
+// reaches the watch, typically milliseconds; Evict through this store
+// invalidates it at once.
+func WithCache(bytes int64) Option {
+	return func(c *config) error {
+		if bytes < 0 {
+			return fmt.Errorf("%w: cache size %d must not be negative", ErrInvalidArgument, bytes)
+		}
+		c.cacheBytes = bytes
+		return nil
+	}
+}
+
+// ClaimPath says how Claim looks for an existing record.
+type ClaimPath int
+
+const (
+	// ClaimPathAdaptive (the default) reads first while a noticeable share
+	// of recent claims found a record, and writes first otherwise.
+	ClaimPathAdaptive ClaimPath = iota
+	// ClaimPathWriteFirst always sends the claim Txn first: one round trip
+	// for a new key, but a replay then costs a raft write (a Txn with a Put
+	// in either branch is a write even when its Else runs).
+	ClaimPathWriteFirst
+	// ClaimPathReadFirst always reads first, with a serializable Get: a
+	// replay is never a raft write, and a new key costs that read more.
+	ClaimPathReadFirst
+)
+
+// WithClaimPath sets the claim path (default ClaimPathAdaptive). A
+// serializable read is used only to find a done record, which never changes
+// until it is deleted; every other decision is made by the linearizable
+// claim Txn.
+func WithClaimPath(p ClaimPath) Option {
+	return func(c *config) error {
+		if p < ClaimPathAdaptive || p > ClaimPathReadFirst {
+			return fmt.Errorf("%w: unknown claim path %d", ErrInvalidArgument, p)
+		}
+		c.claimPath = p
+		return nil
+	}
+}
+
 // WithLogger sets the logger for session events (default: discard).
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error { c.log = l; return nil }
@@ -213,13 +266,61 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 		retryAfter: c.retryAfter,
 		endTimeout: c.endTimeout,
 		log:        c.log,
+		claimPath:  c.claimPath,
 		sess:       sess,
 		running:    make(map[runKey]*Claim),
 		closing:    make(chan struct{}),
 	}
 	s.wg.Add(1)
 	go s.superviseSession(sess)
+	if c.cacheBytes > 0 {
+		s.cache = newDoneCache(c.cacheBytes)
+		s.wg.Add(1)
+		go s.feedCache()
+	}
 	return s, nil
+}
+
+// Evict deletes key's record (see Admin.Evict), and drops it from this
+// store's cache at once.
+func (s *Store) Evict(ctx context.Context, key Key) error {
+	err := s.Admin.Evict(ctx, key)
+	if s.cache != nil {
+		s.cache.remove(s.ks.record(key))
+	}
+	return err
+}
+
+// readFirst reports whether the next claim should look for a record before
+// writing.
+func (s *Store) readFirst() bool {
+	switch s.claimPath {
+	case ClaimPathReadFirst:
+		return true
+	case ClaimPathWriteFirst:
+		return false
+	}
+	return s.hitRate.Load() > hitRateThreshold
+}
+
+// hitRateThreshold: read first once a fifth of recent claims found a
+// record. A read costs far less than the raft write a replay through the
+// claim Txn costs, so reading first pays off well below half.
+const hitRateThreshold = 65536 / 5
+
+// observe records whether a claim found a record already there, in a moving
+// average over about the last 64 claims.
+func (s *Store) observe(found bool) {
+	target := int64(0)
+	if found {
+		target = 65536
+	}
+	for {
+		old := s.hitRate.Load()
+		if s.hitRate.CompareAndSwap(old, old+(target-old)/64) {
+			return
+		}
+	}
 }
 
 // MaxRecordSize returns the largest outcome plus checkpoint a claim can save.

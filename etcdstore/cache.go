@@ -1,0 +1,171 @@
+package etcdstore
+
+import (
+	"container/list"
+	"context"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// doneCache holds done records in memory, so replays need no etcd round
+// trip. It is filled and invalidated by one Watch of every record, in
+// revision order: a done record enters when its Put is seen, and leaves when
+// a later event for its key is seen (an eviction, or a new claim after its
+// retention), or when the cache is full (least recently used first). Done
+// records never change in place, so a cached one is the record until an
+// event says otherwise. When the watch breaks, the cache is emptied before
+// it restarts, so no invalidation is ever missed.
+//
+// What it does not guarantee: a record deleted (evicted) moments ago may
+// still be replayed until the watch delivers the deletion, typically
+// milliseconds. Evictions through this store invalidate it at once.
+type doneCache struct {
+	max int64 // bytes
+
+	mu    sync.Mutex
+	size  int64
+	order *list.List // front: most recently used
+	byKey map[string]*list.Element
+
+	hits, misses int64
+}
+
+type cacheEntry struct {
+	key  string
+	rec  *Record
+	size int64
+}
+
+func newDoneCache(max int64) *doneCache {
+	return &doneCache{max: max, order: list.New(), byKey: make(map[string]*list.Element)}
+}
+
+// get returns the cached done record of an etcd key, or nil.
+func (c *doneCache) get(ekey string) *Record {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	el, ok := c.byKey[ekey]
+	if !ok {
+		c.misses++
+		return nil
+	}
+	c.hits++
+	c.order.MoveToFront(el)
+	return el.Value.(*cacheEntry).rec
+}
+
+// put caches a done record seen on the watch.
+func (c *doneCache) put(ekey string, rec *Record, size int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.removeLocked(ekey)
+	e := &cacheEntry{key: ekey, rec: rec, size: int64(size + len(ekey) + 256)}
+	if e.size > c.max {
+		return
+	}
+	c.byKey[ekey] = c.order.PushFront(e)
+	c.size += e.size
+	for c.size > c.max {
+		c.removeLocked(c.order.Back().Value.(*cacheEntry).key)
+	}
+}
+
+func (c *doneCache) remove(ekey string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.removeLocked(ekey)
+}
+
+func (c *doneCache) removeLocked(ekey string) {
+	if el, ok := c.byKey[ekey]; ok {
+		c.size -= el.Value.(*cacheEntry).size
+		c.order.Remove(el)
+		delete(c.byKey, ekey)
+	}
+}
+
+func (c *doneCache) clear() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.order.Init()
+	c.byKey = make(map[string]*list.Element)
+	c.size = 0
+}
+
+// CacheStats reports the done-record cache.
+type CacheStats struct {
+	Entries      int
+	Bytes        int64
+	Hits, Misses int64
+}
+
+// CacheStats returns the cache's counters; zero without WithCache.
+func (s *Store) CacheStats() CacheStats {
+	c := s.cache
+	if c == nil {
+		return CacheStats{}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return CacheStats{Entries: len(c.byKey), Bytes: c.size, Hits: c.hits, Misses: c.misses}
+}
+
+// feedCache keeps the cache in step with etcd until the store closes. It
+// watches every record from the current revision; on any break it empties
+// the cache and starts again.
+func (s *Store) feedCache() {
+	defer s.wg.Done()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-s.closing
+		cancel()
+	}()
+	for try := 0; ctx.Err() == nil; try++ {
+		s.cache.clear()
+		resp, err := s.client.Get(clientv3.WithRequireLeader(ctx), s.ks.records(), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			if !backoff(ctx, min(try, 5)) {
+				return
+			}
+			continue
+		}
+		s.watchCache(ctx, resp.Header.Revision+1)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// watchCache applies watch events from rev on until the watch ends.
+func (s *Store) watchCache(ctx context.Context, rev int64) {
+	wch := s.client.Watch(clientv3.WithRequireLeader(ctx), s.ks.records(), clientv3.WithPrefix(), clientv3.WithRev(rev))
+	for wr := range wch {
+		if wr.Canceled || wr.Err() != nil {
+			return
+		}
+		for _, ev := range wr.Events {
+			ekey := string(ev.Kv.Key)
+			if ev.Type == mvccpb.DELETE {
+				s.cache.remove(ekey)
+				continue
+			}
+			k, ok := s.ks.parseRecord(ekey)
+			if !ok {
+				s.cache.remove(ekey)
+				continue
+			}
+			rec, err := decode(k, ev.Kv)
+			if err != nil || rec.State != Done {
+				s.cache.remove(ekey) // a claim (after retention) or unreadable: not a replay
+				continue
+			}
+			s.cache.put(ekey, rec, len(ev.Kv.Value))
+		}
+	}
+}
