@@ -16,7 +16,7 @@ import (
 
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/fencing"
-	"github.com/idem-dev/idem/internal/etcdtest"
+	"github.com/idem-dev/idem/internal/etcdcluster"
 )
 
 // Timings of the clients: short, so faults make them time out and retry.
@@ -30,7 +30,7 @@ const (
 // history of everything they did.
 type env struct {
 	t       *testing.T
-	cluster *etcdtest.Cluster
+	cluster *etcdcluster.Cluster
 	sink    *sink
 	hist    *history
 	prefix  string
@@ -57,12 +57,12 @@ type client struct {
 	closed   atomic.Bool
 }
 
-func newEnv(t *testing.T, members int, opts etcdtest.Options) *env {
+func newEnv(t *testing.T, members int, opts etcdcluster.Options) *env {
 	opts.Proxies = true
 	if opts.TickMs == 0 {
 		opts.TickMs, opts.ElectionMs = 50, 500
 	}
-	c, err := etcdtest.New(t.TempDir(), members, opts)
+	c, err := etcdcluster.New(t.TempDir(), members, opts)
 	if err != nil {
 		t.Fatalf("start %d-member cluster: %v", members, err)
 	}

@@ -12,17 +12,17 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/idem-dev/idem/internal/etcdtest"
+	"github.com/idem-dev/idem/internal/etcdcluster"
 )
 
 // One single-member cluster for the whole package (each member preallocates
 // WAL and takes a while to start); a three-member one is started on first
 // use. Every test works under its own key prefix.
 var (
-	single *etcdtest.Cluster
+	single *etcdcluster.Cluster
 
 	threeOnce sync.Once
-	three     *etcdtest.Cluster
+	three     *etcdcluster.Cluster
 	threeErr  error
 	tmpDir    string
 )
@@ -39,7 +39,7 @@ func runTests(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(tmpDir)
-	single, err = etcdtest.New(tmpDir+"/single", 1, etcdtest.Options{})
+	single, err = etcdcluster.New(tmpDir+"/single", 1, etcdcluster.Options{})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "start etcd:", err)
 		return 1
@@ -56,10 +56,10 @@ func runTests(m *testing.M) int {
 }
 
 // threeMembers returns the shared three-member cluster.
-func threeMembers(t testing.TB) *etcdtest.Cluster {
+func threeMembers(t testing.TB) *etcdcluster.Cluster {
 	t.Helper()
 	threeOnce.Do(func() {
-		three, threeErr = etcdtest.New(tmpDir+"/three", 3, etcdtest.Options{})
+		three, threeErr = etcdcluster.New(tmpDir+"/three", 3, etcdcluster.Options{})
 	})
 	if threeErr != nil {
 		t.Fatalf("start three-member cluster: %v", threeErr)
@@ -120,9 +120,9 @@ func fpOf(t testing.TB, params string) Fingerprint {
 }
 
 // newProxy starts a proxy to an etcd client URL, closed when the test ends.
-func newProxy(t testing.TB, clientURL string) *etcdtest.Proxy {
+func newProxy(t testing.TB, clientURL string) *etcdcluster.Proxy {
 	t.Helper()
-	p, err := etcdtest.NewProxy(strings.TrimPrefix(clientURL, "http://"))
+	p, err := etcdcluster.NewProxy(strings.TrimPrefix(clientURL, "http://"))
 	if err != nil {
 		t.Fatalf("proxy: %v", err)
 	}

@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/fencing"
-	"github.com/idem-dev/idem/internal/etcdtest"
+	"github.com/idem-dev/idem/internal/etcdcluster"
 )
 
 // TestMain doubles as the idem binary: a test that needs a real process
@@ -128,7 +128,7 @@ func (p *idemProc) terminate() error {
 
 // embeddedFlags returns flags for an embedded etcd on free ports in dataDir.
 func embeddedFlags(t *testing.T, dataDir string) []string {
-	ports, err := etcdtest.FreePorts(2)
+	ports, err := etcdcluster.FreePorts(2)
 	if err != nil {
 		t.Fatal(err)
 	}
