@@ -28,6 +28,9 @@ func (a *Admin) request(ctx context.Context) (context.Context, context.CancelFun
 	if a.timeout <= 0 {
 		return ctx, func() {}
 	}
+	if d, ok := ctx.Deadline(); ok && time.Until(d) <= a.timeout {
+		return ctx, func() {} // the caller's deadline comes first anyway
+	}
 	return context.WithTimeout(ctx, a.timeout)
 }
 

@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -213,7 +214,7 @@ func (s *Store) Claim(ctx context.Context, key Key, fp Fingerprint, opts ...Clai
 		return nil, nil, fmt.Errorf("claim %s: %w", key, err)
 	}
 	if cfg.attempt == "" {
-		cfg.attempt = uuid.NewString()
+		cfg.attempt = s.attemptPrefix + strconv.FormatInt(s.attempts.Add(1), 36)
 	}
 	owner := sess.Owner()
 	if cfg.noSession {
@@ -302,10 +303,10 @@ func (s *Store) acquire(ctx context.Context, c *Claim, sess *lease.Session, cfg 
 	tries := 0
 	for round := 0; round < 8; {
 		now := s.now()
-		var cmps []clientv3.Cmp
+		var cmps []cond
 		var taken *Record // the record being replaced, for a takeover
 		if !known || cur == nil {
-			cmps = []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(ekey), "=", 0)}
+			cmps = []cond{created(ekey, pb.Compare_EQUAL, 0)}
 		} else {
 			switch {
 			case cur.expired(now):
@@ -344,9 +345,9 @@ func (s *Store) acquire(ctx context.Context, c *Claim, sess *lease.Session, cfg 
 					continue
 				}
 				taken = cur
-				cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(s.ks.owner(cur.Owner)), "=", 0))
+				cmps = append(cmps, created(s.ks.owner(cur.Owner), pb.Compare_EQUAL, 0))
 			}
-			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(ekey), "=", cur.Revision))
+			cmps = append(cmps, modified(ekey, cur.Revision))
 		}
 		round++
 
@@ -437,17 +438,14 @@ func (s *Store) readOnly(ctx context.Context, c *Claim, werr error) (*Record, er
 // writeRecord puts rec on the current retention lease under cmps (and, when
 // owner is set, only while owner's key exists), with token (0: the revision
 // of this write), refreshing the lease once if etcd no longer knows it.
-func (s *Store) writeRecord(ctx context.Context, k Key, owner string, cmps []clientv3.Cmp, rec *Record, token fencing.Token, extra ...clientv3.Op) (casResult, error) {
+func (s *Store) writeRecord(ctx context.Context, k Key, owner string, cmps []cond, rec *Record, token fencing.Token, extra ...clientv3.Op) (casResult, error) {
 	val := encode(rec, token)
 	for refreshed := false; ; refreshed = true {
-		rctx, cancel := s.request(ctx)
-		id, err := s.buckets.For(rctx, s.now())
-		cancel()
+		id, err := s.buckets.For(ctx, s.now(), s.request)
 		if err != nil {
 			return casResult{}, err
 		}
-		then := append([]clientv3.Op{clientv3.OpPut(s.ks.record(k), string(val), clientv3.WithLease(id))}, extra...)
-		res, err := s.cas(ctx, k, owner, cmps, then)
+		res, err := s.cas(ctx, k, owner, cmps, write{key: s.ks.record(k), value: val, lease: id}, extra)
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) && !refreshed {
 			s.buckets.Invalidate(id)
 			continue

@@ -4,9 +4,8 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
 	"math"
 	"math/big"
 	"slices"
@@ -29,15 +28,19 @@ func (f Fingerprint) String() string { return hex.EncodeToString(f[:]) }
 // raw bytes otherwise. It returns an error wrapping ErrInvalidParams for
 // JSON that has no single canonical form (see CanonicalJSON).
 func FingerprintOf(params []byte) (Fingerprint, error) {
-	if utf8.Valid(params) && json.Valid(params) {
-		c, err := CanonicalJSON(params)
-		if err != nil {
-			return Fingerprint{}, err
-		}
-		return sha256.Sum256(c), nil
+	c, err := CanonicalJSON(params) // one pass: not JSON at all is errNotJSON
+	switch {
+	case errors.Is(err, errNotJSON):
+		return sha256.Sum256(params), nil
+	case err != nil:
+		return Fingerprint{}, err
 	}
-	return sha256.Sum256(params), nil
+	return sha256.Sum256(c), nil
 }
+
+// errNotJSON marks input that is not JSON at all, as opposed to JSON with
+// no canonical form.
+var errNotJSON = errors.New("not JSON")
 
 // maxJSONDepth bounds nesting so hostile input cannot exhaust the stack.
 const maxJSONDepth = 256
@@ -46,120 +49,307 @@ const maxJSONDepth = 256
 // insignificant whitespace, object members sorted by their UTF-16 code
 // units, strings escaped minimally, numbers in one spelling. It refuses, with
 // an error wrapping ErrInvalidParams, input that is not a single JSON value
-// in valid UTF-8, objects with a repeated member name (parsers disagree on
-// which one wins), nesting deeper than 256, and non-integer numbers that a
-// float64 round trip would change (1e400, 0.1000000000000000000001): two
-// different such numbers would otherwise share one canonical form. Integer
-// literals are kept digit for digit, so large ids survive.
+// in valid UTF-8, strings with lone surrogate escapes, objects with a
+// repeated member name (parsers disagree on which one wins), nesting deeper
+// than 256, and non-integer numbers that a float64 round trip would change
+// (1e400, 0.1000000000000000000001): two different such numbers would
+// otherwise share one canonical form. Integer literals are kept digit for
+// digit, so large ids survive.
 func CanonicalJSON(b []byte) ([]byte, error) {
 	if !utf8.Valid(b) {
-		return nil, fmt.Errorf("%w: JSON is not valid UTF-8", ErrInvalidParams)
+		return nil, fmt.Errorf("%w: %w: JSON is not valid UTF-8", ErrInvalidParams, errNotJSON)
 	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	var out bytes.Buffer
-	out.Grow(len(b))
-	if err := canonValue(dec, &out, 0); err != nil {
+	p := jsonParser{in: b, out: make([]byte, 0, len(b))}
+	p.skipSpace()
+	if err := p.value(0); err != nil {
 		return nil, err
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, fmt.Errorf("%w: data after the JSON value", ErrInvalidParams)
+	p.skipSpace()
+	if p.pos != len(p.in) {
+		return nil, p.syntax("data after the JSON value")
 	}
-	return out.Bytes(), nil
+	return p.out, nil
 }
 
-func canonValue(dec *json.Decoder, out *bytes.Buffer, depth int) error {
-	tok, err := dec.Token()
-	if err != nil {
-		return fmt.Errorf("%w: malformed JSON: %v", ErrInvalidParams, err)
-	}
-	return canonToken(dec, out, tok, depth)
+// jsonParser canonicalises JSON in one pass over the bytes.
+type jsonParser struct {
+	in  []byte
+	pos int
+	out []byte
 }
 
-func canonToken(dec *json.Decoder, out *bytes.Buffer, tok json.Token, depth int) error {
+func (p *jsonParser) syntax(what string) error {
+	return fmt.Errorf("%w: %w: malformed JSON at offset %d: %s", ErrInvalidParams, errNotJSON, p.pos, what)
+}
+
+func (p *jsonParser) skipSpace() {
+	for p.pos < len(p.in) {
+		switch p.in[p.pos] {
+		case ' ', '\t', '\n', '\r':
+			p.pos++
+		default:
+			return
+		}
+	}
+}
+
+func (p *jsonParser) value(depth int) error {
 	if depth > maxJSONDepth {
 		return fmt.Errorf("%w: JSON nested deeper than %d", ErrInvalidParams, maxJSONDepth)
 	}
-	switch v := tok.(type) {
-	case json.Delim:
-		switch v {
-		case '{':
-			return canonObject(dec, out, depth+1)
-		case '[':
-			out.WriteByte('[')
-			for i := 0; dec.More(); i++ {
-				if i > 0 {
-					out.WriteByte(',')
-				}
-				if err := canonValue(dec, out, depth+1); err != nil {
-					return err
-				}
-			}
-			if _, err := dec.Token(); err != nil { // ']'
-				return fmt.Errorf("%w: malformed JSON: %v", ErrInvalidParams, err)
-			}
-			out.WriteByte(']')
-			return nil
-		}
-		return fmt.Errorf("%w: malformed JSON: unexpected %v", ErrInvalidParams, v)
-	case string:
-		writeJSONString(out, v)
-	case json.Number:
-		n, err := canonNumber(string(v))
+	if p.pos >= len(p.in) {
+		return p.syntax("unexpected end")
+	}
+	switch c := p.in[p.pos]; {
+	case c == '{':
+		return p.object(depth + 1)
+	case c == '[':
+		return p.array(depth + 1)
+	case c == '"':
+		str, err := p.str()
 		if err != nil {
 			return err
 		}
-		out.WriteString(n)
-	case bool:
-		out.WriteString(strconv.FormatBool(v))
-	case nil:
-		out.WriteString("null")
-	default:
-		return fmt.Errorf("%w: malformed JSON: unexpected token %v", ErrInvalidParams, tok)
+		p.out = appendJSONString(p.out, str)
+		return nil
+	case c == '-' || c >= '0' && c <= '9':
+		return p.number()
 	}
-	return nil
+	for _, lit := range []string{"true", "false", "null"} {
+		if bytes.HasPrefix(p.in[p.pos:], []byte(lit)) {
+			p.pos += len(lit)
+			p.out = append(p.out, lit...)
+			return nil
+		}
+	}
+	return p.syntax("unexpected character")
 }
 
-func canonObject(dec *json.Decoder, out *bytes.Buffer, depth int) error {
+func (p *jsonParser) array(depth int) error {
+	p.pos++ // [
+	p.out = append(p.out, '[')
+	p.skipSpace()
+	if p.pos < len(p.in) && p.in[p.pos] == ']' {
+		p.pos++
+		p.out = append(p.out, ']')
+		return nil
+	}
+	for {
+		p.skipSpace()
+		if err := p.value(depth); err != nil {
+			return err
+		}
+		p.skipSpace()
+		if p.pos >= len(p.in) {
+			return p.syntax("unterminated array")
+		}
+		switch p.in[p.pos] {
+		case ',':
+			p.pos++
+			p.out = append(p.out, ',')
+		case ']':
+			p.pos++
+			p.out = append(p.out, ']')
+			return nil
+		default:
+			return p.syntax("expected , or ] in an array")
+		}
+	}
+}
+
+func (p *jsonParser) object(depth int) error {
+	p.pos++ // {
 	type member struct {
 		name  string
 		value []byte
 	}
 	var members []member
-	seen := make(map[string]bool)
-	for dec.More() {
-		tok, err := dec.Token()
+	p.skipSpace()
+	if p.pos < len(p.in) && p.in[p.pos] == '}' {
+		p.pos++
+		p.out = append(p.out, '{', '}')
+		return nil
+	}
+	outer := p.out
+	for {
+		p.skipSpace()
+		if p.pos >= len(p.in) || p.in[p.pos] != '"' {
+			return p.syntax("expected a member name")
+		}
+		name, err := p.str()
 		if err != nil {
-			return fmt.Errorf("%w: malformed JSON: %v", ErrInvalidParams, err)
-		}
-		name, ok := tok.(string)
-		if !ok {
-			return fmt.Errorf("%w: malformed JSON: object member name %v", ErrInvalidParams, tok)
-		}
-		if seen[name] {
-			return fmt.Errorf("%w: JSON object repeats member %q", ErrInvalidParams, name)
-		}
-		seen[name] = true
-		var v bytes.Buffer
-		if err := canonValue(dec, &v, depth); err != nil {
 			return err
 		}
-		members = append(members, member{name, v.Bytes()})
-	}
-	if _, err := dec.Token(); err != nil { // '}'
-		return fmt.Errorf("%w: malformed JSON: %v", ErrInvalidParams, err)
+		for _, m := range members {
+			if m.name == name {
+				return fmt.Errorf("%w: JSON object repeats member %q", ErrInvalidParams, name)
+			}
+		}
+		p.skipSpace()
+		if p.pos >= len(p.in) || p.in[p.pos] != ':' {
+			return p.syntax("expected : after a member name")
+		}
+		p.pos++
+		p.skipSpace()
+		p.out = nil
+		if err := p.value(depth); err != nil {
+			return err
+		}
+		members = append(members, member{name, p.out})
+		p.skipSpace()
+		if p.pos >= len(p.in) {
+			return p.syntax("unterminated object")
+		}
+		if p.in[p.pos] == '}' {
+			p.pos++
+			break
+		}
+		if p.in[p.pos] != ',' {
+			return p.syntax("expected , or } in an object")
+		}
+		p.pos++
 	}
 	slices.SortFunc(members, func(a, b member) int { return compareUTF16(a.name, b.name) })
-	out.WriteByte('{')
+	p.out = append(outer, '{')
 	for i, m := range members {
 		if i > 0 {
-			out.WriteByte(',')
+			p.out = append(p.out, ',')
 		}
-		writeJSONString(out, m.name)
-		out.WriteByte(':')
-		out.Write(m.value)
+		p.out = appendJSONString(p.out, m.name)
+		p.out = append(p.out, ':')
+		p.out = append(p.out, m.value...)
 	}
-	out.WriteByte('}')
+	p.out = append(p.out, '}')
+	return nil
+}
+
+// str reads a string literal and returns its value.
+func (p *jsonParser) str() (string, error) {
+	p.pos++ // "
+	start := p.pos
+	// Fast path: no escapes.
+	for p.pos < len(p.in) {
+		c := p.in[p.pos]
+		if c == '"' {
+			s := string(p.in[start:p.pos])
+			p.pos++
+			return s, nil
+		}
+		if c == '\\' || c < 0x20 {
+			break
+		}
+		p.pos++
+	}
+	var b []byte
+	b = append(b, p.in[start:p.pos]...)
+	for p.pos < len(p.in) {
+		c := p.in[p.pos]
+		switch {
+		case c == '"':
+			p.pos++
+			return string(b), nil
+		case c < 0x20:
+			return "", p.syntax("control character in a string")
+		case c != '\\':
+			b = append(b, c)
+			p.pos++
+			continue
+		}
+		if p.pos+1 >= len(p.in) {
+			return "", p.syntax("unterminated escape")
+		}
+		e := p.in[p.pos+1]
+		p.pos += 2
+		switch e {
+		case '"', '\\', '/':
+			b = append(b, e)
+		case 'b':
+			b = append(b, '\b')
+		case 'f':
+			b = append(b, '\f')
+		case 'n':
+			b = append(b, '\n')
+		case 'r':
+			b = append(b, '\r')
+		case 't':
+			b = append(b, '\t')
+		case 'u':
+			r, ok := p.hex4()
+			if !ok {
+				return "", p.syntax("bad \\u escape")
+			}
+			if utf16.IsSurrogate(r) {
+				if r >= 0xdc00 || p.pos+1 >= len(p.in) || p.in[p.pos] != '\\' || p.in[p.pos+1] != 'u' {
+					return "", fmt.Errorf("%w: JSON string has a lone surrogate escape", ErrInvalidParams)
+				}
+				p.pos += 2
+				r2, ok := p.hex4()
+				if !ok || r2 < 0xdc00 || r2 > 0xdfff {
+					return "", fmt.Errorf("%w: JSON string has a lone surrogate escape", ErrInvalidParams)
+				}
+				r = utf16.DecodeRune(r, r2)
+			}
+			b = utf8.AppendRune(b, r)
+		default:
+			return "", p.syntax("bad escape")
+		}
+	}
+	return "", p.syntax("unterminated string")
+}
+
+func (p *jsonParser) hex4() (rune, bool) {
+	if p.pos+4 > len(p.in) {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(string(p.in[p.pos:p.pos+4]), 16, 32)
+	if err != nil {
+		return 0, false
+	}
+	p.pos += 4
+	return rune(n), true
+}
+
+// number reads a number literal, checking JSON's grammar, and writes its
+// canonical spelling.
+func (p *jsonParser) number() error {
+	start := p.pos
+	if p.in[p.pos] == '-' {
+		p.pos++
+	}
+	digits := func() int {
+		n := 0
+		for p.pos < len(p.in) && p.in[p.pos] >= '0' && p.in[p.pos] <= '9' {
+			p.pos++
+			n++
+		}
+		return n
+	}
+	switch {
+	case p.pos < len(p.in) && p.in[p.pos] == '0':
+		p.pos++
+	case digits() == 0:
+		return p.syntax("number without digits")
+	}
+	if p.pos < len(p.in) && p.in[p.pos] == '.' {
+		p.pos++
+		if digits() == 0 {
+			return p.syntax("no digits after the decimal point")
+		}
+	}
+	if p.pos < len(p.in) && (p.in[p.pos] == 'e' || p.in[p.pos] == 'E') {
+		p.pos++
+		if p.pos < len(p.in) && (p.in[p.pos] == '+' || p.in[p.pos] == '-') {
+			p.pos++
+		}
+		if digits() == 0 {
+			return p.syntax("no digits in the exponent")
+		}
+	}
+	n, err := canonNumber(string(p.in[start:p.pos]))
+	if err != nil {
+		return err
+	}
+	p.out = append(p.out, n...)
 	return nil
 }
 
@@ -203,29 +393,29 @@ func canonNumber(s string) (string, error) {
 	return c, nil
 }
 
-func writeJSONString(out *bytes.Buffer, s string) {
-	out.WriteByte('"')
+func appendJSONString(out []byte, s string) []byte {
+	out = append(out, '"')
 	for _, r := range s {
 		switch {
 		case r == '"':
-			out.WriteString(`\"`)
+			out = append(out, '\\', '"')
 		case r == '\\':
-			out.WriteString(`\\`)
+			out = append(out, '\\', '\\')
 		case r == '\b':
-			out.WriteString(`\b`)
+			out = append(out, '\\', 'b')
 		case r == '\f':
-			out.WriteString(`\f`)
+			out = append(out, '\\', 'f')
 		case r == '\n':
-			out.WriteString(`\n`)
+			out = append(out, '\\', 'n')
 		case r == '\r':
-			out.WriteString(`\r`)
+			out = append(out, '\\', 'r')
 		case r == '\t':
-			out.WriteString(`\t`)
+			out = append(out, '\\', 't')
 		case r < 0x20:
-			fmt.Fprintf(out, `\u%04x`, r)
+			out = fmt.Appendf(out, `\u%04x`, r)
 		default:
-			out.WriteRune(r)
+			out = utf8.AppendRune(out, r)
 		}
 	}
-	out.WriteByte('"')
+	return append(out, '"')
 }

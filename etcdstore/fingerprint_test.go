@@ -1,9 +1,14 @@
 package etcdstore
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
+	"math/big"
+	"reflect"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestCanonicalJSON(t *testing.T) {
@@ -100,4 +105,78 @@ func FuzzCanonicalJSON(f *testing.F) {
 			t.Fatalf("not idempotent: %q -> %q -> %q, %v", b, c, c2, err)
 		}
 	})
+}
+
+func TestCanonicalJSONStrings(t *testing.T) {
+	for in, want := range map[string]string{
+		`"\ud83d\ude00"`: `"😀"`, // a surrogate pair is one rune
+		`"a\/b"`:         `"a/b"`,
+		`"\u00e9"`:       `"é"`,
+		`"tab\there"`:    `"tab\there"`,
+	} {
+		if got, err := CanonicalJSON([]byte(in)); err != nil || string(got) != want {
+			t.Errorf("CanonicalJSON(%s) = %s, %v; want %s", in, got, err, want)
+		}
+	}
+	for _, in := range []string{`"\ud83d"`, `"\ude00"`, `"\ud83dx"`, "\"a\x01b\"", `"\x"`, `01`, `1.`, `.1`, `-`, `1e`, `[1,]`, `{"a" 1}`, `tru`} {
+		if _, err := CanonicalJSON([]byte(in)); !errors.Is(err, ErrInvalidParams) {
+			t.Errorf("CanonicalJSON(%q) = %v; want ErrInvalidParams", in, err)
+		}
+	}
+}
+
+// FuzzCanonicalJSONAgrees checks the canonicaliser against encoding/json:
+// what it accepts is valid JSON meaning the same value, and what valid JSON
+// it refuses, it refuses for a documented reason.
+func FuzzCanonicalJSONAgrees(f *testing.F) {
+	for _, s := range []string{`{"b":[1,2.5e3,"x\n"],"a":{"c":null,"d":true}}`, `"\ud83d\ude00"`, `-0.0`, `[]`, `{}`, `1E+2`, ` [ 1 , "a" ] `} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := CanonicalJSON(b)
+		if err != nil {
+			// encoding/json accepts invalid UTF-8 in strings; JSON (RFC 8259)
+			// does not, and neither does the canonicaliser.
+			if json.Valid(b) && utf8.Valid(b) && errors.Is(err, errNotJSON) {
+				t.Fatalf("%q is valid JSON but was refused as not JSON: %v", b, err)
+			}
+			return
+		}
+		if !json.Valid(b) || !json.Valid(c) {
+			t.Fatalf("accepted %q -> %q, but encoding/json finds one of them invalid", b, c)
+		}
+		x, errX := exactValue(b)
+		y, errY := exactValue(c)
+		if errX != nil || errY != nil || !reflect.DeepEqual(x, y) {
+			t.Fatalf("%q and its canonical form %q mean different values (%v, %v)", b, c, errX, errY)
+		}
+	})
+}
+
+// exactValue decodes JSON with numbers as exact rationals.
+func exactValue(b []byte) (any, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	var norm func(any) any
+	norm = func(v any) any {
+		switch x := v.(type) {
+		case json.Number:
+			r, _ := new(big.Rat).SetString(string(x))
+			return r.RatString()
+		case []any:
+			for i := range x {
+				x[i] = norm(x[i])
+			}
+		case map[string]any:
+			for k := range x {
+				x[k] = norm(x[k])
+			}
+		}
+		return v
+	}
+	return norm(v), nil
 }

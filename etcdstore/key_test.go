@@ -1,6 +1,7 @@
 package etcdstore
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -87,6 +88,29 @@ func TestDecodeRejectsCorruptRecords(t *testing.T) {
 	} {
 		if _, err := decode(Key{ID: "k"}, &mvccpb.KeyValue{Value: v}); err == nil {
 			t.Errorf("%s: decode succeeded; want ErrCorrupt", name)
+		}
+	}
+}
+
+func TestAppendMetaAgreesWithEncodingJSON(t *testing.T) {
+	for _, m := range []meta{
+		{State: InFlight, FP: "ab", Created: 1, Expires: 2},
+		{State: Done, FP: "cd", Owner: "o", Attempt: "a-1", Token: 7, Created: -5, Expires: 9, Deadline: 3,
+			Checkpoint: []byte{0, 1, 2, 255}, Takeovers: 2, Status: 201, Err: "bad \"quote\" \\ \n\t\x01 é <&> \u2028",
+			Header: map[string][][]byte{"X-B": {[]byte("2"), []byte("\xff")}, "A": {[]byte("é<>&")}}},
+		{State: Done, FP: "", Header: map[string][][]byte{"Empty": {}}},
+	} {
+		// Same meaning as encoding/json's (which also escapes <, > and &
+		// for HTML; records never go into HTML).
+		got := appendMeta(nil, &m)
+		var back meta
+		if err := json.Unmarshal(got, &back); err != nil {
+			t.Fatalf("appendMeta wrote invalid JSON %s: %v", got, err)
+		}
+		want, _ := json.Marshal(&m)
+		again, _ := json.Marshal(&back)
+		if string(again) != string(want) {
+			t.Errorf("appendMeta:\n got %s\nwhich reads back as %s\nwant %s", got, again, want)
 		}
 	}
 }

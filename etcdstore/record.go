@@ -1,10 +1,13 @@
 package etcdstore
 
 import (
+	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"sort"
+	"strconv"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -130,10 +133,7 @@ func encode(r *Record, token fencing.Token) []byte {
 			}
 		}
 	}
-	js, err := json.Marshal(&m)
-	if err != nil {
-		panic("etcdstore: encode record meta: " + err.Error()) // plain data: cannot fail
-	}
+	js := appendMeta(make([]byte, 0, 256+len(m.Checkpoint)*4/3), &m)
 	buf := make([]byte, 0, 1+binary.MaxVarintLen64+len(js)+len(body))
 	buf = append(buf, recordVersion)
 	buf = binary.AppendUvarint(buf, uint64(len(js)))
@@ -216,4 +216,70 @@ func (r *Record) expired(now time.Time) bool { return !now.Before(r.Expires) }
 // pastDeadline reports whether an in-flight claim's deadline has passed at now.
 func (r *Record) pastDeadline(now time.Time) bool {
 	return !r.Deadline.IsZero() && !now.Before(r.Deadline)
+}
+
+// appendMeta writes m as the JSON encoding/json would (field order and
+// omitempty as in meta's tags), without reflection: records are encoded
+// twice per operation.
+func appendMeta(b []byte, m *meta) []byte {
+	b = append(b, `{"s":`...)
+	b = appendJSONString(b, string(m.State))
+	b = append(b, `,"fp":`...)
+	b = appendJSONString(b, m.FP)
+	if m.Owner != "" {
+		b = append(b, `,"o":`...)
+		b = appendJSONString(b, m.Owner)
+	}
+	if m.Attempt != "" {
+		b = append(b, `,"a":`...)
+		b = appendJSONString(b, m.Attempt)
+	}
+	if m.Token != 0 {
+		b = strconv.AppendInt(append(b, `,"t":`...), m.Token, 10)
+	}
+	b = strconv.AppendInt(append(b, `,"c":`...), m.Created, 10)
+	b = strconv.AppendInt(append(b, `,"x":`...), m.Expires, 10)
+	if m.Deadline != 0 {
+		b = strconv.AppendInt(append(b, `,"d":`...), m.Deadline, 10)
+	}
+	if len(m.Checkpoint) > 0 {
+		b = append(b, `,"cp":"`...)
+		b = base64.StdEncoding.AppendEncode(b, m.Checkpoint)
+		b = append(b, '"')
+	}
+	if m.Takeovers != 0 {
+		b = strconv.AppendInt(append(b, `,"n":`...), int64(m.Takeovers), 10)
+	}
+	if m.Status != 0 {
+		b = strconv.AppendInt(append(b, `,"st":`...), int64(m.Status), 10)
+	}
+	if len(m.Header) > 0 {
+		names := make([]string, 0, len(m.Header))
+		for k := range m.Header {
+			names = append(names, k)
+		}
+		sort.Strings(names)
+		b = append(b, `,"hb":{`...)
+		for i, k := range names {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(appendJSONString(b, k), ':', '[')
+			for j, v := range m.Header[k] {
+				if j > 0 {
+					b = append(b, ',')
+				}
+				b = append(b, '"')
+				b = base64.StdEncoding.AppendEncode(b, v)
+				b = append(b, '"')
+			}
+			b = append(b, ']')
+		}
+		b = append(b, '}')
+	}
+	if m.Err != "" {
+		b = append(b, `,"e":`...)
+		b = appendJSONString(b, m.Err)
+	}
+	return append(b, '}')
 }

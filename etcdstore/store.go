@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idem-dev/idem/lease"
@@ -41,6 +43,7 @@ type Store struct {
 	Admin // Get, List, Evict, Stats
 
 	client     *clientv3.Client
+	kv         pb.KVClient // the client's raw KV API, for hot-path Txns
 	buckets    *lease.Buckets
 	retention  time.Duration
 	sessionTTL time.Duration
@@ -48,6 +51,11 @@ type Store struct {
 	retryAfter time.Duration
 	endTimeout time.Duration
 	log        *slog.Logger
+
+	// Attempt ids: a random prefix per store and a counter, unique without
+	// a random read per claim.
+	attemptPrefix string
+	attempts      atomic.Int64
 
 	cache     *doneCache // nil without WithCache
 	claimPath ClaimPath
@@ -259,6 +267,7 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 	s := &Store{
 		Admin:      Admin{client: client, ks: ks, now: time.Now, timeout: c.requestTimeout},
 		client:     client,
+		kv:         clientv3.RetryKVClient(client),
 		buckets:    b,
 		retention:  c.retention,
 		sessionTTL: c.sessionTTL,
@@ -267,9 +276,13 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 		endTimeout: c.endTimeout,
 		log:        c.log,
 		claimPath:  c.claimPath,
-		sess:       sess,
-		running:    make(map[runKey]*Claim),
-		closing:    make(chan struct{}),
+		// Attempt ids need only be unique within this process (recognition
+		// pairs them with the owner id or the token); a prefix per store
+		// keeps them readable and apart in logs.
+		attemptPrefix: uuid.NewString()[:8] + "-",
+		sess:          sess,
+		running:       make(map[runKey]*Claim),
+		closing:       make(chan struct{}),
 	}
 	s.wg.Add(1)
 	go s.superviseSession(sess)

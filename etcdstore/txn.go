@@ -3,10 +3,13 @@ package etcdstore
 import (
 	"context"
 	"errors"
+	"math"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -21,21 +24,95 @@ type casResult struct {
 	ownerGone bool
 }
 
-// cas runs If(cmps [, owner key exists]) Then(then) Else(Get(record) [, count
-// owner key]): one round trip that either writes or tells the caller what
-// the record is now. An undecodable record in the Else branch is returned as
-// an error wrapping ErrCorrupt.
-func (s *Store) cas(ctx context.Context, k Key, owner string, cmps []clientv3.Cmp, then []clientv3.Op) (casResult, error) {
+// write is one write of a Txn's Then branch: a Put on a lease, or a Delete.
+type write struct {
+	key    string
+	value  []byte
+	lease  clientv3.LeaseID
+	delete bool
+}
+
+// cond is one compare of a Txn: a key's CreateRevision or ModRevision
+// against a value. Built here rather than with clientv3.Compare, which
+// deep-copies through reflection.
+type cond struct {
+	key    string
+	mod    bool // ModRevision; CreateRevision otherwise
+	result pb.Compare_CompareResult
+	value  int64
+}
+
+func created(key string, result pb.Compare_CompareResult, v int64) cond {
+	return cond{key: key, result: result, value: v}
+}
+
+func modified(key string, v int64) cond {
+	return cond{key: key, mod: true, result: pb.Compare_EQUAL, value: v}
+}
+
+func (c cond) pb() *pb.Compare {
+	if c.mod {
+		return &pb.Compare{Key: []byte(c.key), Target: pb.Compare_MOD, Result: c.result, TargetUnion: &pb.Compare_ModRevision{ModRevision: c.value}}
+	}
+	return &pb.Compare{Key: []byte(c.key), Target: pb.Compare_CREATE, Result: c.result, TargetUnion: &pb.Compare_CreateRevision{CreateRevision: c.value}}
+}
+
+func (c cond) cmp() clientv3.Cmp {
+	op := map[pb.Compare_CompareResult]string{pb.Compare_EQUAL: "=", pb.Compare_GREATER: ">", pb.Compare_LESS: "<", pb.Compare_NOT_EQUAL: "!="}[c.result]
+	if c.mod {
+		return clientv3.Compare(clientv3.ModRevision(c.key), op, c.value)
+	}
+	return clientv3.Compare(clientv3.CreateRevision(c.key), op, c.value)
+}
+
+// callOpts are clientv3's default call options, for the Txns the store
+// sends as protobuf requests.
+var callOpts = []grpc.CallOption{grpc.WaitForReady(true), grpc.MaxCallSendMsgSize(2 << 20), grpc.MaxCallRecvMsgSize(math.MaxInt32)}
+
+// cas runs If(cmps [, owner key exists]) Then(w, extra...) Else(Get(record)
+// [, count owner key]): one round trip that either writes or tells the
+// caller what the record is now. An undecodable record in the Else branch
+// is returned as an error wrapping ErrCorrupt.
+//
+// Without extra ops the Txn goes out as a protobuf request through the
+// client's connection (its retries, auth and interceptors apply), which
+// spares clientv3's deep copy of every compare on the hot path.
+func (s *Store) cas(ctx context.Context, k Key, owner string, cmps []cond, w write, extra []clientv3.Op) (casResult, error) {
 	ekey := s.ks.record(k)
-	els := []clientv3.Op{clientv3.OpGet(ekey)}
+	var okey string
 	if owner != "" {
-		okey := s.ks.owner(owner)
-		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(okey), ">", 0))
-		els = append(els, clientv3.OpGet(okey, clientv3.WithCountOnly()))
+		okey = s.ks.owner(owner)
+		cmps = append(cmps, created(okey, pb.Compare_GREATER, 0))
 	}
 	rctx, cancel := s.request(ctx)
 	defer cancel()
-	resp, err := s.client.Txn(rctx).If(cmps...).Then(then...).Else(els...).Commit()
+	var resp *clientv3.TxnResponse
+	var err error
+	if len(extra) == 0 {
+		req := &pb.TxnRequest{Compare: make([]*pb.Compare, len(cmps)), Success: []*pb.RequestOp{w.pb()},
+			Failure: []*pb.RequestOp{{Request: &pb.RequestOp_RequestRange{RequestRange: &pb.RangeRequest{Key: []byte(ekey)}}}}}
+		for i, c := range cmps {
+			req.Compare[i] = c.pb()
+		}
+		if okey != "" {
+			req.Failure = append(req.Failure, &pb.RequestOp{Request: &pb.RequestOp_RequestRange{RequestRange: &pb.RangeRequest{Key: []byte(okey), CountOnly: true}}})
+		}
+		var r *pb.TxnResponse
+		if r, err = s.kv.Txn(rctx, req, callOpts...); err != nil {
+			err = clientv3.ContextError(rctx, err)
+		}
+		resp = (*clientv3.TxnResponse)(r)
+	} else {
+		els := []clientv3.Op{clientv3.OpGet(ekey)}
+		if okey != "" {
+			els = append(els, clientv3.OpGet(okey, clientv3.WithCountOnly()))
+		}
+		ifs := make([]clientv3.Cmp, len(cmps))
+		for i, c := range cmps {
+			ifs[i] = c.cmp()
+		}
+		resp, err = s.client.Txn(rctx).If(ifs...).Then(append([]clientv3.Op{w.op()}, extra...)...).Else(els...).Commit()
+	}
 	if err != nil {
 		return casResult{}, err
 	}
@@ -43,7 +120,7 @@ func (s *Store) cas(ctx context.Context, k Key, owner string, cmps []clientv3.Cm
 		return casResult{ok: true, rev: resp.Header.Revision}, nil
 	}
 	res := casResult{rev: resp.Header.Revision}
-	if owner != "" {
+	if okey != "" {
 		res.ownerGone = resp.Responses[1].GetResponseRange().Count == 0
 	}
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
@@ -52,6 +129,20 @@ func (s *Store) cas(ctx context.Context, k Key, owner string, cmps []clientv3.Cm
 		}
 	}
 	return res, nil
+}
+
+func (w write) pb() *pb.RequestOp {
+	if w.delete {
+		return &pb.RequestOp{Request: &pb.RequestOp_RequestDeleteRange{RequestDeleteRange: &pb.DeleteRangeRequest{Key: []byte(w.key)}}}
+	}
+	return &pb.RequestOp{Request: &pb.RequestOp_RequestPut{RequestPut: &pb.PutRequest{Key: []byte(w.key), Value: w.value, Lease: int64(w.lease)}}}
+}
+
+func (w write) op() clientv3.Op {
+	if w.delete {
+		return clientv3.OpDelete(w.key)
+	}
+	return clientv3.OpPut(w.key, string(w.value), clientv3.WithLease(w.lease))
 }
 
 // retryable reports whether an etcd error may be retried by the store with

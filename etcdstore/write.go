@@ -97,12 +97,12 @@ func (c *Claim) write(ctx context.Context, op string, final bool, extra []client
 	s := c.s
 	ekey := s.ks.record(c.key)
 	for try := 0; ; try++ {
-		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(ekey), "=", c.rev)}
+		cmps := []cond{modified(ekey, c.rev)}
 		var rec *Record
 		var res casResult
 		var err error
 		if next == nil {
-			res, err = s.cas(ctx, c.key, "", cmps, append([]clientv3.Op{clientv3.OpDelete(ekey)}, extra...))
+			res, err = s.cas(ctx, c.key, "", cmps, write{key: ekey, delete: true}, extra)
 		} else {
 			now := s.now()
 			rec = next(c.recordLocked(now))

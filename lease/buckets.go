@@ -66,7 +66,10 @@ func (b *Buckets) Retention() time.Duration { return b.retention }
 // package documentation). The first call in a bucket costs up to three etcd
 // round trips (grant, claim the bucket key, and revoke when another process
 // won); later calls in the same bucket are served from memory.
-func (b *Buckets) For(ctx context.Context, now time.Time) (clientv3.LeaseID, error) {
+//
+// bound, when given, prepares the context of each etcd request (a timeout,
+// say); it is not called when the bucket's lease is already known.
+func (b *Buckets) For(ctx context.Context, now time.Time, bound ...func(context.Context) (context.Context, context.CancelFunc)) (clientv3.LeaseID, error) {
 	idx := now.UnixNano() / int64(b.width)
 	b.mu.Lock()
 	bk, ok := b.buckets[idx]
@@ -81,7 +84,12 @@ func (b *Buckets) For(ctx context.Context, now time.Time) (clientv3.LeaseID, err
 	}
 	b.mu.Unlock()
 	if !ok {
-		bk.id, bk.err = b.resolve(ctx, idx, now)
+		rctx, cancel := ctx, context.CancelFunc(func() {})
+		if len(bound) > 0 {
+			rctx, cancel = bound[0](ctx)
+		}
+		bk.id, bk.err = b.resolve(rctx, idx, now)
+		cancel()
 		if bk.err != nil {
 			b.mu.Lock()
 			if b.buckets[idx] == bk {

@@ -45,11 +45,16 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
-// listFlag is a comma-separated list that may also be repeated.
+// listFlag is a comma-separated list that may also be repeated. The first
+// value given replaces the default; later ones add to it.
 type listFlag []string
 
 func (l *listFlag) String() string { return strings.Join(*l, ",") }
 func (l *listFlag) Set(s string) error {
+	if !listSet[l] {
+		*l = nil
+		listSet[l] = true
+	}
 	for _, v := range strings.Split(s, ",") {
 		if v = strings.TrimSpace(v); v != "" {
 			*l = append(*l, v)
@@ -57,6 +62,10 @@ func (l *listFlag) Set(s string) error {
 	}
 	return nil
 }
+
+// listSet remembers which lists were set, so a default is replaced, not
+// extended. Flags are parsed once per command, on one goroutine.
+var listSet = map[*listFlag]bool{}
 
 // etcdFlags are the connection flags, named as etcdctl names them.
 type etcdFlags struct {

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+
+	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/idemhttp"
+	"github.com/idem-dev/idem/internal/etcdcluster"
+)
+
+// suiteHTTP: the HTTP proxy against the library call and against the
+// upstream called directly, all on loopback.
+func suiteHTTP(ctx context.Context, b *bencher) ([]suiteReport, error) {
+	t, err := b.open(ctx, 1, etcdcluster.Options{})
+	if err != nil {
+		return nil, err
+	}
+	defer t.close()
+	stores, err := t.newStores(ctx, etcdstore.WithCache(256<<20))
+	if err != nil {
+		return nil, err
+	}
+	body := payload(b.cfg.payload)
+	upstream, err := serveLoopback(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		w.Write(body)
+	}))
+	if err != nil {
+		return nil, err
+	}
+	defer upstream.Close()
+	mw, err := idemhttp.New(idemhttp.Config{Store: stores[0]})
+	if err != nil {
+		return nil, err
+	}
+	up, _ := url.Parse(upstream.URL)
+	proxy, err := idemhttp.NewProxy(up, mw, idemhttp.ProxyOptions{})
+	if err != nil {
+		return nil, err
+	}
+	front, err := serveLoopback(proxy)
+	if err != nil {
+		return nil, err
+	}
+	defer front.Close()
+
+	client := &http.Client{Transport: &http.Transport{MaxIdleConns: b.cfg.concurrency * 2, MaxIdleConnsPerHost: b.cfg.concurrency * 2}}
+	reqBody := []byte(`{"amount":100,"currency":"eur"}`)
+	post := func(ctx context.Context, u, key string) (string, error) {
+		req, _ := http.NewRequestWithContext(ctx, "POST", u, bytes.NewReader(reqBody))
+		req.Header.Set("Content-Type", "application/json")
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return "", err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated {
+			return "", fmt.Errorf("status %d", resp.StatusCode)
+		}
+		if resp.Header.Get(idemhttp.HeaderReplayed) == "true" {
+			return "replayed", nil
+		}
+		return "created", nil
+	}
+	lk, pk := &keys{prefix: "lib-"}, &keys{prefix: "proxy-"}
+	var done []string
+	for i := 0; i < 1000; i++ { // keys for the proxy's replays
+		k := "replayed-" + strconv.Itoa(i)
+		if _, err := post(ctx, front.URL+"/charges", k); err != nil {
+			return nil, err
+		}
+		done = append(done, k)
+	}
+	res := b.compare(ctx,
+		side{"upstream called directly", func(ctx context.Context, w int) (string, error) {
+			return post(ctx, upstream.URL+"/charges", "")
+		}},
+		side{"library Do calling the upstream", func(ctx context.Context, w int) (string, error) {
+			return doOutcome(stores[w%clientPool].Do(ctx, etcdstore.Key{ID: lk.next()}, reqBody, func(ctx context.Context, c *etcdstore.Claim) ([]byte, error) {
+				_, err := post(ctx, upstream.URL+"/charges", "")
+				return body, err
+			}))
+		}},
+		side{"idem proxy, new keys", func(ctx context.Context, w int) (string, error) {
+			return post(ctx, front.URL+"/charges", pk.next())
+		}},
+		side{"idem proxy, replays", func(ctx context.Context, w int) (string, error) {
+			return post(ctx, front.URL+"/charges", done[w%len(done)])
+		}},
+	)
+	return []suiteReport{{
+		Suite: "http", Title: fmt.Sprintf("the HTTP proxy against the library and the upstream, %s, %d clients, loopback", t.name, b.cfg.concurrency),
+		Results: res,
+		Ratios: []ratio{
+			ratioOf("proxy / library", res[2], res[1], 0),
+			ratioOf("proxy / upstream direct", res[2], res[0], 0),
+			ratioOf("proxy replays / upstream direct", res[3], res[0], 0),
+		},
+	}}, nil
+}
+
+// loopbackServer is an HTTP server on a kernel-chosen loopback port.
+type loopbackServer struct {
+	URL string
+	srv *http.Server
+}
+
+func serveLoopback(h http.Handler) (*loopbackServer, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	s := &loopbackServer{URL: "http://" + ln.Addr().String(), srv: &http.Server{Handler: h}}
+	go s.srv.Serve(ln)
+	return s, nil
+}
+
+func (s *loopbackServer) Close() { s.srv.Close() }
