@@ -1,8 +1,10 @@
 package etcdstore
 
 import (
+	"bytes"
 	"container/list"
 	"context"
+	"encoding/binary"
 	"sync"
 	"time"
 
@@ -35,6 +37,7 @@ type doneCache struct {
 
 type cacheEntry struct {
 	key  string
+	kv   *mvccpb.KeyValue // decoded on first use: most entries are never replayed
 	rec  *Record
 	size int64
 }
@@ -43,8 +46,8 @@ func newDoneCache(max int64) *doneCache {
 	return &doneCache{max: max, order: list.New(), byKey: make(map[string]*list.Element)}
 }
 
-// get returns the cached done record of an etcd key, or nil.
-func (c *doneCache) get(ekey string) *Record {
+// get returns the cached done record of k, or nil.
+func (c *doneCache) get(ekey string, k Key) *Record {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	el, ok := c.byKey[ekey]
@@ -52,17 +55,27 @@ func (c *doneCache) get(ekey string) *Record {
 		c.misses++
 		return nil
 	}
+	e := el.Value.(*cacheEntry)
+	if e.rec == nil {
+		rec, err := decode(k, e.kv)
+		if err != nil {
+			c.removeLocked(ekey)
+			c.misses++
+			return nil
+		}
+		e.rec, e.kv = rec, nil
+	}
 	c.hits++
 	c.order.MoveToFront(el)
-	return el.Value.(*cacheEntry).rec
+	return e.rec
 }
 
-// put caches a done record seen on the watch.
-func (c *doneCache) put(ekey string, rec *Record, size int) {
+// put caches a done record seen on the watch, undecoded.
+func (c *doneCache) put(ekey string, kv *mvccpb.KeyValue) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.removeLocked(ekey)
-	e := &cacheEntry{key: ekey, rec: rec, size: int64(size + len(ekey) + 256)}
+	e := &cacheEntry{key: ekey, kv: kv, size: int64(len(kv.Value) + len(ekey) + 256)}
 	if e.size > c.max {
 		return
 	}
@@ -94,6 +107,18 @@ func (c *doneCache) clear() {
 	c.byKey = make(map[string]*list.Element)
 	c.size = 0
 }
+
+// isDone reports whether an encoded record is done, without decoding it:
+// the encoder always writes the state first.
+func isDone(v []byte) bool {
+	if len(v) < 2 || v[0] != recordVersion {
+		return false
+	}
+	_, w := binary.Uvarint(v[1:])
+	return w > 0 && bytes.HasPrefix(v[1+w:], doneMetaPrefix)
+}
+
+var doneMetaPrefix = []byte(`{"s":"done"`)
 
 // CacheStats reports the done-record cache.
 type CacheStats struct {
@@ -151,21 +176,11 @@ func (s *Store) watchCache(ctx context.Context, rev int64) {
 		}
 		for _, ev := range wr.Events {
 			ekey := string(ev.Kv.Key)
-			if ev.Type == mvccpb.DELETE {
-				s.cache.remove(ekey)
-				continue
+			if ev.Type == mvccpb.PUT && isDone(ev.Kv.Value) {
+				s.cache.put(ekey, ev.Kv)
+			} else {
+				s.cache.remove(ekey) // deleted, or a claim: not a replay
 			}
-			k, ok := s.ks.parseRecord(ekey)
-			if !ok {
-				s.cache.remove(ekey)
-				continue
-			}
-			rec, err := decode(k, ev.Kv)
-			if err != nil || rec.State != Done {
-				s.cache.remove(ekey) // a claim (after retention) or unreadable: not a replay
-				continue
-			}
-			s.cache.put(ekey, rec, len(ev.Kv.Value))
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -97,18 +98,25 @@ func TestCacheReplaysWithoutEtcd(t *testing.T) {
 }
 
 func TestCacheEvictsLeastRecentlyUsed(t *testing.T) {
-	c := newDoneCache(3 * (300 + 10))
-	for _, k := range []string{"a", "b", "c"} {
-		c.put(k, &Record{State: Done}, 10)
+	val := encode(&Record{State: Done, Outcome: &Outcome{Body: []byte("x")}}, 1)
+	kv := func(size int) *mvccpb.KeyValue {
+		return &mvccpb.KeyValue{Value: append(val, make([]byte, size)...), ModRevision: 1}
 	}
-	c.get("a") // a is now the most recently used
-	c.put("d", &Record{State: Done}, 10)
-	if c.get("b") != nil || c.get("a") == nil || c.get("d") == nil {
+	c := newDoneCache(3 * int64(len(val)+10+1+256))
+	for _, k := range []string{"a", "b", "c"} {
+		c.put(k, kv(10))
+	}
+	c.get("a", Key{ID: "a"}) // a is now the most recently used
+	c.put("d", kv(10))
+	if c.get("b", Key{ID: "b"}) != nil || c.get("a", Key{ID: "a"}) == nil || c.get("d", Key{ID: "d"}) == nil {
 		t.Fatal("the least recently used entry was not the one evicted")
 	}
-	c.put("huge", &Record{State: Done}, 1<<20)
-	if c.get("huge") != nil {
+	c.put("huge", kv(1<<20))
+	if c.get("huge", Key{ID: "huge"}) != nil {
 		t.Fatal("an entry larger than the cache was kept")
+	}
+	if !isDone(val) || isDone(encode(&Record{State: InFlight}, 1)) || isDone(nil) {
+		t.Fatal("isDone misjudges a record's state")
 	}
 }
 

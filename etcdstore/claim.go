@@ -209,6 +209,9 @@ func (s *Store) Claim(ctx context.Context, key Key, fp Fingerprint, opts ...Clai
 	if err := key.Validate(); err != nil {
 		return nil, nil, fmt.Errorf("claim: %w", err)
 	}
+	if done, err := s.findDone(ctx, key, fp); done != nil || err != nil {
+		return nil, done, err // a replay needs no claim, no session, no write
+	}
 	sess, err := s.session()
 	if err != nil {
 		return nil, nil, fmt.Errorf("claim %s: %w", key, err)
@@ -274,28 +277,6 @@ func (s *Store) acquire(ctx context.Context, c *Claim, sess *lease.Session, cfg 
 	checkOwner := sess.Owner()
 	if c.owner == deadlineOwner {
 		checkOwner = ""
-	}
-	// A done record answers without a write: from the cache, or from a
-	// serializable read when recent claims keep finding records. Done
-	// records never change until deleted, so these can only be as old as
-	// the cache's watch or the member's apply lag; anything else is decided
-	// by the linearizable claim Txn below.
-	if s.cache != nil {
-		if rec := s.cache.get(ekey); rec != nil && !rec.expired(s.now()) {
-			if rec.Fingerprint != c.fp {
-				return nil, &MismatchError{Key: c.key}
-			}
-			return rec, nil
-		}
-	}
-	if s.readFirst() {
-		if rec, err := s.readDone(ctx, c.key); err == nil && rec != nil {
-			s.observe(true)
-			if rec.Fingerprint != c.fp {
-				return nil, &MismatchError{Key: c.key}
-			}
-			return rec, nil
-		}
 	}
 	var cur *Record   // nil: not read yet, or absent
 	var seenRev int64 // the revision at which cur was read
@@ -401,6 +382,34 @@ func (s *Store) acquire(ctx context.Context, c *Claim, sess *lease.Session, cfg 
 		}
 	}
 	return nil, s.conflict(c.key, cur, s.now())
+}
+
+// findDone looks for key's done record without a write: in the cache, or
+// with a serializable read when recent claims keep finding records. Done
+// records never change until deleted, so these can only be as old as the
+// cache's watch or the member's apply lag; anything else is decided by the
+// linearizable claim Txn. It returns the record to replay, a mismatch, or
+// nothing (and no error: the claim Txn decides then).
+func (s *Store) findDone(ctx context.Context, k Key, fp Fingerprint) (*Record, error) {
+	var rec *Record
+	if s.cache != nil {
+		if r := s.cache.get(s.ks.record(k), k); r != nil && !r.expired(s.now()) {
+			rec = r
+		}
+	}
+	if rec == nil && s.readFirst() {
+		if r, err := s.readDone(ctx, k); err == nil && r != nil {
+			s.observe(true)
+			rec = r
+		}
+	}
+	switch {
+	case rec == nil:
+		return nil, nil
+	case rec.Fingerprint != fp:
+		return nil, &MismatchError{Key: k}
+	}
+	return rec, nil
 }
 
 // readDone returns key's record when a serializable read finds it done and

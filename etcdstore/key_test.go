@@ -114,3 +114,35 @@ func TestAppendMetaAgreesWithEncodingJSON(t *testing.T) {
 		}
 	}
 }
+
+// parseMeta reads what appendMeta writes exactly as encoding/json does, and
+// declines what it does not write.
+func TestParseMeta(t *testing.T) {
+	for _, m := range []meta{
+		{State: InFlight, FP: "ab", Created: 1, Expires: 2},
+		{State: Done, FP: "cd", Owner: "o", Attempt: "a-1", Token: 7, Created: -5, Expires: 9, Deadline: 3,
+			Checkpoint: []byte{0, 1, 2, 255}, Takeovers: 2, Status: 201, Err: "plain error text"},
+	} {
+		var got meta
+		if !parseMeta(appendMeta(nil, &m), &got) {
+			t.Fatalf("parseMeta declined %s", appendMeta(nil, &m))
+		}
+		want, _ := json.Marshal(&m)
+		back, _ := json.Marshal(&got)
+		if string(back) != string(want) {
+			t.Errorf("parseMeta:\n got %s\nwant %s", back, want)
+		}
+	}
+	for _, js := range []string{
+		`{"s":"done","fp":"x","e":"with \"escapes\""}`,
+		`{"fp":"x","s":"done"}`,
+		`{"s":"done","fp":"x","hb":{"A":["eA=="]}}`,
+		`{"s":"done","fp":"x","zz":1}`,
+		`{"s":"done","fp":"x"} `,
+	} {
+		var m meta
+		if parseMeta([]byte(js), &m) {
+			t.Errorf("parseMeta accepted %s; want it left to encoding/json", js)
+		}
+	}
+}

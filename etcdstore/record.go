@@ -1,6 +1,7 @@
 package etcdstore
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
@@ -153,8 +154,12 @@ func decode(k Key, kv *mvccpb.KeyValue) (*Record, error) {
 	}
 	js, body := v[1+w:1+w+int(n)], v[1+w+int(n):]
 	var m meta
-	if err := json.Unmarshal(js, &m); err != nil {
-		return nil, fmt.Errorf("record %s: %w: %v", k, ErrCorrupt, err)
+	if !parseMeta(js, &m) {
+		// Not laid out as appendMeta writes it: read it the general way.
+		m = meta{}
+		if err := json.Unmarshal(js, &m); err != nil {
+			return nil, fmt.Errorf("record %s: %w: %v", k, ErrCorrupt, err)
+		}
 	}
 	r := &Record{
 		Key:        k,
@@ -282,4 +287,119 @@ func appendMeta(b []byte, m *meta) []byte {
 		b = appendJSONString(b, m.Err)
 	}
 	return append(b, '}')
+}
+
+// parseMeta reads meta as appendMeta writes it: its fields in that order,
+// strings without escapes, no header map. It reports false on anything else,
+// for encoding/json to read instead. Replays and the cache decode records
+// on their hot path.
+func parseMeta(b []byte, m *meta) bool {
+	p := metaParser{b: b}
+	if !p.lit(`{"s":`) {
+		return false
+	}
+	st, ok := p.str()
+	if !ok || !p.lit(`,"fp":`) {
+		return false
+	}
+	m.State = State(st)
+	if m.FP, ok = p.str(); !ok {
+		return false
+	}
+	for !p.lit("}") {
+		var name string
+		if !p.lit(`,"`) {
+			return false
+		}
+		if name, ok = p.name(); !ok {
+			return false
+		}
+		switch name {
+		case "o":
+			m.Owner, ok = p.str()
+		case "a":
+			m.Attempt, ok = p.str()
+		case "e":
+			m.Err, ok = p.str()
+		case "cp":
+			var enc string
+			if enc, ok = p.str(); ok {
+				cp, err := base64.StdEncoding.DecodeString(enc)
+				m.Checkpoint, ok = cp, err == nil
+			}
+		case "t":
+			m.Token, ok = p.int()
+		case "c":
+			m.Created, ok = p.int()
+		case "x":
+			m.Expires, ok = p.int()
+		case "d":
+			m.Deadline, ok = p.int()
+		case "n":
+			var n int64
+			n, ok = p.int()
+			m.Takeovers = int(n)
+		case "st":
+			var n int64
+			n, ok = p.int()
+			m.Status = int(n)
+		default:
+			return false // "hb" and anything unknown
+		}
+		if !ok {
+			return false
+		}
+	}
+	return p.i == len(p.b)
+}
+
+type metaParser struct {
+	b []byte
+	i int
+}
+
+func (p *metaParser) lit(s string) bool {
+	if bytes.HasPrefix(p.b[p.i:], []byte(s)) {
+		p.i += len(s)
+		return true
+	}
+	return false
+}
+
+// name reads a member name after its opening quote, and the colon.
+func (p *metaParser) name() (string, bool) {
+	j := bytes.IndexByte(p.b[p.i:], '"')
+	if j < 0 || p.i+j+1 >= len(p.b) || p.b[p.i+j+1] != ':' {
+		return "", false
+	}
+	n := string(p.b[p.i : p.i+j])
+	p.i += j + 2
+	return n, true
+}
+
+// str reads a string with no escapes.
+func (p *metaParser) str() (string, bool) {
+	if !p.lit(`"`) {
+		return "", false
+	}
+	j := bytes.IndexByte(p.b[p.i:], '"')
+	if j < 0 || bytes.IndexByte(p.b[p.i:p.i+j], '\\') >= 0 {
+		return "", false
+	}
+	s := string(p.b[p.i : p.i+j])
+	p.i += j + 1
+	return s, true
+}
+
+func (p *metaParser) int() (int64, bool) {
+	j := p.i
+	if j < len(p.b) && p.b[j] == '-' {
+		j++
+	}
+	for j < len(p.b) && p.b[j] >= '0' && p.b[j] <= '9' {
+		j++
+	}
+	n, err := strconv.ParseInt(string(p.b[p.i:j]), 10, 64)
+	p.i = j
+	return n, err == nil
 }

@@ -23,7 +23,7 @@ func suiteHTTP(ctx context.Context, b *bencher) ([]suiteReport, error) {
 		return nil, err
 	}
 	defer t.close()
-	stores, err := t.newStores(ctx, etcdstore.WithCache(256<<20))
+	store, err := t.newStore(ctx, t.clients[0], etcdstore.WithCache(256<<20))
 	if err != nil {
 		return nil, err
 	}
@@ -38,7 +38,7 @@ func suiteHTTP(ctx context.Context, b *bencher) ([]suiteReport, error) {
 		return nil, err
 	}
 	defer upstream.Close()
-	mw, err := idemhttp.New(idemhttp.Config{Store: stores[0]})
+	mw, err := idemhttp.New(idemhttp.Config{Store: store})
 	if err != nil {
 		return nil, err
 	}
@@ -89,7 +89,7 @@ func suiteHTTP(ctx context.Context, b *bencher) ([]suiteReport, error) {
 			return post(ctx, upstream.URL+"/charges", "")
 		}},
 		side{"library Do calling the upstream", func(ctx context.Context, w int) (string, error) {
-			return doOutcome(stores[w%clientPool].Do(ctx, etcdstore.Key{ID: lk.next()}, reqBody, func(ctx context.Context, c *etcdstore.Claim) ([]byte, error) {
+			return doOutcome(store.Do(ctx, etcdstore.Key{ID: lk.next()}, reqBody, func(ctx context.Context, c *etcdstore.Claim) ([]byte, error) {
 				_, err := post(ctx, upstream.URL+"/charges", "")
 				return body, err
 			}))

@@ -70,17 +70,30 @@ func suiteMix(ctx context.Context, b *bencher) ([]suiteReport, error) {
 		return nil, err
 	}
 	defer t.close()
-	stores, err := t.newStores(ctx, etcdstore.WithCache(512<<20))
+	// One store with its cache, as one idem process has: the cache's watch
+	// is per store.
+	store, err := t.newStore(ctx, t.clients[0], etcdstore.WithCache(512<<20))
+	if err != nil {
+		return nil, err
+	}
+	plain, err := t.newStores(ctx)
 	if err != nil {
 		return nil, err
 	}
 	params := []byte(`{"amount":100,"currency":"eur"}`)
 	idemRun := func(ctx context.Context, key string) (string, error) {
-		return doOutcome(stores[rand.IntN(clientPool)].Do(ctx, etcdstore.Key{ID: key}, params, b.work()))
+		return doOutcome(store.Do(ctx, etcdstore.Key{ID: key}, params, b.work()))
+	}
+	plainRun := func(ctx context.Context, key string) (string, error) {
+		return doOutcome(plain[rand.IntN(clientPool)].Do(ctx, etcdstore.Key{ID: key}, params, b.work()))
 	}
 	sides := func(retries float64, pg *pgSeed) []side {
 		im := &mixer{b: b, fresh: keys{prefix: fmt.Sprintf("mix-%v-", retries)}}
-		s := []side{{"idem", func(ctx context.Context, w int) (string, error) { return im.request(ctx, retries, idemRun) }}}
+		nm := &mixer{b: b, fresh: keys{prefix: fmt.Sprintf("nocache-%v-", retries)}}
+		s := []side{
+			{"idem, cache", func(ctx context.Context, w int) (string, error) { return im.request(ctx, retries, idemRun) }},
+			{"idem, no cache", func(ctx context.Context, w int) (string, error) { return nm.request(ctx, retries, plainRun) }},
+		}
 		if pg != nil {
 			pm := &mixer{b: b, fresh: keys{prefix: fmt.Sprintf("mix-%v-", retries)}}
 			s = append(s, side{"postgresql seed table", func(ctx context.Context, w int) (string, error) {
@@ -92,7 +105,7 @@ func suiteMix(ctx context.Context, b *bencher) ([]suiteReport, error) {
 		return s
 	}
 	var pg *pgSeed
-	notes := []string{fmt.Sprintf("%s; idem with its cache; %d clients; duplicates %.0f%%", t.name, b.cfg.concurrency, b.cfg.duplicates*100)}
+	notes := []string{fmt.Sprintf("%s; idem with its cache (one store, as one process) and without (adaptive claim path); %d clients; duplicates %.0f%%", t.name, b.cfg.concurrency, b.cfg.duplicates*100)}
 	if b.cfg.pg != "" {
 		if pg, err = openPG(ctx, b.cfg.pg, b.cfg.concurrency); err != nil {
 			return nil, err
@@ -113,8 +126,10 @@ func suiteMix(ctx context.Context, b *bencher) ([]suiteReport, error) {
 	rep := suiteReport{Suite: "mix", Title: "a realistic mix and fresh claims", Notes: notes, Results: append(mix, fresh...)}
 	if pg != nil {
 		rep.Ratios = []ratio{
-			ratioOf("idem / postgresql, mix", mix[0], mix[1], 1.5),
-			ratioOf("idem / postgresql, fresh claims", fresh[0], fresh[1], 0.8),
+			ratioOf("idem (cache) / postgresql, mix", mix[0], mix[2], 1.5),
+			ratioOf("idem (no cache) / postgresql, mix", mix[1], mix[2], 1.5),
+			ratioOf("idem (cache) / postgresql, fresh claims", fresh[0], fresh[2], 0.8),
+			ratioOf("idem (no cache) / postgresql, fresh claims", fresh[1], fresh[2], 0.8),
 		}
 	}
 	return []suiteReport{rep}, nil
