@@ -84,6 +84,7 @@ type config struct {
 	requestTimeout time.Duration
 	cacheBytes     int64
 	claimPath      ClaimPath
+	keysPerLease   int64
 	log            *slog.Logger
 }
 
@@ -173,6 +174,21 @@ func WithRequestTimeout(d time.Duration) Option {
 	}
 }
 
+// WithKeysPerLease sets how many records this process attaches to one
+// retention lease before its bucket moves on to a fresh lease (default
+// lease.DefaultMaxUses, 20000). etcd deletes a lease's keys in one raft entry
+// when it expires and applies nothing else meanwhile: measured on one
+// member, a lease of a million keys stalled every request for 6 s.
+func WithKeysPerLease(n int64) Option {
+	return func(c *config) error {
+		if n < 1 {
+			return fmt.Errorf("%w: keys per lease %d must be at least 1", ErrInvalidArgument, n)
+		}
+		c.keysPerLease = n
+		return nil
+	}
+}
+
 // WithCache keeps up to bytes of done records in memory, fed and
 // invalidated by an etcd Watch of every record, so that a replay needs no
 // etcd round trip at all (default: no cache). A record evicted from
@@ -256,6 +272,9 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 	b, err := lease.NewBuckets(client, ks.buckets(), c.retention, c.bucketWidth)
 	if err != nil {
 		return nil, fmt.Errorf("new store: %w: %w", ErrInvalidArgument, err)
+	}
+	if c.keysPerLease > 0 {
+		b.SetMaxUses(c.keysPerLease)
 	}
 	if c.sessionTTL < lease.MinTTL || c.sessionTTL%time.Second != 0 {
 		return nil, fmt.Errorf("new store: %w: session ttl %v must be whole seconds, at least %v", ErrInvalidArgument, c.sessionTTL, lease.MinTTL)

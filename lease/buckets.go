@@ -22,19 +22,31 @@ type Buckets struct {
 	prefix    string
 	retention time.Duration
 	width     time.Duration
+	maxUses   int64 // writes on one lease before the bucket rolls to the next
 
 	mu      sync.Mutex
-	buckets map[int64]*bucket
+	buckets map[int64]*bucket // the current lease of each bucket
 }
 
 type bucket struct {
+	shard int64         // leases of one bucket, in the order this process used them
+	uses  int64         // writes handed this lease, under Buckets.mu
 	ready chan struct{} // closed when id or err is set
 	id    clientv3.LeaseID
 	err   error
 }
 
+// DefaultMaxUses is how many writes one retention lease takes before its
+// bucket moves to a fresh lease. etcd deletes all of a lease's keys in one
+// raft entry when it expires, and nothing else is applied meanwhile: a
+// lease with a million keys stalls the cluster for seconds. Leases of at
+// most this many keys expire in steps other requests can slip between.
+const DefaultMaxUses = 20000
+
 // NewBuckets returns Buckets that keep records for at least retention, with
 // buckets width wide, and bucket keys under prefix (for example "/idem/l/").
+// A bucket's lease takes DefaultMaxUses writes from this process before the
+// bucket moves on to another lease (SetMaxUses).
 func NewBuckets(client *clientv3.Client, prefix string, retention, width time.Duration) (*Buckets, error) {
 	switch {
 	case client == nil:
@@ -53,9 +65,14 @@ func NewBuckets(client *clientv3.Client, prefix string, retention, width time.Du
 		prefix:    prefix,
 		retention: retention,
 		width:     width,
+		maxUses:   DefaultMaxUses,
 		buckets:   make(map[int64]*bucket),
 	}, nil
 }
+
+// SetMaxUses sets how many writes one lease takes before its bucket moves
+// to a fresh one (at least 1). Call it before the Buckets are used.
+func (b *Buckets) SetMaxUses(n int64) { b.maxUses = max(1, n) }
 
 // Retention returns the minimum time a record attached to a lease from For
 // is kept.
@@ -73,8 +90,13 @@ func (b *Buckets) For(ctx context.Context, now time.Time, bound ...func(context.
 	idx := now.UnixNano() / int64(b.width)
 	b.mu.Lock()
 	bk, ok := b.buckets[idx]
-	if !ok {
-		bk = &bucket{ready: make(chan struct{})}
+	fresh := !ok || bk.uses >= b.maxUses
+	if fresh {
+		shard := int64(0)
+		if ok {
+			shard = bk.shard + 1 // this lease has its share of keys: roll over
+		}
+		bk = &bucket{shard: shard, ready: make(chan struct{})}
 		b.buckets[idx] = bk
 		for old := range b.buckets {
 			if old < idx-1 {
@@ -82,13 +104,14 @@ func (b *Buckets) For(ctx context.Context, now time.Time, bound ...func(context.
 			}
 		}
 	}
+	bk.uses++
 	b.mu.Unlock()
-	if !ok {
+	if fresh {
 		rctx, cancel := ctx, context.CancelFunc(func() {})
 		if len(bound) > 0 {
 			rctx, cancel = bound[0](ctx)
 		}
-		bk.id, bk.err = b.resolve(rctx, idx, now)
+		bk.id, bk.err = b.resolve(rctx, idx, bk.shard, now)
 		cancel()
 		if bk.err != nil {
 			b.mu.Lock()
@@ -124,15 +147,16 @@ func (b *Buckets) Invalidate(id clientv3.LeaseID) {
 	}
 }
 
-// key names the bucket. Retention and width are part of it, so processes
-// configured differently never share a lease with the wrong TTL.
-func (b *Buckets) key(idx int64) string {
+// key names a lease of a bucket. Retention and width are part of it, so
+// processes configured differently never share a lease with the wrong TTL;
+// processes that agree share shard n of a bucket.
+func (b *Buckets) key(idx, shard int64) string {
 	return b.prefix + strconv.FormatInt(int64(b.retention/time.Second), 10) + "s/" +
-		strconv.FormatInt(int64(b.width/time.Second), 10) + "s/" + strconv.FormatInt(idx, 10)
+		strconv.FormatInt(int64(b.width/time.Second), 10) + "s/" + strconv.FormatInt(idx, 10) + "/" + strconv.FormatInt(shard, 10)
 }
 
-func (b *Buckets) resolve(ctx context.Context, idx int64, now time.Time) (clientv3.LeaseID, error) {
-	key := b.key(idx)
+func (b *Buckets) resolve(ctx context.Context, idx, shard int64, now time.Time) (clientv3.LeaseID, error) {
+	key := b.key(idx, shard)
 	// Fast path: another process already made this bucket's lease.
 	if id, ok, err := b.lookup(ctx, key); err != nil || ok {
 		return id, err

@@ -8,6 +8,9 @@
 // key would both halve write throughput and stall the cluster when a day's
 // worth of keys expires at once. The lease of a bucket is found through a key
 // claimed with CreateRevision == 0, so concurrent processes agree on one lease.
+// A busy bucket rolls over to further leases after DefaultMaxUses writes, so
+// no lease holds so many keys that its expiry (one raft entry deleting them
+// all) stalls the cluster.
 //
 // Session is a process's liveness: one lease kept alive by the process and one
 // owner key attached to it. While the key exists, the claims the process holds

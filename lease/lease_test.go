@@ -177,3 +177,30 @@ func TestSessionDoneWhenLeaseRevoked(t *testing.T) {
 		t.Fatal("NewSession with a 1s TTL succeeded; want an error")
 	}
 }
+
+// A busy bucket rolls over to a fresh lease after its share of writes.
+func TestBucketRollsOverAfterMaxUses(t *testing.T) {
+	ctx := ctxFor(t)
+	b, err := NewBuckets(cluster.MustClient(t), fmt.Sprintf("/t/roll/%d/", time.Now().UnixNano()), time.Hour, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.SetMaxUses(3)
+	now := time.Now()
+	seen := map[clientv3.LeaseID]int{}
+	for i := 0; i < 7; i++ {
+		id, err := b.For(ctx, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[id]++
+	}
+	if len(seen) != 3 {
+		t.Fatalf("7 writes with 3 per lease used %d leases (%v); want 3", len(seen), seen)
+	}
+	for id, n := range seen {
+		if n > 3 {
+			t.Fatalf("lease %x took %d writes; want at most 3", id, n)
+		}
+	}
+}

@@ -70,6 +70,8 @@ type serveConfig struct {
 	bucketWidth    time.Duration
 	sessionTTL     time.Duration
 	requestTimeout time.Duration
+	cacheSize      int64
+	keysPerLease   int64
 
 	dataDir           string
 	embeddedClientURL string
@@ -113,6 +115,8 @@ func (c *serveConfig) flags(stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&c.bucketWidth, "bucket-width", etcdstore.DefaultBucketWidth, "width of a retention bucket (one shared lease each)")
 	fs.DurationVar(&c.sessionTTL, "session-ttl", etcdstore.DefaultSessionTTL, "TTL of this process's liveness lease: its claims are taken over this long after it dies")
 	fs.DurationVar(&c.requestTimeout, "request-timeout", etcdstore.DefaultRequestTimeout, "bound on each etcd request; past it a request gets 503 (raise across data centres)")
+	fs.Int64Var(&c.cacheSize, "cache-size", 0, "bytes of done records kept in memory, fed by an etcd Watch, so replays need no etcd round trip (0: no cache; worth it when retries are frequent)")
+	fs.Int64Var(&c.keysPerLease, "keys-per-lease", 20000, "records per retention lease before a bucket rolls to a fresh lease (a lease's expiry deletes its keys in one raft entry)")
 	fs.StringVar(&c.dataDir, "data-dir", "idem-data", "data directory of the embedded etcd (without --endpoints)")
 	fs.StringVar(&c.embeddedClientURL, "embedded-client-url", "http://127.0.0.1:2379", "client URL of the embedded etcd")
 	fs.StringVar(&c.embeddedPeerURL, "embedded-peer-url", "http://127.0.0.1:2380", "peer URL of the embedded etcd")
@@ -233,6 +237,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		etcdstore.WithBucketWidth(min(c.bucketWidth, c.retention)),
 		etcdstore.WithSessionTTL(c.sessionTTL),
 		etcdstore.WithRequestTimeout(c.requestTimeout),
+		etcdstore.WithCache(c.cacheSize),
+		etcdstore.WithKeysPerLease(c.keysPerLease),
 		etcdstore.WithLogger(log),
 	)
 	cancel()
