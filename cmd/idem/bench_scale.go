@@ -15,6 +15,7 @@ import (
 
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/internal/etcdcluster"
+	"github.com/idem-dev/idem/lease"
 )
 
 // suiteScale: throughput, latency and size as retained keys grow; leases
@@ -41,11 +42,14 @@ func suiteScale(ctx context.Context, b *bencher) ([]suiteReport, error) {
 	if err != nil || len(tmpl.Kvs) != 1 {
 		return nil, fmt.Errorf("template record: %v", err)
 	}
-	value, leaseID := string(tmpl.Kvs[0].Value), clientv3.LeaseID(tmpl.Kvs[0].Lease)
-	st0, err := cli.Status(ctx, ep)
+	value := string(tmpl.Kvs[0].Value)
+	// Retained keys take their leases as idem does: a bucket's lease rolls
+	// over every lease.DefaultMaxUses writes.
+	buckets, err := lease.NewBuckets(cli, t.prefix+"l/", etcdstore.DefaultRetention, etcdstore.DefaultBucketWidth)
 	if err != nil {
 		return nil, err
 	}
+	leaseIDs := map[clientv3.LeaseID]bool{}
 	var reports []suiteReport
 	have := 0
 	var last suiteReport
@@ -54,16 +58,21 @@ func suiteScale(ctx context.Context, b *bencher) ([]suiteReport, error) {
 		if err != nil || want < have {
 			return nil, fmt.Errorf("--scale-keys %q must grow", s)
 		}
+		before, err := cli.Status(ctx, ep)
+		if err != nil {
+			return nil, err
+		}
 		start := time.Now()
-		if err := bulkPut(ctx, cli, t.prefix+"k/default/retained-", value, leaseID, have, want); err != nil {
+		if err := bulkPut(ctx, cli, buckets, leaseIDs, t.prefix+"k/default/retained-", value, have, want); err != nil {
 			return nil, err
 		}
 		fill := time.Since(start)
-		have = want
 		st, err := cli.Status(ctx, ep)
 		if err != nil {
 			return nil, err
 		}
+		perKey := float64(st.DbSize-before.DbSize) / float64(want-have)
+		have = want
 		leases, err := cli.Leases(ctx)
 		if err != nil {
 			return nil, err
@@ -85,8 +94,8 @@ func suiteScale(ctx context.Context, b *bencher) ([]suiteReport, error) {
 			Results: res,
 			Extra: map[string]string{
 				"filled in":                          fill.Round(time.Millisecond).String(),
-				"etcd db size":                       fmt.Sprintf("%d bytes (%d in use)", st.DbSize, st.DbSizeInUse),
-				"db bytes per key":                   fmt.Sprintf("%.0f (in use: %.0f)", float64(st.DbSize-st0.DbSize)/float64(want), float64(st.DbSizeInUse-st0.DbSizeInUse)/float64(want)),
+				"etcd db size":                       fmt.Sprintf("%d bytes (%d in use) after the fill", st.DbSize, st.DbSizeInUse),
+				"db bytes per key":                   fmt.Sprintf("%.0f (growth of the db file over the fill, per key)", perKey),
 				"record value bytes":                 strconv.Itoa(len(value)),
 				"leases in use":                      strconv.Itoa(len(leases.Leases)),
 				"process heap (incl. embedded etcd)": fmt.Sprintf("%d MiB", ms.HeapAlloc>>20),
@@ -94,8 +103,9 @@ func suiteScale(ctx context.Context, b *bencher) ([]suiteReport, error) {
 		}
 		reports = append(reports, last)
 	}
-	// A bucket's expiry: revoke the lease all retained keys share, as etcd
-	// does when it expires, while clients keep working.
+	// A bucket's expiry: revoke every lease of the retained keys, as etcd
+	// does when they expire together (they share the bucket's end), while
+	// clients keep working.
 	var during []time.Duration
 	var mu sync.Mutex
 	stop := make(chan struct{})
@@ -123,7 +133,25 @@ func suiteScale(ctx context.Context, b *bencher) ([]suiteReport, error) {
 		}()
 	}
 	t0 := time.Now()
-	_, rerr := cli.Revoke(ctx, leaseID)
+	var rerr error
+	var rwg sync.WaitGroup
+	ids := make(chan clientv3.LeaseID, len(leaseIDs))
+	for id := range leaseIDs {
+		ids <- id
+	}
+	close(ids)
+	for w := 0; w < 4; w++ { // etcd's lessor revokes expired leases in batches
+		rwg.Add(1)
+		go func() {
+			defer rwg.Done()
+			for id := range ids {
+				if _, err := cli.Revoke(ctx, id); err != nil {
+					rerr = err
+				}
+			}
+		}()
+	}
+	rwg.Wait()
 	revoke := time.Since(t0)
 	// Wait for the deletions to be applied: the retained keys are gone.
 	for ctx.Err() == nil {
@@ -138,23 +166,24 @@ func suiteScale(ctx context.Context, b *bencher) ([]suiteReport, error) {
 	wg.Wait()
 	sort.Slice(during, func(i, j int) bool { return during[i] < during[j] })
 	exp := map[string]string{
-		"revoke of the shared lease": fmt.Sprintf("%v for %d keys (err %v)", revoke.Round(time.Millisecond), have+1, rerr),
-		"until every key was gone":   gone.Round(time.Millisecond).String(),
+		"revoke of the bucket's leases": fmt.Sprintf("%v for %d keys on %d leases (err %v)", revoke.Round(time.Millisecond), have, len(leaseIDs), rerr),
+		"until every key was gone":      gone.Round(time.Millisecond).String(),
 	}
 	if n := len(during); n > 0 {
 		exp["idem Do meanwhile"] = fmt.Sprintf("%d ops, %.0f ops/s, p50 %.2f ms, p99 %.2f ms, max %.2f ms", n, float64(n)/gone.Seconds(),
 			ms(during[n/2]), ms(during[min(n-1, n*99/100)]), ms(during[n-1]))
 	}
-	reports = append(reports, suiteReport{Suite: "scale", Title: fmt.Sprintf("expiry of a retention bucket of %d keys", have+1), Extra: exp})
+	reports = append(reports, suiteReport{Suite: "scale", Title: fmt.Sprintf("expiry of a retention bucket of %d keys", have), Extra: exp})
 	return reports, nil
 }
 
-// bulkPut writes keys prefix+[from, to) with value on leaseID, 100 per Txn,
-// 16 Txns at a time.
-func bulkPut(ctx context.Context, cli *clientv3.Client, prefix, value string, leaseID clientv3.LeaseID, from, to int) error {
+// bulkPut writes keys prefix+[from, to) with value, each on the lease the
+// buckets hand out (recorded in ids), 100 per Txn, 16 Txns at a time.
+func bulkPut(ctx context.Context, cli *clientv3.Client, buckets *lease.Buckets, ids map[clientv3.LeaseID]bool, prefix, value string, from, to int) error {
 	var next atomic.Int64
 	next.Store(int64(from))
 	var wg sync.WaitGroup
+	var mu sync.Mutex
 	var firstErr atomic.Value
 	for w := 0; w < 16; w++ {
 		wg.Add(1)
@@ -167,7 +196,15 @@ func bulkPut(ctx context.Context, cli *clientv3.Client, prefix, value string, le
 				}
 				ops := make([]clientv3.Op, 0, 100)
 				for i := lo; i < min(lo+100, to); i++ {
-					ops = append(ops, clientv3.OpPut(prefix+strconv.Itoa(i), value, clientv3.WithLease(leaseID)))
+					id, err := buckets.For(ctx, time.Now())
+					if err != nil {
+						firstErr.CompareAndSwap(nil, err)
+						return
+					}
+					mu.Lock()
+					ids[id] = true
+					mu.Unlock()
+					ops = append(ops, clientv3.OpPut(prefix+strconv.Itoa(i), value, clientv3.WithLease(id)))
 				}
 				if _, err := cli.Txn(ctx).Then(ops...).Commit(); err != nil {
 					firstErr.CompareAndSwap(nil, err)
