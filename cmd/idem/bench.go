@@ -66,9 +66,9 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Usage = func() { fmt.Fprint(stderr, benchUsage); fs.PrintDefaults() }
 	c.etcd.register(fs, nil)
 	c.suites = listFlag{"do", "replay"}
-	fs.Var(&c.suites, "suite", "suites to run, comma-separated: do, replay, mix, mutex, http, scale, wan (default do,replay)")
+	fs.Var(&c.suites, "suite", "suites to run, comma-separated: do, replay, mix, mutex, http, scale, wan")
 	c.members = listFlag{"1", "3"}
-	fs.Var(&c.members, "members", "embedded cluster sizes for the do and replay suites (default 1,3)")
+	fs.Var(&c.members, "members", "embedded cluster sizes for the do and replay suites")
 	fs.IntVar(&c.concurrency, "concurrency", 64, "concurrent clients")
 	fs.DurationVar(&c.duration, "duration", 5*time.Second, "time per side of a comparison, split over --rounds")
 	fs.IntVar(&c.ops, "ops", 0, "operations per side instead of --duration")

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/idem-dev/idem/etcdstore"
@@ -115,8 +116,21 @@ func suiteMix(ctx context.Context, b *bencher) ([]suiteReport, error) {
 	} else {
 		notes = append(notes, "no --pg given: idem alone (scripts/bench-pg.sh runs the comparison)")
 	}
+	// The raw Txn pair idem is built on, as the limit of fresh claims on
+	// this cluster: the goals are ratios to PostgreSQL, and this row says
+	// where raw etcd itself stands against it in the same run.
+	id, err := bucketLease(ctx, t.clients[0], t.prefix+"raw/")
+	if err != nil {
+		return nil, err
+	}
+	claimSize, doneSize, err := recordSizes(ctx, plain[0], t, params, b.work(), b.cfg.payload)
+	if err != nil {
+		return nil, err
+	}
+	raw := side{"raw etcd txn pair", rawPair(func(w int) *clientv3.Client { return t.clients[w%clientPool] }, id,
+		&keys{prefix: t.prefix + "raw/k/"}, claimSize, doneSize)}
 	mix := b.compare(ctx, sides(b.cfg.retries, pg)...)
-	fresh := b.compare(ctx, sides(0, pg)...)
+	fresh := b.compare(ctx, append(sides(0, pg), raw)...)
 	for _, r := range mix {
 		r.Name += fmt.Sprintf(", %.0f%% retries", b.cfg.retries*100)
 	}
@@ -130,7 +144,10 @@ func suiteMix(ctx context.Context, b *bencher) ([]suiteReport, error) {
 			ratioOf("idem (no cache) / postgresql, mix", mix[1], mix[2], 1.5),
 			ratioOf("idem (cache) / postgresql, fresh claims", fresh[0], fresh[2], 0.8),
 			ratioOf("idem (no cache) / postgresql, fresh claims", fresh[1], fresh[2], 0.8),
+			ratioOf("raw etcd txn pair / postgresql, fresh claims (the limit)", fresh[3], fresh[2], 0),
 		}
+	} else {
+		rep.Ratios = []ratio{ratioOf("idem (cache) / raw etcd txn pair, fresh claims", fresh[0], fresh[2], 0)}
 	}
 	return []suiteReport{rep}, nil
 }
