@@ -31,7 +31,8 @@ var (
 // written.
 var (
 	// ErrInvalidKey is returned when an idempotency key is empty, longer than
-	// MaxKeyLen bytes, or has a byte outside visible ASCII (0x21-0x7e).
+	// MaxKeyLen bytes, has a byte outside visible ASCII (0x21-0x7e) or a
+	// '/', or is "." or "..".
 	ErrInvalidKey = errors.New("invalid idempotency key")
 
 	// ErrInvalidTenant is returned when a tenant is not 1 to MaxTenantLen

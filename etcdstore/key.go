@@ -23,7 +23,8 @@ type Key struct {
 	// characters of [A-Za-z0-9._-], starting with a letter or digit.
 	Tenant string
 	// ID is the client's idempotency key: 1 to MaxKeyLen bytes of visible
-	// ASCII (0x21-0x7e). A V4 UUID is a good choice.
+	// ASCII (0x21-0x7e) other than '/', and not "." or "..", so that every key
+	// is one URL path segment (GET /v1/keys/{key}). A V4 UUID is a good choice.
 	ID string
 }
 
@@ -58,7 +59,12 @@ func validateID(id string) error {
 	for i := 0; i < len(id); i++ {
 		if c := id[i]; c < 0x21 || c > 0x7e {
 			return fmt.Errorf("%w: byte %#02x at offset %d is not visible ASCII", ErrInvalidKey, c, i)
+		} else if c == '/' {
+			return fmt.Errorf("%w: '/' at offset %d: a key is one path segment", ErrInvalidKey, i)
 		}
+	}
+	if id == "." || id == ".." {
+		return fmt.Errorf("%w: %q is a relative path segment", ErrInvalidKey, id)
 	}
 	return nil
 }
