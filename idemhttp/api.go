@@ -503,7 +503,9 @@ func tenantProblem(err error) Problem {
 		return NewProblem(http.StatusForbidden, KindUntrustedTenant, err.Error())
 	}
 	if errors.Is(err, ErrUnauthenticated) {
-		return NewProblem(http.StatusUnauthorized, KindUnauthorized, err.Error())
+		p := NewProblem(http.StatusUnauthorized, KindUnauthorized, err.Error())
+		p.Challenge = `Bearer realm="idem"`
+		return p
 	}
 	return ProblemFor(err)
 }

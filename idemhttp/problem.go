@@ -21,6 +21,8 @@ type Problem struct {
 	Detail string `json:"detail,omitempty"`
 	// RetryAfter is the Retry-After hint in seconds, when there is one.
 	RetryAfter int `json:"retry_after,omitempty"`
+	// Challenge is the WWW-Authenticate challenge of a 401.
+	Challenge string `json:"-"`
 }
 
 // ProblemTypePrefix starts every problem type URI; the rest is the kind,
@@ -80,6 +82,9 @@ func (p Problem) Write(w http.ResponseWriter) {
 	h.Set("Cache-Control", "no-store")
 	if p.RetryAfter > 0 {
 		h.Set("Retry-After", strconv.Itoa(p.RetryAfter))
+	}
+	if p.Challenge != "" {
+		h.Set("WWW-Authenticate", p.Challenge)
 	}
 	w.WriteHeader(p.Status)
 	_ = json.NewEncoder(w).Encode(p)

@@ -1,11 +1,13 @@
 package idemhttp
 
 import (
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
+	"strings"
 
 	"github.com/idem-dev/idem/etcdstore"
 )
@@ -69,3 +71,113 @@ func fromTrusted(r *http.Request, trusted []netip.Prefix) bool {
 // ErrUnauthenticated is returned by a TenantFunc when a request carries no
 // valid credentials.
 var ErrUnauthenticated = errors.New("unauthenticated")
+
+// Unauthenticated refuses every request with ErrUnauthenticated: the end of
+// a chain of authenticators, when requests without credentials must not
+// fall into a default tenant.
+func Unauthenticated() TenantFunc {
+	return func(*http.Request) (string, error) {
+		return "", fmt.Errorf("%w: no client certificate or bearer token", ErrUnauthenticated)
+	}
+}
+
+// CertTenant takes the tenant from the verified client certificate of a TLS
+// request: its subject's common name, which must be a valid tenant. Requests
+// without a verified certificate get fallback. The server's tls.Config must
+// verify client certificates (ClientAuth VerifyClientCertIfGiven or
+// RequireAndVerifyClientCert): an unverified certificate is never read.
+func CertTenant(fallback TenantFunc) TenantFunc {
+	return func(r *http.Request) (string, error) {
+		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || len(r.TLS.VerifiedChains[0]) == 0 {
+			return fallback(r)
+		}
+		cn := r.TLS.VerifiedChains[0][0].Subject.CommonName
+		if err := etcdstore.ValidateTenant(cn); err != nil {
+			return "", fmt.Errorf("%w: client certificate common name: %w", ErrUnauthenticated, err)
+		}
+		return cn, nil
+	}
+}
+
+// Tokens maps bearer tokens to tenants. Tokens are held as SHA-256 digests,
+// so a lookup compares digests, never the secret itself byte by byte.
+type Tokens struct {
+	tenants map[[sha256.Size]byte]string
+}
+
+// MinTokenLen is the shortest bearer token accepted in a tokens file: 16
+// bytes carry 96 bits in base64, past guessing.
+const MinTokenLen = 16
+
+// ParseTokens reads a tokens file: one "tenant token" pair per line, blank
+// lines and lines starting with '#' ignored. A tenant may have several
+// tokens (rotation); a token names one tenant. Errors name the line.
+func ParseTokens(data []byte) (*Tokens, error) {
+	t := &Tokens{tenants: map[[sha256.Size]byte]string{}}
+	for i, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		f := strings.Fields(line)
+		if len(f) != 2 {
+			return nil, fmt.Errorf("line %d: want \"tenant token\", got %d fields", i+1, len(f))
+		}
+		if err := etcdstore.ValidateTenant(f[0]); err != nil {
+			return nil, fmt.Errorf("line %d: %w", i+1, err)
+		}
+		if len(f[1]) < MinTokenLen || !validToken(f[1]) {
+			return nil, fmt.Errorf("line %d: token for %s must be at least %d characters of token68 (RFC 6750)", i+1, f[0], MinTokenLen)
+		}
+		d := sha256.Sum256([]byte(f[1]))
+		if prev, ok := t.tenants[d]; ok {
+			return nil, fmt.Errorf("line %d: token already given to tenant %s", i+1, prev)
+		}
+		t.tenants[d] = f[0]
+	}
+	if len(t.tenants) == 0 {
+		return nil, errors.New("no tokens")
+	}
+	return t, nil
+}
+
+// validToken reports whether s is an RFC 6750 b64token.
+func validToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+			strings.IndexByte("-._~+/", c) >= 0 || c == '=' && i > 0
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// Len is the number of tokens.
+func (t *Tokens) Len() int { return len(t.tenants) }
+
+// BearerTenant takes the tenant from an "Authorization: Bearer" token found
+// in tokens. A request with an Authorization header that is not a known
+// bearer token is refused with ErrUnauthenticated; one without the header
+// gets fallback.
+func BearerTenant(tokens *Tokens, fallback TenantFunc) TenantFunc {
+	return func(r *http.Request) (string, error) {
+		vs := r.Header.Values("Authorization")
+		if len(vs) == 0 {
+			return fallback(r)
+		}
+		if len(vs) > 1 {
+			return "", fmt.Errorf("%w: Authorization sent %d times", ErrUnauthenticated, len(vs))
+		}
+		scheme, token, ok := strings.Cut(vs[0], " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") {
+			return "", fmt.Errorf("%w: Authorization is not a Bearer token", ErrUnauthenticated)
+		}
+		tenant, ok := tokens.tenants[sha256.Sum256([]byte(strings.TrimSpace(token)))]
+		if !ok {
+			return "", fmt.Errorf("%w: unknown bearer token", ErrUnauthenticated)
+		}
+		return tenant, nil
+	}
+}

@@ -72,8 +72,9 @@ func (a *adminCmd) open(ctx context.Context, args []string, nargs int) (*etcdsto
 	return adm, cli, cctx, func() { cancel(); cli.Close() }, nil
 }
 
-func adminGet(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func adminGet(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	a := newAdminCmd("get", "get [--tenant T] [-w simple|json|table] KEY", stderr)
+	defer func() { err = a.etcd.explain(err) }()
 	adm, _, ctx, done, err := a.open(ctx, args, 1)
 	if err != nil {
 		return err
@@ -86,8 +87,9 @@ func adminGet(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return printRecords(stdout, a.format, []*etcdstore.Record{rec}, true)
 }
 
-func adminList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func adminList(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	a := newAdminCmd("ls", "ls [--tenant T] [--all-tenants] [--state in_flight|done] [--limit N] [-w simple|json|table]", stderr)
+	defer func() { err = a.etcd.explain(err) }()
 	state := a.fs.String("state", "", "only keys in this state: in_flight or done")
 	limit := a.fs.Int("limit", 0, "at most this many keys (0: all)")
 	all := a.fs.Bool("all-tenants", false, "list every tenant's keys")
@@ -120,8 +122,9 @@ func adminList(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	return printRecords(stdout, a.format, recs, false)
 }
 
-func adminEvict(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func adminEvict(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	a := newAdminCmd("evict", "evict [--tenant T] KEY", stderr)
+	defer func() { err = a.etcd.explain(err) }()
 	adm, _, ctx, done, err := a.open(ctx, args, 1)
 	if err != nil {
 		return err
@@ -157,8 +160,9 @@ type memberStatus struct {
 	Error     string `json:"error,omitempty"`
 }
 
-func adminStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func adminStatus(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	a := newAdminCmd("status", "status [-w simple|json|table] [--max-scan N]", stderr)
+	defer func() { err = a.etcd.explain(err) }()
 	maxScan := a.fs.Int64("max-scan", 100000, "read the state of at most this many keys (0: all)")
 	adm, cli, ctx, done, err := a.open(ctx, args, 0)
 	if err != nil {

@@ -1,17 +1,23 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/idem-dev/idem/internal/tlsfiles"
 )
 
 // envName is the environment variable that sets flag name: IDEM_ and the
@@ -107,13 +113,9 @@ func (e *etcdFlags) tlsConfig() (*tls.Config, error) {
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 	if e.cacert != "" {
-		pem, err := os.ReadFile(e.cacert)
+		pool, err := tlsfiles.LoadCAs(e.cacert)
 		if err != nil {
 			return nil, fmt.Errorf("--cacert: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--cacert %s: no PEM certificates", e.cacert)
 		}
 		cfg.RootCAs = pool
 	}
@@ -121,11 +123,13 @@ func (e *etcdFlags) tlsConfig() (*tls.Config, error) {
 		return nil, errors.New("--cert and --key go together")
 	}
 	if e.cert != "" {
-		pair, err := tls.LoadX509KeyPair(e.cert, e.key)
+		// Re-read when the files change: a rotated certificate is used
+		// from the next connection on, without a restart.
+		kp, err := tlsfiles.LoadKeypair(e.cert, e.key)
 		if err != nil {
 			return nil, fmt.Errorf("--cert/--key: %w", err)
 		}
-		cfg.Certificates = []tls.Certificate{pair}
+		cfg.GetClientCertificate = kp.GetClientCertificate
 	}
 	return cfg, nil
 }
@@ -157,4 +161,76 @@ func (e *etcdFlags) client() (*clientv3.Client, error) {
 		Logger:               zap.NewNop(),
 		RejectOldCluster:     false,
 	})
+}
+
+// explain adds to err, a failure to reach etcd, what a direct connection to
+// each endpoint says: the gRPC client retries a refused TLS handshake until
+// its deadline and reports only the deadline, which sends people looking in
+// the wrong place.
+func (e *etcdFlags) explain(err error) error {
+	if err == nil || !(errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.Unavailable || status.Code(err) == codes.DeadlineExceeded) {
+		return err
+	}
+	tlsCfg, cerr := e.tlsConfig()
+	if cerr != nil {
+		return err
+	}
+	var why []string
+	for _, ep := range e.endpoints {
+		if p := probe(ep, tlsCfg, e.dialTimeout); p != "" {
+			why = append(why, ep+": "+p)
+		}
+	}
+	if len(why) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w (%s)", err, strings.Join(why, "; "))
+}
+
+// probe connects to one endpoint as the client would and returns what went
+// wrong, or "" if nothing did.
+func probe(endpoint string, tlsCfg *tls.Config, timeout time.Duration) string {
+	host := endpoint
+	if u, err := url.Parse(endpoint); err == nil && u.Host != "" {
+		host = u.Host
+	}
+	timeout = min(max(timeout, time.Second), 5*time.Second)
+	conn, err := net.DialTimeout("tcp", host, timeout)
+	if err != nil {
+		return err.Error()
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(timeout))
+	if tlsCfg == nil {
+		// Is it a TLS server? Only a handshake tells; nothing is sent
+		// past it, and the certificate is not trusted for anything.
+		tc := tls.Client(conn, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2"}}) //nolint:gosec // probing only
+		if tc.Handshake() == nil {
+			return "the endpoint speaks TLS: use https:// and --cacert"
+		}
+		return ""
+	}
+	cfg := tlsCfg.Clone()
+	if cfg.ServerName == "" {
+		cfg.ServerName, _, _ = net.SplitHostPort(host)
+	}
+	cfg.NextProtos = []string{"h2"}
+	tc := tls.Client(conn, cfg)
+	if err := tc.Handshake(); err != nil {
+		return err.Error()
+	}
+	// With TLS 1.3 the server checks the client certificate after the
+	// client's side of the handshake: its verdict arrives as an alert on
+	// the first read. A server that accepted us waits for our preface.
+	tc.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+	if _, err := tc.Read(make([]byte, 1)); err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return ""
+		}
+		if strings.Contains(err.Error(), "tls") {
+			return err.Error()
+		}
+	}
+	return ""
 }

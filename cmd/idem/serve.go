@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"net/http/pprof"
 	"net/netip"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,6 +29,7 @@ import (
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/idemhttp"
 	"github.com/idem-dev/idem/internal/embedded"
+	"github.com/idem-dev/idem/internal/tlsfiles"
 )
 
 const serveUsage = `usage: idem serve [flags]
@@ -65,6 +68,13 @@ type serveConfig struct {
 	apiDeadline         time.Duration
 	tenantHeader        string
 	trustedProxies      listFlag
+
+	tlsCertFile, tlsKeyFile, tlsClientCAFile                string
+	adminTLSCertFile, adminTLSKeyFile, adminTLSClientCAFile string
+	tokensFile                                              string
+	// Loaded by load: the listeners' TLS (nil: plain HTTP) and the tokens.
+	mainTLS, adminTLS *tls.Config
+	tokens            *idemhttp.Tokens
 
 	retention      time.Duration
 	bucketWidth    time.Duration
@@ -111,6 +121,13 @@ func (c *serveConfig) flags(stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&c.apiDeadline, "api-deadline", idemhttp.DefaultAPIDeadline, "default deadline of a claim made through the JSON API")
 	fs.StringVar(&c.tenantHeader, "tenant-header", "", "request header naming the tenant, honoured only from --trusted-proxies")
 	fs.Var(&c.trustedProxies, "trusted-proxies", "CIDRs of authenticating proxies whose --tenant-header is trusted")
+	fs.StringVar(&c.tlsCertFile, "tls-cert-file", "", "serve --listen over TLS with this certificate (PEM; reloaded when it changes)")
+	fs.StringVar(&c.tlsKeyFile, "tls-key-file", "", "key of --tls-cert-file")
+	fs.StringVar(&c.tlsClientCAFile, "tls-client-ca-file", "", "require client certificates on --listen signed by this CA; the tenant is the certificate's common name")
+	fs.StringVar(&c.adminTLSCertFile, "admin-tls-cert-file", "", "serve --admin-listen over TLS with this certificate")
+	fs.StringVar(&c.adminTLSKeyFile, "admin-tls-key-file", "", "key of --admin-tls-cert-file")
+	fs.StringVar(&c.adminTLSClientCAFile, "admin-tls-client-ca-file", "", "require client certificates on --admin-listen signed by this CA")
+	fs.StringVar(&c.tokensFile, "tokens-file", "", "bearer tokens: lines of \"tenant token\"; a request's Authorization: Bearer token names its tenant")
 	fs.DurationVar(&c.retention, "retention", etcdstore.DefaultRetention, "how long keys are kept after their last write; clients must stop retrying well inside it")
 	fs.DurationVar(&c.bucketWidth, "bucket-width", etcdstore.DefaultBucketWidth, "width of a retention bucket (one shared lease each)")
 	fs.DurationVar(&c.sessionTTL, "session-ttl", etcdstore.DefaultSessionTTL, "TTL of this process's liveness lease: its claims are taken over this long after it dies")
@@ -162,7 +179,86 @@ func (c *serveConfig) validate() error {
 	if c.shutdownGrace <= 0 {
 		return fmt.Errorf("--shutdown-grace %v must be positive", c.shutdownGrace)
 	}
+	if (c.tlsCertFile == "") != (c.tlsKeyFile == "") {
+		return errors.New("--tls-cert-file and --tls-key-file go together")
+	}
+	if c.tlsClientCAFile != "" && c.tlsCertFile == "" {
+		return errors.New("--tls-client-ca-file needs --tls-cert-file: client certificates need TLS")
+	}
+	if (c.adminTLSCertFile == "") != (c.adminTLSKeyFile == "") {
+		return errors.New("--admin-tls-cert-file and --admin-tls-key-file go together")
+	}
+	if c.adminTLSClientCAFile != "" && c.adminTLSCertFile == "" {
+		return errors.New("--admin-tls-client-ca-file needs --admin-tls-cert-file")
+	}
 	return nil
+}
+
+// load reads the files the flags name (certificates, tokens), so that a bad
+// one stops idem before it starts etcd or listens.
+func (c *serveConfig) load() error {
+	var err error
+	if c.tlsCertFile != "" {
+		auth := tlsfiles.NoClientCert
+		if c.tlsClientCAFile != "" {
+			// With bearer tokens too, a client may use either.
+			auth = tlsfiles.RequireClientCert
+			if c.tokensFile != "" {
+				auth = tlsfiles.VerifyClientCertIfGiven
+			}
+		}
+		if c.mainTLS, err = tlsfiles.ServerConfig(c.tlsCertFile, c.tlsKeyFile, c.tlsClientCAFile, auth); err != nil {
+			return fmt.Errorf("--tls-cert-file: %w", err)
+		}
+	}
+	if c.adminTLSCertFile != "" {
+		auth := tlsfiles.NoClientCert
+		if c.adminTLSClientCAFile != "" {
+			auth = tlsfiles.RequireClientCert
+		}
+		if c.adminTLS, err = tlsfiles.ServerConfig(c.adminTLSCertFile, c.adminTLSKeyFile, c.adminTLSClientCAFile, auth); err != nil {
+			return fmt.Errorf("--admin-tls-cert-file: %w", err)
+		}
+	}
+	if c.tokensFile != "" {
+		fi, err := os.Stat(c.tokensFile)
+		if err != nil {
+			return fmt.Errorf("--tokens-file: %w", err)
+		}
+		if fi.Mode().Perm()&0o077 != 0 {
+			return fmt.Errorf("--tokens-file %s: mode %v lets others read the tokens; chmod 600 it", c.tokensFile, fi.Mode().Perm())
+		}
+		data, err := os.ReadFile(c.tokensFile)
+		if err != nil {
+			return fmt.Errorf("--tokens-file: %w", err)
+		}
+		if c.tokens, err = idemhttp.ParseTokens(data); err != nil {
+			return fmt.Errorf("--tokens-file %s: %w", c.tokensFile, err)
+		}
+	}
+	return nil
+}
+
+// tenant is how a request's tenant is found. Without authentication every
+// request is in the default tenant; with it, a request that proves no
+// identity is refused (401), never put in a default tenant. Precedence: a
+// trusted proxy's header, then a client certificate, then a bearer token.
+func (c *serveConfig) tenant() idemhttp.TenantFunc {
+	tenant := idemhttp.FixedTenant(etcdstore.DefaultTenant)
+	if c.tlsClientCAFile != "" || c.tokens != nil {
+		tenant = idemhttp.Unauthenticated()
+	}
+	if c.tokens != nil {
+		tenant = idemhttp.BearerTenant(c.tokens, tenant)
+	}
+	if c.tlsClientCAFile != "" {
+		tenant = idemhttp.CertTenant(tenant)
+	}
+	if c.tenantHeader != "" {
+		trusted, _ := c.trusted()
+		tenant = idemhttp.TrustedHeaderTenant(c.tenantHeader, trusted, tenant)
+	}
+	return tenant
 }
 
 func (c *serveConfig) trusted() ([]netip.Prefix, error) {
@@ -208,6 +304,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := c.validate(); err != nil {
 		return err
 	}
+	if err := c.load(); err != nil {
+		return err
+	}
 	log := c.logger(stderr)
 
 	// etcd: embedded, or the cluster given.
@@ -243,7 +342,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	)
 	cancel()
 	if err != nil {
-		return fmt.Errorf("idem store on %s: %w", strings.Join(c.etcd.endpoints, ","), err)
+		return fmt.Errorf("idem store on %s: %w", strings.Join(c.etcd.endpoints, ","), c.etcd.explain(err))
 	}
 	storeClosed := false
 	defer func() {
@@ -280,6 +379,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	})
 	main := &http.Server{
 		Handler:           counted,
+		TLSConfig:         c.mainTLS,
 		ReadHeaderTimeout: 10 * time.Second, // slowloris
 		ReadTimeout:       time.Minute,
 		IdleTimeout:       2 * time.Minute,
@@ -288,6 +388,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	admin := &http.Server{
 		Handler:           c.adminMux(cli, store, reg, &draining),
+		TLSConfig:         c.adminTLS,
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
@@ -305,11 +406,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		mode = "proxy"
 	}
 	log.Info("idem listening", "listen", mainLn.Addr().String(), "admin", adminLn.Addr().String(),
-		"mode", mode, "upstream", c.upstream, "etcd", strings.Join(c.etcd.endpoints, ","), "owner", store.Owner())
+		"mode", mode, "tls", c.mainTLS != nil, "admin_tls", c.adminTLS != nil, "upstream", c.upstream, "etcd", strings.Join(c.etcd.endpoints, ","), "owner", store.Owner())
 
 	errc := make(chan error, 2)
-	go func() { errc <- main.Serve(mainLn) }()
-	go func() { errc <- admin.Serve(adminLn) }()
+	go func() { errc <- serveOn(main, mainLn) }()
+	go func() { errc <- serveOn(admin, adminLn) }()
 	var etcdErr <-chan error
 	if etcd != nil {
 		etcdErr = etcd.Err()
@@ -351,13 +452,17 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
+// serveOn serves srv on ln, over TLS when srv has a TLS configuration.
+func serveOn(srv *http.Server, ln net.Listener) error {
+	if srv.TLSConfig != nil {
+		return srv.ServeTLS(ln, "", "")
+	}
+	return srv.Serve(ln)
+}
+
 // edge builds the idempotency edge: the proxy or the JSON API.
 func (c *serveConfig) edge(store *etcdstore.Store, metrics *idemhttp.Metrics, log *slog.Logger) (http.Handler, error) {
-	tenant := idemhttp.FixedTenant(etcdstore.DefaultTenant)
-	if c.tenantHeader != "" {
-		trusted, _ := c.trusted()
-		tenant = idemhttp.TrustedHeaderTenant(c.tenantHeader, trusted, tenant)
-	}
+	tenant := c.tenant()
 	if c.upstream == "" {
 		return idemhttp.NewAPI(idemhttp.APIConfig{
 			Store: store, Tenant: tenant, Deadline: c.apiDeadline, MaxWait: c.maxWait, Metrics: metrics,
