@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -105,6 +106,21 @@ func NewAPI(cfg APIConfig) (*API, error) {
 		a.mux.HandleFunc(rt.Method+" "+rt.Pattern, handlers[rt.Op])
 	}
 	a.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		// A route that exists with other methods is a 405 naming them.
+		var allow []string
+		for _, m := range []string{"GET", "POST"} {
+			probe := r.Clone(r.Context())
+			probe.Method = m
+			if _, pattern := a.mux.Handler(probe); pattern != "/" && pattern != "" {
+				allow = append(allow, m)
+			}
+		}
+		if len(allow) > 0 {
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+			NewProblem(http.StatusMethodNotAllowed, KindMethodNotAllowed,
+				fmt.Sprintf("%s %s: this route takes %s", r.Method, r.URL.Path, strings.Join(allow, " or "))).Write(w)
+			return
+		}
 		NewProblem(http.StatusNotFound, KindNotFound, "no such API route: "+r.Method+" "+r.URL.Path).Write(w)
 	})
 	return a, nil

@@ -142,7 +142,10 @@ type request struct {
 }
 
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) string {
-	// The fence header is idem's to set: a client must never forge one.
+	// The fence header is idem's to set: a client must never forge one. It
+	// is dropped from requests idem passes through, and refuses a keyed
+	// request that carries one.
+	forged := len(r.Header.Values(fencing.Header)) > 0
 	r.Header.Del(fencing.Header)
 	if !slices.Contains(m.cfg.Methods, r.Method) {
 		next.ServeHTTP(w, r)
@@ -159,6 +162,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 		next.ServeHTTP(w, r)
 		return OutcomePassthrough
+	}
+	if forged {
+		return m.refuse(w, r, NewProblem(http.StatusBadRequest, KindInvalidRequest,
+			fencing.Header+" is set by idem for the upstream; a client must not send it"))
 	}
 	req, p := m.parse(w, r, id)
 	if p != nil {

@@ -194,12 +194,20 @@ func TestPassThrough(t *testing.T) {
 func TestUpstreamGetsKeyAndFence(t *testing.T) {
 	up := newUpstream(t)
 	front := newFront(t, Config{}, up, ProxyOptions{})
-	r := do(t, "POST", front.URL+"/echo", "key-e", `{}`, "Idempotency-Fence", "1")
+	r := do(t, "POST", front.URL+"/echo", "key-e", `{}`)
 	if !strings.Contains(r.body, `"Idempotency-Key":["key-e"]`) {
 		t.Fatalf("upstream did not get the key: %s", r.body)
 	}
-	if !strings.Contains(r.body, `"Idempotency-Fence":["`) || strings.Contains(r.body, `"Idempotency-Fence":["1"]`) {
-		t.Fatalf("upstream did not get idem's token (and only it): %s", r.body)
+	if !strings.Contains(r.body, `"Idempotency-Fence":["`) {
+		t.Fatalf("upstream did not get idem's token: %s", r.body)
+	}
+	// A client's own fence header never reaches the upstream: a keyed
+	// request carrying one is refused, a passed-through one loses it.
+	if r := do(t, "POST", front.URL+"/echo", "key-f", `{}`, "Idempotency-Fence", "1"); r.status != 400 || problemType(t, r) != KindInvalidRequest {
+		t.Fatalf("keyed request with a forged fence = %d %q; want 400", r.status, r.body)
+	}
+	if r := do(t, "GET", front.URL+"/echo", "", "", "Idempotency-Fence", "1"); strings.Contains(r.body, "Idempotency-Fence") {
+		t.Fatalf("passed-through request kept a forged fence: %s", r.body)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -383,5 +384,35 @@ func TestServeTLSAndTenantIsolation(t *testing.T) {
 	}
 	if _, err := noCert.Get(adminURL + "/metrics"); err == nil {
 		t.Fatal("/metrics without a client certificate was served")
+	}
+}
+
+// A client that sends its headers a byte at a time, or never finishes them,
+// is cut off after --read-header-timeout instead of holding a connection.
+func TestSlowClientIsCutOff(t *testing.T) {
+	dir := tempDir(t)
+	idem := startIdem(t, dir, append(embeddedFlags(t, filepath.Join(dir, "data")), "--read-header-timeout", "1s")...)
+	addr := strings.TrimPrefix(idem.listen, "http://")
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Far longer than the server's timeout: only the server can end this.
+	c.SetDeadline(time.Now().Add(45 * time.Second)) // under --read-timeout (1m)
+	if _, err := io.WriteString(c, "POST /v1/claim HTTP/1.1\r\nHost: idem\r\nX-Slow: "); err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(c) // returns when the server closes the connection
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatal("the server kept a connection with unfinished headers open for 45 s")
+	}
+	if len(b) > 0 && !strings.HasPrefix(string(b), "HTTP/1.1 408") && !strings.HasPrefix(string(b), "HTTP/1.1 400") {
+		t.Fatalf("the server answered unfinished headers with %q", b)
+	}
+	// The server still serves others.
+	if r := send(t, "POST", idem.listen+"/v1/claim", "", `{"key":"after-slow"}`); r.status != 201 {
+		t.Fatalf("claim after the slow client = %d %q", r.status, r.body)
 	}
 }

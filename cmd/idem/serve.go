@@ -72,6 +72,7 @@ type serveConfig struct {
 	tlsCertFile, tlsKeyFile, tlsClientCAFile                string
 	adminTLSCertFile, adminTLSKeyFile, adminTLSClientCAFile string
 	tokensFile                                              string
+	readHeaderTimeout, readTimeout                          time.Duration
 	// Loaded by load: the listeners' TLS (nil: plain HTTP) and the tokens.
 	mainTLS, adminTLS *tls.Config
 	tokens            *idemhttp.Tokens
@@ -127,6 +128,8 @@ func (c *serveConfig) flags(stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.adminTLSCertFile, "admin-tls-cert-file", "", "serve --admin-listen over TLS with this certificate")
 	fs.StringVar(&c.adminTLSKeyFile, "admin-tls-key-file", "", "key of --admin-tls-cert-file")
 	fs.StringVar(&c.adminTLSClientCAFile, "admin-tls-client-ca-file", "", "require client certificates on --admin-listen signed by this CA")
+	fs.DurationVar(&c.readHeaderTimeout, "read-header-timeout", 10*time.Second, "time a client has to send its request headers (slow clients, slowloris)")
+	fs.DurationVar(&c.readTimeout, "read-timeout", time.Minute, "time a client has to send its whole request, body included")
 	fs.StringVar(&c.tokensFile, "tokens-file", "", "bearer tokens: lines of \"tenant token\"; a request's Authorization: Bearer token names its tenant")
 	fs.DurationVar(&c.retention, "retention", etcdstore.DefaultRetention, "how long keys are kept after their last write; clients must stop retrying well inside it")
 	fs.DurationVar(&c.bucketWidth, "bucket-width", etcdstore.DefaultBucketWidth, "width of a retention bucket (one shared lease each)")
@@ -178,6 +181,9 @@ func (c *serveConfig) validate() error {
 	}
 	if c.shutdownGrace <= 0 {
 		return fmt.Errorf("--shutdown-grace %v must be positive", c.shutdownGrace)
+	}
+	if c.readHeaderTimeout <= 0 || c.readTimeout <= 0 {
+		return errors.New("--read-header-timeout and --read-timeout must be positive: without them one slow client holds a connection forever")
 	}
 	if (c.tlsCertFile == "") != (c.tlsKeyFile == "") {
 		return errors.New("--tls-cert-file and --tls-key-file go together")
@@ -380,8 +386,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	main := &http.Server{
 		Handler:           counted,
 		TLSConfig:         c.mainTLS,
-		ReadHeaderTimeout: 10 * time.Second, // slowloris
-		ReadTimeout:       time.Minute,
+		ReadHeaderTimeout: c.readHeaderTimeout, // slowloris
+		ReadTimeout:       c.readTimeout,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
@@ -389,7 +395,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	admin := &http.Server{
 		Handler:           c.adminMux(cli, store, reg, &draining),
 		TLSConfig:         c.adminTLS,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: c.readHeaderTimeout,
+		ReadTimeout:       c.readTimeout,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	mainLn, err := net.Listen("tcp", c.listen)
