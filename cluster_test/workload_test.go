@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
+	"os"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -95,7 +97,7 @@ func (e *env) newClient(pinned int) *client {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	st, err := etcdstore.New(ctx, cli, etcdstore.WithPrefix(e.prefix), etcdstore.WithSessionTTL(sessionTTL),
-		etcdstore.WithRequestTimeout(requestTimeout), etcdstore.WithEndTimeout(3*time.Second))
+		etcdstore.WithRequestTimeout(requestTimeout), etcdstore.WithEndTimeout(3*time.Second), etcdstore.WithLogger(storeLogger()))
 	if err != nil {
 		cli.Close()
 		e.t.Fatalf("client on member %d: %v", pinned, err)
@@ -400,4 +402,13 @@ func (e *env) takeOver(order string) error {
 		time.Sleep(100 * time.Millisecond) // the client's retry backoff
 	}
 	return nil
+}
+
+// storeLogger is the stores' logger: silent, or warnings on stderr with
+// IDEM_TEST_LOG=1 (session losses and restarts, when a scenario misbehaves).
+func storeLogger() *slog.Logger {
+	if os.Getenv("IDEM_TEST_LOG") == "" {
+		return slog.New(slog.DiscardHandler)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
