@@ -31,6 +31,7 @@ type Buckets struct {
 type bucket struct {
 	shard int64         // leases of one bucket, in the order this process used them
 	uses  int64         // writes handed this lease, under Buckets.mu
+	stale bool          // resolving failed or the lease is gone: resolve the shard again (under Buckets.mu)
 	ready chan struct{} // closed when id or err is set
 	id    clientv3.LeaseID
 	err   error
@@ -90,10 +91,13 @@ func (b *Buckets) For(ctx context.Context, now time.Time, bound ...func(context.
 	idx := now.UnixNano() / int64(b.width)
 	b.mu.Lock()
 	bk, ok := b.buckets[idx]
-	fresh := !ok || bk.uses >= b.maxUses
+	fresh := !ok || bk.stale || bk.uses >= b.maxUses
 	if fresh {
 		shard := int64(0)
-		if ok {
+		switch {
+		case ok && bk.stale:
+			shard = bk.shard // keep counting shards from where this process is
+		case ok:
 			shard = bk.shard + 1 // this lease has its share of keys: roll over
 		}
 		bk = &bucket{shard: shard, ready: make(chan struct{})}
@@ -115,9 +119,7 @@ func (b *Buckets) For(ctx context.Context, now time.Time, bound ...func(context.
 		cancel()
 		if bk.err != nil {
 			b.mu.Lock()
-			if b.buckets[idx] == bk {
-				delete(b.buckets, idx)
-			}
+			bk.stale = true // the next For resolves this shard again
 			b.mu.Unlock()
 		}
 		close(bk.ready)
@@ -130,17 +132,17 @@ func (b *Buckets) For(ctx context.Context, now time.Time, bound ...func(context.
 	}
 }
 
-// Invalidate forgets id, so the next For looks its bucket up again. Call it
+// Invalidate forgets id, so the next For looks its bucket's shard up again. Call it
 // when etcd answers that the lease does not exist (it was revoked by hand, or
 // the clock jumped).
 func (b *Buckets) Invalidate(id clientv3.LeaseID) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for idx, bk := range b.buckets {
+	for _, bk := range b.buckets {
 		select {
 		case <-bk.ready:
 			if bk.id == id {
-				delete(b.buckets, idx)
+				bk.stale = true
 			}
 		default:
 		}
