@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -108,11 +109,11 @@ func NewAPI(cfg APIConfig) (*API, error) {
 	a.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		// A route that exists with other methods is a 405 naming them.
 		var allow []string
-		for _, m := range []string{"GET", "POST"} {
+		for _, rt := range apiRoutes {
 			probe := r.Clone(r.Context())
-			probe.Method = m
-			if _, pattern := a.mux.Handler(probe); pattern != "/" && pattern != "" {
-				allow = append(allow, m)
+			probe.Method = rt.Method
+			if _, pattern := a.mux.Handler(probe); pattern != "/" && !slices.Contains(allow, rt.Method) {
+				allow = append(allow, rt.Method)
 			}
 		}
 		if len(allow) > 0 {

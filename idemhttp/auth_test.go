@@ -28,6 +28,7 @@ func TestParseTokens(t *testing.T) {
 		{"bad tenant on line 2", "acme tok-acme-0123456789\n../b tok-0123456789abcdef\n", "line 2"},
 		{"short token", "acme short\n", "at least 16"},
 		{"token with a quote", "acme tok-0123456789abc\"ef\n", "token68"},
+		{"padding inside a token", "acme tok-0123=456789abcdef\n", "token68"},
 		{"token for two tenants", "acme tok-shared-0123456789\nglobex tok-shared-0123456789\n", "already given to tenant acme"},
 	} {
 		if _, err := ParseTokens([]byte(tc.file)); err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -141,13 +141,16 @@ func ParseTokens(data []byte) (*Tokens, error) {
 	return t, nil
 }
 
-// validToken reports whether s is an RFC 6750 b64token.
+// validToken reports whether s is an RFC 6750 b64token: token characters,
+// then optional trailing '=' padding.
 func validToken(s string) bool {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
-			strings.IndexByte("-._~+/", c) >= 0 || c == '=' && i > 0
-		if !ok {
+	body := strings.TrimRight(s, "=")
+	if body == "" {
+		return false
+	}
+	for i := 0; i < len(body); i++ {
+		c := body[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("-._~+/", c) >= 0) {
 			return false
 		}
 	}
