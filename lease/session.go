@@ -12,11 +12,20 @@ import (
 	"github.com/google/uuid"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/idem-dev/idem/internal/sim"
 )
 
 // Session is one process incarnation's liveness in etcd: a lease kept alive in
 // the background and an owner key attached to it. A new Session always has a
 // new owner id, so claims of a dead incarnation never look alive again.
+//
+// The lease is renewed every third of its TTL, each renewal a short stream
+// of its own with a timeout and WithRequireLeader, rather than one stream
+// for the client's lifetime: a stream stays on the member it was opened to,
+// and a member that is paused or cut off from the quorum would hold the
+// renewals until the lease expired. A failed renewal is retried at once,
+// as a new RPC, which the client's balancer sends to the next member.
 type Session struct {
 	client *clientv3.Client
 	owner  string
@@ -29,33 +38,22 @@ type Session struct {
 	closeOnce sync.Once
 }
 
-// NewSession grants a lease of ttl, starts keeping it alive and writes the
-// owner key prefix+owner on it. The keepalive goroutine runs until the lease
-// can no longer be renewed or Close is called; Done reports its end.
+// NewSession grants a lease of ttl, writes the owner key prefix+owner on it,
+// and starts keeping the lease alive. The keepalive goroutine runs until the
+// lease can no longer be renewed or Close is called; Done reports its end.
 func NewSession(ctx context.Context, client *clientv3.Client, prefix string, ttl time.Duration) (*Session, error) {
 	if ttl < MinTTL || ttl%time.Second != 0 {
 		return nil, fmt.Errorf("session: ttl %v must be a whole number of seconds, at least %v", ttl, MinTTL)
 	}
-	ctx = clientv3.WithRequireLeader(ctx) // a cut-off member fails fast
+	// The session's own calls: a fault-injecting simulation leaves them be.
+	ctx = sim.WithTag(clientv3.WithRequireLeader(ctx), "session") // a cut-off member fails fast
+	sent := time.Now()
 	g, err := client.Grant(ctx, int64(ttl/time.Second))
 	if err != nil {
 		return nil, fmt.Errorf("session: grant lease: %w", err)
 	}
 	owner := uuid.NewString()
 	s := &Session{client: client, owner: owner, key: prefix + owner, id: g.ID, ttl: ttl, done: make(chan struct{})}
-	kctx, cancel := context.WithCancel(context.Background())
-	s.cancel = cancel
-	ka, err := client.KeepAlive(kctx, g.ID)
-	if err != nil {
-		cancel()
-		s.revoke()
-		return nil, fmt.Errorf("session: keep lease alive: %w", err)
-	}
-	go func() {
-		defer close(s.done)
-		for range ka { // drain: the channel closes when renewal stops
-		}
-	}()
 	host, _ := os.Hostname()
 	info, _ := json.Marshal(struct {
 		Host    string `json:"host"`
@@ -63,10 +61,63 @@ func NewSession(ctx context.Context, client *clientv3.Client, prefix string, ttl
 		Started string `json:"started"`
 	}{host, os.Getpid(), time.Now().UTC().Format(time.RFC3339)})
 	if _, err := client.Put(ctx, s.key, string(info), clientv3.WithLease(g.ID)); err != nil {
-		s.Close()
+		s.revoke()
 		return nil, fmt.Errorf("session: write owner key: %w", err)
 	}
+	kctx, cancel := context.WithCancel(sim.WithTag(context.Background(), "session"))
+	s.cancel = cancel
+	go s.keepAlive(kctx, sent.Add(time.Duration(g.TTL)*time.Second))
 	return s, nil
+}
+
+// keepAlive renews the lease until ctx ends, etcd says the lease is gone,
+// or the lease may have expired: expire is the latest time it surely has
+// not, counted from when the last successful renewal was sent (etcd counts
+// from when it arrived, later), so the session is given up no later than
+// etcd lets it go.
+func (s *Session) keepAlive(ctx context.Context, expire time.Time) {
+	defer close(s.done)
+	interval := s.ttl / 3
+	tryTimeout := s.ttl / 4
+	next := time.Now().Add(interval)
+	retry := 50 * time.Millisecond
+	for {
+		t := time.NewTimer(time.Until(minTime(next, expire)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		if !time.Now().Before(expire) {
+			return // not renewed in time: the lease may be gone in etcd
+		}
+		sent := time.Now()
+		tctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), min(tryTimeout, time.Until(expire)))
+		resp, err := s.client.KeepAliveOnce(tctx, s.id)
+		cancel()
+		switch {
+		case err == nil && resp.TTL > 0:
+			expire = sent.Add(time.Duration(resp.TTL) * time.Second)
+			next = sent.Add(interval)
+			retry = 50 * time.Millisecond
+		case err == nil, errors.Is(err, rpctypes.ErrLeaseNotFound):
+			return // expired or revoked
+		case ctx.Err() != nil:
+			return
+		default:
+			// Try again soon, as a new RPC: most likely on another member.
+			next = time.Now().Add(retry)
+			retry = min(2*retry, interval/2)
+		}
+	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // Owner returns the owner id: unique to this session, never reused.
@@ -82,7 +133,8 @@ func (s *Session) Lease() clientv3.LeaseID { return s.id }
 func (s *Session) TTL() time.Duration { return s.ttl }
 
 // Done returns a channel that is closed when the lease is no longer renewed:
-// it expired, was revoked, or the session was closed.
+// it expired, was revoked, could not be renewed within its TTL, or the
+// session was closed.
 func (s *Session) Done() <-chan struct{} { return s.done }
 
 // Close stops renewing the lease and revokes it, which deletes the owner key at
@@ -91,19 +143,32 @@ func (s *Session) Done() <-chan struct{} { return s.done }
 func (s *Session) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
-		s.cancel()
-		<-s.done
+		if s.cancel != nil {
+			s.cancel()
+			<-s.done
+		}
 		err = s.revoke()
 	})
 	return err
 }
 
+// revoke revokes the lease, retrying for up to its TTL (after which it has
+// expired anyway), each try on its own short timeout so that a hung member
+// does not hold it.
 func (s *Session) revoke() error {
-	ctx, cancel := context.WithTimeout(context.Background(), s.ttl)
+	ctx, cancel := context.WithTimeout(sim.WithTag(clientv3.WithRequireLeader(context.Background()), "session"), s.ttl)
 	defer cancel()
-	_, err := s.client.Revoke(ctx, s.id)
-	if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		return fmt.Errorf("session: revoke lease: %w", err)
+	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		tctx, tcancel := context.WithTimeout(ctx, s.ttl/4)
+		_, err := s.client.Revoke(tctx, s.id)
+		tcancel()
+		if err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("session: revoke lease: %w", err)
+		case <-time.After(wait):
+		}
 	}
-	return nil
 }
