@@ -18,20 +18,48 @@ type Admin struct {
 	timeout time.Duration // per etcd request; 0: none
 }
 
-// request prepares the context of one etcd request: bounded by the request
-// timeout, and requiring a leader. A member cut off from the leader then
-// answers at once ("no leader") instead of holding the request until it
-// times out; the client retries reads on another member, and the store
-// retries its own conditional writes.
-func (a *Admin) request(ctx context.Context) (context.Context, context.CancelFunc) {
-	ctx = clientv3.WithRequireLeader(ctx)
+// bound limits one call of the store, its retries included, to the
+// request timeout (or to the caller's deadline, when that comes first).
+func (a *Admin) bound(ctx context.Context) (context.Context, context.CancelFunc) {
 	if a.timeout <= 0 {
 		return ctx, func() {}
 	}
 	if d, ok := ctx.Deadline(); ok && time.Until(d) <= a.timeout {
-		return ctx, func() {} // the caller's deadline comes first anyway
+		return ctx, func() {}
 	}
 	return context.WithTimeout(ctx, a.timeout)
+}
+
+// try prepares the context of one etcd request within a bounded call. It
+// requires a leader: a member cut off from the leader answers at once ("no
+// leader") instead of holding the request. And it gets a quarter of the
+// request timeout: a member that hangs (paused, or behind a network that
+// silently drops) costs that quarter, and the retry, a new RPC, goes to
+// the next member. The store retries its own conditional writes; they are
+// recognised by their attempt id when an earlier try landed.
+func (a *Admin) try(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx = clientv3.WithRequireLeader(ctx)
+	if a.timeout <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, a.timeout/tryShare)
+}
+
+// tryShare: one etcd request gets 1/tryShare of the request timeout.
+const tryShare = 4
+
+// retry runs read, one etcd read, with a try context until it succeeds,
+// fails for a reason a retry cannot mend, or ctx ends. It returns the last
+// error.
+func (a *Admin) retry(ctx context.Context, read func(context.Context) error) error {
+	for n := 0; ; n++ {
+		tctx, cancel := a.try(ctx)
+		err := read(tctx)
+		cancel()
+		if err == nil || !retryable(ctx, err) || !backoff(ctx, n) {
+			return err
+		}
+	}
 }
 
 // NewAdmin returns an Admin for the store under the prefix set by opts
@@ -68,9 +96,13 @@ func (a *Admin) Get(ctx context.Context, key Key) (*Record, error) {
 // get reads the record with a linearizable Get. It returns nil when absent,
 // and the revision of the read.
 func (a *Admin) get(ctx context.Context, k Key) (*Record, int64, error) {
-	rctx, cancel := a.request(ctx)
+	ctx, cancel := a.bound(ctx)
 	defer cancel()
-	resp, err := a.client.Get(rctx, a.ks.record(k))
+	var resp *clientv3.GetResponse
+	err := a.retry(ctx, func(ctx context.Context) (err error) {
+		resp, err = a.client.Get(ctx, a.ks.record(k))
+		return err
+	})
 	if err != nil {
 		return nil, 0, unavailable("get", k, err)
 	}
@@ -90,19 +122,45 @@ func (a *Admin) get(ctx context.Context, k Key) (*Record, int64, error) {
 // Complete will fail with ErrFenced). It returns an error wrapping
 // ErrNotFound when there was nothing to delete.
 func (a *Admin) Evict(ctx context.Context, key Key) error {
+	_, err := a.evict(ctx, key)
+	return err
+}
+
+// evict deletes key's record and returns a revision at or after the
+// deletion.
+func (a *Admin) evict(ctx context.Context, key Key) (int64, error) {
 	if err := key.Validate(); err != nil {
-		return fmt.Errorf("evict: %w", err)
+		return 0, fmt.Errorf("evict: %w", err)
 	}
-	rctx, cancel := a.request(ctx)
+	ctx, cancel := a.bound(ctx)
 	defer cancel()
-	resp, err := a.client.Delete(rctx, a.ks.record(key))
+	// A delete is safe to retry; after a try whose outcome is unknown,
+	// finding nothing to delete means that try deleted it.
+	var deleted, unknown bool
+	var rev int64
+	err := a.retry(ctx, func(ctx context.Context) error {
+		resp, err := a.client.Delete(ctx, a.ks.record(key))
+		if err != nil {
+			unknown = unknown || mayHaveLanded(err)
+			return err
+		}
+		deleted, rev = resp.Deleted > 0 || unknown, resp.Header.Revision
+		return nil
+	})
 	if err != nil {
-		return unavailable("evict", key, err)
+		return 0, unavailable("evict", key, err)
 	}
-	if resp.Deleted == 0 {
-		return fmt.Errorf("evict %s: %w", key, ErrNotFound)
+	if !deleted {
+		return rev, fmt.Errorf("evict %s: %w", key, ErrNotFound)
 	}
-	return nil
+	return rev, nil
+}
+
+// page reads one page of a listing, bounded like one call.
+func (a *Admin) page(ctx context.Context, read func(context.Context) error) error {
+	ctx, cancel := a.bound(ctx)
+	defer cancel()
+	return a.retry(ctx, read)
 }
 
 // ListOptions selects records for List.
@@ -155,9 +213,11 @@ func (a *Admin) List(ctx context.Context, tenant string, o ListOptions) ([]*Reco
 	var out []*Record
 	corrupt := 0
 	for len(out) < o.Limit {
-		rctx, cancel := a.request(ctx)
-		resp, err := a.client.Get(rctx, start, clientv3.WithRange(end), clientv3.WithLimit(int64(o.Limit)))
-		cancel()
+		var resp *clientv3.GetResponse
+		err := a.page(ctx, func(ctx context.Context) (err error) {
+			resp, err = a.client.Get(ctx, start, clientv3.WithRange(end), clientv3.WithLimit(int64(o.Limit)))
+			return err
+		})
 		if err != nil {
 			return nil, fmt.Errorf("list %q: %w: %w", tenant, ErrUnavailable, err)
 		}
@@ -211,9 +271,11 @@ func (a *Admin) Stats(ctx context.Context, maxScan int64) (Stats, error) {
 		prefix string
 		n      *int64
 	}{{a.ks.records(), &st.Records}, {a.ks.owners(), &st.Owners}, {a.ks.buckets(), &st.Buckets}} {
-		rctx, cancel := a.request(ctx)
-		resp, err := a.client.Get(rctx, c.prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
-		cancel()
+		var resp *clientv3.GetResponse
+		err := a.page(ctx, func(ctx context.Context) (err error) {
+			resp, err = a.client.Get(ctx, c.prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+			return err
+		})
 		if err != nil {
 			return st, fmt.Errorf("stats: %w: %w", ErrUnavailable, err)
 		}
@@ -222,9 +284,11 @@ func (a *Admin) Stats(ctx context.Context, maxScan int64) (Stats, error) {
 	start, end := a.ks.records(), clientv3.GetPrefixRangeEnd(a.ks.records())
 	now := a.now()
 	for maxScan == 0 || st.Scanned < maxScan {
-		rctx, cancel := a.request(ctx)
-		resp, err := a.client.Get(rctx, start, clientv3.WithRange(end), clientv3.WithLimit(1000))
-		cancel()
+		var resp *clientv3.GetResponse
+		err := a.page(ctx, func(ctx context.Context) (err error) {
+			resp, err = a.client.Get(ctx, start, clientv3.WithRange(end), clientv3.WithLimit(1000))
+			return err
+		})
 		if err != nil {
 			return st, fmt.Errorf("stats: %w: %w", ErrUnavailable, err)
 		}

@@ -31,6 +31,10 @@ type doneCache struct {
 	size  int64
 	order *list.List // front: most recently used
 	byKey map[string]*list.Element
+	// tombs holds keys deleted through this store, with a revision at or
+	// after the deletion, until the watch has passed it: an older Put
+	// still on its way must not put the record back.
+	tombs map[string]int64
 
 	hits, misses int64
 }
@@ -43,7 +47,7 @@ type cacheEntry struct {
 }
 
 func newDoneCache(max int64) *doneCache {
-	return &doneCache{max: max, order: list.New(), byKey: make(map[string]*list.Element)}
+	return &doneCache{max: max, order: list.New(), byKey: make(map[string]*list.Element), tombs: make(map[string]int64)}
 }
 
 // get returns the cached done record of k, or nil.
@@ -75,6 +79,9 @@ func (c *doneCache) put(ekey string, kv *mvccpb.KeyValue) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.removeLocked(ekey)
+	if rev, ok := c.tombs[ekey]; ok && kv.ModRevision <= rev {
+		return // deleted through this store after this Put
+	}
 	e := &cacheEntry{key: ekey, kv: kv, size: int64(len(kv.Value) + len(ekey) + 256)}
 	if e.size > c.max {
 		return
@@ -86,10 +93,30 @@ func (c *doneCache) put(ekey string, kv *mvccpb.KeyValue) {
 	}
 }
 
+// seen forgets a tomb once the watch delivers an event at or past it.
+func (c *doneCache) seen(ekey string, rev int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if t, ok := c.tombs[ekey]; ok && rev >= t {
+		delete(c.tombs, ekey)
+	}
+}
+
 func (c *doneCache) remove(ekey string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.removeLocked(ekey)
+}
+
+// invalidate removes ekey, deleted at or before rev, and keeps it out until
+// the watch has passed rev. rev 0 (unknown) only removes it.
+func (c *doneCache) invalidate(ekey string, rev int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.removeLocked(ekey)
+	if rev > 0 {
+		c.tombs[ekey] = max(c.tombs[ekey], rev)
+	}
 }
 
 func (c *doneCache) removeLocked(ekey string) {
@@ -105,6 +132,7 @@ func (c *doneCache) clear() {
 	defer c.mu.Unlock()
 	c.order.Init()
 	c.byKey = make(map[string]*list.Element)
+	c.tombs = make(map[string]int64)
 	c.size = 0
 }
 
@@ -181,6 +209,14 @@ func (s *Store) watchCache(ctx context.Context, rev int64) {
 			} else {
 				s.cache.remove(ekey) // deleted, or a claim: not a replay
 			}
+			s.cache.seen(ekey, ev.Kv.ModRevision)
+			if testHookCacheApplied != nil {
+				testHookCacheApplied(ev.Kv.ModRevision)
+			}
 		}
 	}
 }
+
+// testHookCacheApplied, when set by a test, is called after the cache has
+// applied each watch event.
+var testHookCacheApplied func(rev int64)

@@ -104,7 +104,8 @@ type Claim struct {
 	cancel context.CancelCauseFunc
 
 	mu         sync.Mutex
-	timer      *time.Timer // cancels ctx with ErrDeadline at the deadline
+	timer      func() bool // stops the timer that cancels ctx with ErrDeadline at the deadline
+	watching   bool        // the deadline timer is armed: always for claims made here, on first use for attached ones
 	rev        int64       // ModRevision of this claim's last write: the fence
 	checkpoint []byte
 	ended      bool
@@ -151,21 +152,34 @@ func (c *Claim) LastCheckpoint() []byte {
 
 // Done returns a channel that is closed when the claim is lost (session
 // lost, deadline passed, store closed) or ended.
-func (c *Claim) Done() <-chan struct{} { return c.ctx.Done() }
+func (c *Claim) Done() <-chan struct{} {
+	c.mu.Lock()
+	c.watchLocked()
+	c.mu.Unlock()
+	return c.ctx.Done()
+}
 
-// Err returns why Done was closed: ErrSessionLost, ErrDeadline, ErrClosed,
-// ErrFenced or ErrClaimEnded; nil while the claim is held.
+// Err returns why the claim is no longer held: ErrSessionLost, ErrDeadline,
+// ErrClosed, ErrFenced or ErrClaimEnded; nil while it is.
 func (c *Claim) Err() error {
-	if c.ctx.Err() == nil {
-		return nil
+	if c.ctx.Err() != nil {
+		return context.Cause(c.ctx)
 	}
-	return context.Cause(c.ctx)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.deadline.IsZero() && !c.s.now().Before(c.deadline) {
+		return ErrDeadline
+	}
+	return nil
 }
 
 // Context returns a context derived from parent that is also cancelled when
 // the claim is lost or ends, with the claim's cause, and that carries the
 // fencing token (fencing.FromContext). Call the cancel function when done.
 func (c *Claim) Context(parent context.Context) (context.Context, context.CancelFunc) {
+	c.mu.Lock()
+	c.watchLocked()
+	c.mu.Unlock()
 	ctx, cancel := context.WithCancelCause(fencing.NewContext(parent, c.token))
 	stop := context.AfterFunc(c.ctx, func() { cancel(context.Cause(c.ctx)) })
 	return ctx, func() {
@@ -232,20 +246,22 @@ func (s *Store) Claim(ctx context.Context, key Key, fp Fingerprint, opts ...Clai
 		c.cancel(ErrClaimEnded)
 		return nil, nil, fmt.Errorf("claim %s: %w", key, err)
 	}
-	done, err := s.acquire(ctx, c, sess, &cfg)
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	done, uncertain, err := s.acquire(ctx, c, sess, &cfg)
 	if err != nil || done != nil {
 		s.unregister(c)
 		c.cancel(ErrClaimEnded)
-		if errors.Is(err, ErrUnavailable) || ctx.Err() != nil {
-			// The claim may have been written although we could not learn
-			// it: nobody here will run it, and other processes would see a
-			// live owner until this one dies. Give it up if it is ours.
+		if uncertain {
+			// A claim write of ours may have landed although we could not
+			// learn it: nobody here will run it, and other processes would
+			// see a live owner until this one dies. Give it up if it is ours.
 			s.abandonIfOurs(key, c.owner, c.attempt)
 		}
 		return nil, done, err
 	}
 	c.mu.Lock()
-	c.armDeadlineLocked()
+	c.watchLocked()
 	c.mu.Unlock()
 	return c, nil, nil
 }
@@ -256,21 +272,45 @@ func (s *Store) Claim(ctx context.Context, key Key, fp Fingerprint, opts ...Clai
 // any other process may.
 func (c *Claim) armDeadlineLocked() {
 	if c.timer != nil {
-		c.timer.Stop()
+		c.timer()
 		c.timer = nil
 	}
 	if c.deadline.IsZero() {
 		return
 	}
-	c.timer = time.AfterFunc(c.deadline.Sub(c.s.now()), func() {
-		c.cancel(ErrDeadline)
-		c.s.unregister(c)
+	// The timer holds the context's cancel function and the store, not the
+	// claim: an attached claim dropped by its caller keeps no checkpoint
+	// alive until its deadline.
+	if !c.watching {
+		return // armed on first use of Done or Context
+	}
+	cancel, s, rk, ctx := c.cancel, c.s, runKey{c.key, c.attempt}, c.ctx
+	c.timer = s.afterFunc(c.deadline.Sub(s.now()), func() {
+		cancel(ErrDeadline)
+		s.unregisterIf(rk, ctx)
 	})
 }
 
+// watchLocked arms the deadline timer on first use.
+func (c *Claim) watchLocked() {
+	if !c.watching {
+		c.watching = true
+		c.armDeadlineLocked()
+	}
+}
+
 // acquire runs the decision table until the claim is won, the key is found
-// done, or a definite refusal. It returns the done record for a replay.
-func (s *Store) acquire(ctx context.Context, c *Claim, sess *lease.Session, cfg *claimConfig) (*Record, error) {
+// done, or a definite refusal. It returns the done record for a replay, and
+// whether a claim write of its own had an unknown outcome (it may have
+// landed) when the claim was not won.
+func (s *Store) acquire(ctx context.Context, c *Claim, sess *lease.Session, cfg *claimConfig) (done *Record, uncertain bool, err error) {
+	done, err = s.decide(ctx, c, sess, cfg, &uncertain)
+	return done, uncertain, err
+}
+
+// decide is acquire's loop; it sets *uncertain when a claim write's outcome
+// is unknown.
+func (s *Store) decide(ctx context.Context, c *Claim, sess *lease.Session, cfg *claimConfig, uncertain *bool) (*Record, error) {
 	ekey := s.ks.record(c.key)
 	// A claim under a session is written only while the session's owner key
 	// exists, so a claim can never be made under a session that has ended.
@@ -355,6 +395,9 @@ func (s *Store) acquire(ctx context.Context, c *Claim, sess *lease.Session, cfg 
 			return s.readOnly(ctx, c, err)
 		}
 		if err != nil {
+			if mayHaveLanded(err) {
+				*uncertain = true
+			}
 			if errors.Is(err, ErrCorrupt) || !retryable(ctx, err) || tries >= maxTries {
 				return nil, wrapEtcd("claim", c.key, err)
 			}
@@ -415,7 +458,7 @@ func (s *Store) findDone(ctx context.Context, k Key, fp Fingerprint) (*Record, e
 // readDone returns key's record when a serializable read finds it done and
 // retained, and nil otherwise.
 func (s *Store) readDone(ctx context.Context, k Key) (*Record, error) {
-	rctx, cancel := s.request(ctx)
+	rctx, cancel := s.try(ctx)
 	defer cancel()
 	resp, err := s.client.Get(rctx, s.ks.record(k), clientv3.WithSerializable())
 	if err != nil || len(resp.Kvs) == 0 {
@@ -450,7 +493,7 @@ func (s *Store) readOnly(ctx context.Context, c *Claim, werr error) (*Record, er
 func (s *Store) writeRecord(ctx context.Context, k Key, owner string, cmps []cond, rec *Record, token fencing.Token, extra ...clientv3.Op) (casResult, error) {
 	val := encode(rec, token)
 	for refreshed := false; ; refreshed = true {
-		id, err := s.buckets.For(ctx, s.now(), s.request)
+		id, err := s.buckets.For(ctx, s.now(), s.try)
 		if err != nil {
 			return casResult{}, err
 		}
@@ -481,9 +524,13 @@ func (s *Store) ownerAlive(ctx context.Context, owner string) (bool, int64, erro
 	if owner == deadlineOwner {
 		return true, 0, nil // only its deadline makes it stale
 	}
-	rctx, cancel := s.request(ctx)
+	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	resp, err := s.client.Get(rctx, s.ks.owner(owner), clientv3.WithCountOnly())
+	var resp *clientv3.GetResponse
+	err := s.retry(ctx, func(ctx context.Context) (err error) {
+		resp, err = s.client.Get(ctx, s.ks.owner(owner), clientv3.WithCountOnly())
+		return err
+	})
 	if err != nil {
 		return false, 0, err
 	}

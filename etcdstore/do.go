@@ -148,14 +148,26 @@ type RunWork func(ctx context.Context, c *Claim) (Outcome, End)
 //   - replays a done key's Outcome (Result.Replayed) without running work;
 //   - returns a *MismatchError or *ConflictError as Claim does;
 //   - otherwise runs work and ends the claim as it says. The end is written
-//     even if ctx has ended (bounded by WithEndTimeout). If work panics, the
-//     claim is abandoned and the panic continues.
+//     even if ctx has ended (bounded by WithEndTimeout).
 //
-// When the end cannot be written, Run returns the work's Outcome with an
-// error wrapping ErrFenced (another owner took over: the saved outcome, if
-// any, is theirs) or ErrUnavailable (the store keeps trying in the
-// background, and the key stays claimed by this process meanwhile).
+// If work panics, the work may have had effects before it did: the claim
+// ends as OnError says (by default the panic's message is saved, as an
+// error outcome, and replayed), then the panic continues.
+//
+// Every claim Run makes ends on every path. When the end cannot be written,
+// Run returns the work's Outcome with an error wrapping ErrFenced (another
+// owner took over: the saved outcome, if any, is theirs) or ErrUnavailable
+// (the store keeps trying in the background, the key stays claimed by this
+// process meanwhile, and Close waits for it). An outcome too large to save
+// is replaced by a saved error saying so: the work ran, and a retry must
+// learn that rather than run it again.
 func (s *Store) Run(ctx context.Context, key Key, fp Fingerprint, work RunWork, opts ...ClaimOption) (Result, error) {
+	var cfg claimConfig
+	for _, o := range opts {
+		if err := o(&cfg); err != nil {
+			return Result{}, fmt.Errorf("run %s: %w", key, err)
+		}
+	}
 	c, done, err := s.Claim(ctx, key, fp, opts...)
 	if err != nil {
 		return Result{}, err
@@ -163,137 +175,153 @@ func (s *Store) Run(ctx context.Context, key Key, fp Fingerprint, work RunWork, 
 	if done != nil {
 		return Result{Outcome: *done.Outcome, Replayed: true, Token: done.Token}, nil
 	}
-	out, end := s.run(ctx, c, work)
-	var finish func(context.Context) error
+	out, end, panicked := s.run(ctx, c, work, cfg.onError)
+	// Save even when the caller has gone: the work is done either way.
+	endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.endTimeout)
+	defer cancel()
+	err = s.end(endCtx, c, end, out)
+	if panicked != nil {
+		panic(panicked)
+	}
+	return Result{Outcome: out, Token: c.Token()}, err
+}
+
+// run calls work with the claim's context. A panic is recovered and
+// returned, with the end that policy gives a failed work; the outcome then
+// saves the panic's message.
+func (s *Store) run(ctx context.Context, c *Claim, work RunWork, policy ErrorPolicy) (out Outcome, end End, panicked any) {
+	wctx, cancel := c.Context(ctx)
+	defer cancel()
+	defer func() {
+		if r := recover(); r != nil {
+			panicked = r
+			out, end = Outcome{Err: fmt.Sprintf("the work panicked: %v", r)}, EndSave
+			switch policy {
+			case KeepOnError:
+				end = EndAbandon
+			case ReleaseOnError:
+				end = EndRelease
+			}
+		}
+	}()
+	out, end = work(wctx, c)
+	return out, end, nil
+}
+
+// end writes the end of a claim whose work ran, and makes sure the claim
+// ends on every path: a write etcd did not acknowledge is retried in the
+// background (finishLater); an outcome too large to save is replaced by a
+// saved error saying so; any other failure to end as asked abandons the
+// claim, and if even that is refused, the claim is given up here (logged)
+// rather than held by this process.
+func (s *Store) end(ctx context.Context, c *Claim, end End, out Outcome) error {
+	finish := func(ctx context.Context) error { return c.Complete(ctx, out) }
 	switch end {
 	case EndRelease:
 		finish = c.Release
 	case EndAbandon:
 		finish = c.Abandon
-	default:
-		finish = func(ctx context.Context) error { return c.Complete(ctx, out) }
 	}
-	// Save even when the caller has gone: the work is done either way.
-	endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.endTimeout)
-	defer cancel()
-	res := Result{Outcome: out, Token: c.Token()}
-	err = finish(endCtx)
+	err := finish(ctx)
 	switch {
 	case err == nil, errors.Is(err, ErrFenced), errors.Is(err, ErrClaimEnded):
+		return err
 	case errors.Is(err, ErrUnavailable):
 		s.finishLater(c, finish)
+		return err
 	case errors.Is(err, ErrTooLarge) && end == EndSave:
 		// The work ran but its outcome cannot be saved: save that fact, so
 		// a retry learns it instead of running the work again.
-		tooLarge := Outcome{Err: "the outcome could not be saved: " + err.Error()}
-		if e := c.Complete(endCtx, tooLarge); errors.Is(e, ErrUnavailable) {
-			s.finishLater(c, func(ctx context.Context) error { return c.Complete(ctx, tooLarge) })
+		tooLarge := Outcome{Err: "the outcome could not be saved: " + truncate(err.Error(), 512)}
+		if e := s.end(ctx, c, EndSave, tooLarge); e != nil {
+			return fmt.Errorf("%w (and: %w)", err, e)
 		}
-	default:
+		return err
+	}
+	if end != EndAbandon {
 		// The claim could not end as asked; never leave it held: the next
 		// request resumes it.
-		if e := c.Abandon(endCtx); errors.Is(e, ErrUnavailable) {
+		e := c.Abandon(ctx)
+		switch {
+		case e == nil, errors.Is(e, ErrFenced), errors.Is(e, ErrClaimEnded):
+			return err
+		case errors.Is(e, ErrUnavailable):
 			s.finishLater(c, c.Abandon)
+			return err
 		}
 	}
-	return res, err
+	s.log.Error("idem: a claim could not be ended; giving it up in this process", "key", c.key.String(), "err", err)
+	c.giveUp(err)
+	return err
 }
 
-// run calls work with the claim's context. A panic abandons the claim, so
-// the next request resumes it, then continues unwinding.
-func (s *Store) run(ctx context.Context, c *Claim, work RunWork) (Outcome, End) {
-	wctx, cancel := c.Context(ctx)
-	defer cancel()
-	defer func() {
-		if r := recover(); r != nil {
-			end, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.endTimeout)
-			defer cancel()
-			if err := c.Abandon(end); errors.Is(err, ErrUnavailable) {
-				s.finishLater(c, c.Abandon)
-			}
-			panic(r)
-		}
-	}()
-	return work(wctx, c)
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
 }
 
 // finishLater retries a claim's final write in the background until it
-// lands, is refused, or the store closes. The claim stays registered all
-// along, so this process keeps answering ErrConflict for its key.
+// lands or is refused. The claim stays registered all along, so this
+// process keeps answering ErrConflict for its key; Close waits for it.
+// Fencing makes every try safe, even after the session is lost: the write
+// lands only if nobody took the key over.
 func (s *Store) finishLater(c *Claim, finish func(context.Context) error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return
-	}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		// Fencing makes every try safe, even after the session is lost: the
-		// write lands only if nobody took the key over. It stops when it
-		// lands, is fenced out, or the store closes.
-		for try := 0; ; try++ {
-			wait := time.NewTimer(time.Duration(100<<min(try, 6)) * time.Millisecond)
-			select {
-			case <-s.closing:
-				wait.Stop()
-				return
-			case <-wait.C:
-			}
-			attempt, cancelAttempt := context.WithTimeout(context.Background(), s.endTimeout)
-			err := finish(attempt)
-			cancelAttempt()
-			if !errors.Is(err, ErrUnavailable) {
-				s.log.Info("idem: ended a claim after retries", "key", c.key.String(), "err", err)
-				return
-			}
+	ok := s.bg.start("finish "+c.key.String(), 100*time.Millisecond, func(ctx context.Context) bool {
+		tctx, cancel := context.WithTimeout(ctx, s.endTimeout)
+		err := finish(tctx)
+		cancel()
+		if errors.Is(err, ErrUnavailable) && ctx.Err() == nil {
+			return false
 		}
-	}()
+		if errors.Is(err, ErrUnavailable) {
+			s.log.Error("idem: gave up a final write at close; the key will be taken over", "key", c.key.String(), "err", err)
+		} else {
+			s.log.Info("idem: ended a claim after retries", "key", c.key.String(), "err", err)
+		}
+		return true
+	})
+	if !ok {
+		s.log.Error("idem: a final write failed after close; the key will be taken over", "key", c.key.String())
+	}
 }
 
-// abandonIfOurs gives up, in the background, a claim of ours whose write
-// had an unknown outcome: if the record is in flight under owner and
-// attempt, it is abandoned (owner cleared), so the next claimant anywhere
-// takes it over at once. While it works it holds attempt in this process,
-// so a retry with the same attempt id gets ErrConflict instead of racing it.
+// abandonIfOurs gives up, in the background, a claim of this process's
+// session whose write had an unknown outcome: if the record is in flight
+// under owner and attempt, it is abandoned (owner cleared), so the next
+// claimant anywhere takes it over at once. While it works it holds attempt
+// in this process, so a retry with the same attempt id gets ErrConflict
+// instead of racing it.
+//
+// Only claims under this process's session are reaped. A claim made
+// WithoutSession may be recognised by its attempt id through another
+// process, which then runs it: reaping it from here would hand the key to a
+// second owner while the first still runs. Such a claim is left to its
+// deadline.
 func (s *Store) abandonIfOurs(k Key, owner, attempt string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
+	if owner == deadlineOwner {
 		return
 	}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
+	s.bg.start("abandon "+k.String(), 50*time.Millisecond, func(ctx context.Context) bool {
 		hold := &Claim{s: s, key: k, attempt: attempt, owner: owner}
 		hold.ctx, hold.cancel = context.WithCancelCause(context.Background())
-		for try := 0; ; try++ {
-			wait := time.NewTimer(time.Duration(50<<min(try, 6)) * time.Millisecond)
-			select {
-			case <-s.closing:
-				wait.Stop()
-				return // our session is revoked on close: the claim goes stale anyway
-			case <-wait.C:
-			}
-			if err := s.register(hold); err != nil {
-				if errors.Is(err, ErrConflict) {
-					continue // a retry with this attempt id is running: let it decide
-				}
-				return // our session ended: its claims are stale to everyone now
-			}
-			done := s.abandonOnce(k, owner, attempt)
-			s.unregister(hold)
-			if done {
-				return
-			}
+		defer hold.cancel(ErrClaimEnded)
+		if err := s.register(hold); err != nil {
+			// ErrConflict: a retry with this attempt id is running here: let
+			// it decide. Otherwise our session ended or the store closed:
+			// its claims are stale to everyone now.
+			return !errors.Is(err, ErrConflict)
 		}
-	}()
+		defer s.unregister(hold)
+		return s.abandonOnce(ctx, k, owner, attempt)
+	})
 }
 
 // abandonOnce makes one attempt; it reports whether there is nothing left
 // to do.
-func (s *Store) abandonOnce(k Key, owner, attempt string) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), s.endTimeout)
+func (s *Store) abandonOnce(ctx context.Context, k Key, owner, attempt string) bool {
+	ctx, cancel := context.WithTimeout(ctx, s.endTimeout)
 	defer cancel()
 	rec, _, err := s.get(ctx, k)
 	if err != nil {

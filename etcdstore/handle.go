@@ -35,7 +35,9 @@ func (c *Claim) Handle() Handle {
 // abandoned. Only that claim writes records with its token and attempt id,
 // so a handle whose revision is older (a checkpoint reply was lost) still
 // attaches, at the current revision. The attached Claim is not registered
-// as running here; its writes are fenced like any other.
+// as running here; its writes are fenced like any other. Its deadline timer
+// starts only when Done or Context is first called, so an attached claim
+// used for one write and dropped holds nothing until its deadline.
 func (s *Store) Attach(ctx context.Context, h Handle) (*Claim, error) {
 	if err := h.Key.Validate(); err != nil {
 		return nil, fmt.Errorf("attach: %w", err)
@@ -53,9 +55,6 @@ func (s *Store) Attach(ctx context.Context, h Handle) (*Claim, error) {
 	c := &Claim{s: s, key: h.Key, fp: rec.Fingerprint, attempt: rec.Attempt, owner: rec.Owner}
 	c.ctx, c.cancel = context.WithCancelCause(context.Background())
 	c.won(rec, nil)
-	c.mu.Lock()
-	c.armDeadlineLocked()
-	c.mu.Unlock()
 	return c, nil
 }
 
@@ -69,18 +68,11 @@ func (c *Claim) Renew(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return fmt.Errorf("renew %s: %w: deadline %v must be positive", c.key, ErrInvalidArgument, d)
 	}
-	var deadline time.Time
-	err := c.write(ctx, "renew", false, nil, func(r *Record) *Record {
-		deadline = toMillis(c.s.now().Add(d))
+	// The deadline is computed once: a retried write that finds its own
+	// earlier try landed recognises it by the same deadline.
+	deadline := toMillis(c.s.now().Add(d))
+	return c.write(ctx, "renew", false, nil, func(r *Record) *Record {
 		r.Deadline = deadline
 		return r
 	})
-	if err != nil {
-		return err
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.deadline = deadline
-	c.armDeadlineLocked()
-	return nil
 }

@@ -13,6 +13,7 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/idem-dev/idem/internal/sim"
 	"github.com/idem-dev/idem/lease"
 )
 
@@ -36,9 +37,10 @@ const (
 //
 // New starts goroutines, all stopped by Close: one that keeps the process's
 // session lease alive, one that replaces the session when it is lost, and,
-// WithCache, one that feeds the cache from a Watch. A claim whose final write failed with an unknown outcome also runs
-// a goroutine that retries that write until it lands, is fenced out, or the
-// Store closes.
+// WithCache, one that feeds the cache from a Watch. A claim whose final
+// write failed with an unknown outcome also runs a goroutine that retries
+// that write until it lands or is fenced out; Close waits for those (up to
+// WithEndTimeout) before it revokes the session.
 type Store struct {
 	Admin // Get, List, Evict, Stats
 
@@ -60,6 +62,9 @@ type Store struct {
 	cache     *doneCache // nil without WithCache
 	claimPath ClaimPath
 	hitRate   atomic.Int64 // recent share of claims that found a record, in 1/65536
+
+	bg        *background                                     // retried writes that outlive their call
+	afterFunc func(time.Duration, func()) (stop func() bool) // deadline timers
 
 	mu      sync.Mutex
 	sess    *lease.Session // nil while a lost session is being replaced
@@ -283,8 +288,13 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 	if err != nil {
 		return nil, fmt.Errorf("new store: %w: %w", ErrUnavailable, err)
 	}
+	hooks := sim.Lookup(client)
+	now, afterFunc := time.Now, func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
+	if hooks != nil {
+		now, afterFunc = hooks.Now, hooks.AfterFunc
+	}
 	s := &Store{
-		Admin:      Admin{client: client, ks: ks, now: time.Now, timeout: c.requestTimeout},
+		Admin:      Admin{client: client, ks: ks, now: now, timeout: c.requestTimeout},
 		client:     client,
 		kv:         clientv3.RetryKVClient(client),
 		buckets:    b,
@@ -302,6 +312,8 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 		sess:          sess,
 		running:       make(map[runKey]*Claim),
 		closing:       make(chan struct{}),
+		bg:            newBackground(hooks, c.log),
+		afterFunc:     afterFunc,
 	}
 	s.wg.Add(1)
 	go s.superviseSession(sess)
@@ -314,11 +326,12 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 }
 
 // Evict deletes key's record (see Admin.Evict), and drops it from this
-// store's cache at once.
+// store's cache at once: a watch event older than the deletion, still on
+// its way, does not put it back.
 func (s *Store) Evict(ctx context.Context, key Key) error {
-	err := s.Admin.Evict(ctx, key)
+	rev, err := s.Admin.evict(ctx, key)
 	if s.cache != nil {
-		s.cache.remove(s.ks.record(key))
+		s.cache.invalidate(s.ks.record(key), rev)
 	}
 	return err
 }
@@ -382,11 +395,15 @@ func (s *Store) Running() int {
 	return len(s.running)
 }
 
-// Close cancels the context of every claim still running (cause ErrClosed),
-// stops the background goroutines and revokes the session lease, which lets
-// other processes take over unfinished claims at once. Wait for running work
-// to finish before calling Close when that matters. Close does not close the
-// etcd client.
+// Close ends the store. It cancels the context of every claim still
+// running (cause ErrClosed), then waits, up to WithEndTimeout, for the
+// final writes still pending in the background (outcomes of finished work
+// that etcd did not acknowledge) to land, stops the background goroutines,
+// and revokes the session lease, which lets other processes take over
+// unfinished claims at once. An outcome that could not be saved within the
+// bound is lost: its key is taken over later with a greater token, so the
+// work must be fenced downstream. Wait for running work to finish before
+// calling Close when that matters. Close does not close the etcd client.
 func (s *Store) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -394,14 +411,20 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.closed = true
-	sess := s.sess
-	s.sess = nil
 	running := s.running
 	s.running = make(map[runKey]*Claim)
 	s.mu.Unlock()
 	for _, c := range running {
 		c.cancel(ErrClosed)
 	}
+	if left := s.bg.close(s.endTimeout); left > 0 {
+		s.log.Error("idem: closing with final writes that etcd has not acknowledged; their keys will be taken over",
+			"writes", left, "waited", s.endTimeout.String())
+	}
+	s.mu.Lock()
+	sess := s.sess
+	s.sess = nil
+	s.mu.Unlock()
 	close(s.closing)
 	s.wg.Wait()
 	if sess != nil {
@@ -409,6 +432,11 @@ func (s *Store) Close() error {
 	}
 	return nil
 }
+
+// Pending returns how many final writes this process still retries in the
+// background: outcomes of finished work, or abandons of claims whose write
+// had an unknown outcome, that etcd has not acknowledged yet.
+func (s *Store) Pending() int { return s.bg.Pending() }
 
 // session returns the live session or an error wrapping ErrUnavailable or
 // ErrClosed.
@@ -454,11 +482,13 @@ func (s *Store) superviseSession(sess *lease.Session) {
 			c.cancel(ErrSessionLost)
 		}
 		// The old lease is gone or unrenewable; revoking it is best effort.
+		// The session is passed, not captured: the loop reassigns sess, and
+		// a late goroutine would otherwise revoke the new session.
 		s.wg.Add(1)
-		go func() {
+		go func(old *lease.Session) {
 			defer s.wg.Done()
-			sess.Close()
-		}()
+			old.Close()
+		}(sess)
 
 		next, ok := s.newSession()
 		if !ok {
@@ -530,6 +560,15 @@ func (s *Store) unregister(c *Claim) {
 	defer s.mu.Unlock()
 	rk := runKey{c.key, c.attempt}
 	if s.running[rk] == c {
+		delete(s.running, rk)
+	}
+}
+
+// unregisterIf forgets rk if it is still the claim whose context is ctx.
+func (s *Store) unregisterIf(rk runKey, ctx context.Context) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c := s.running[rk]; c != nil && c.ctx == ctx {
 		delete(s.running, rk)
 	}
 }

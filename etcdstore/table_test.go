@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -454,24 +455,37 @@ func TestCancelledWorkIsAbandonedNotSaved(t *testing.T) {
 	}
 }
 
-func TestPanickingWorkAbandonsClaim(t *testing.T) {
+// A work that panics may have acted before it did: by default the panic is
+// saved as the key's outcome (a retry must not run it again); with
+// KeepOnError the claim is abandoned for the next request to resume. Either
+// way the claim ends and the panic continues.
+func TestPanickingWorkEndsAsItsErrorPolicy(t *testing.T) {
 	cli := client(t)
 	s := newStore(t, cli, testPrefix(t))
 	ctx := testCtx(t)
-	key := Key{ID: "k"}
-	func() {
-		defer func() {
-			if recover() == nil {
-				t.Fatal("the panic was swallowed")
-			}
+	for _, tc := range []struct {
+		key  string
+		opts []ClaimOption
+		want func(*Record) bool
+	}{
+		{"saved", nil, func(r *Record) bool { return r.State == Done && strings.Contains(r.Outcome.Err, "boom") }},
+		{"kept", []ClaimOption{OnError(KeepOnError)}, func(r *Record) bool { return r.State == InFlight && r.Owner == "" }},
+	} {
+		key := Key{ID: tc.key}
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Fatal("the panic was swallowed")
+				}
+			}()
+			s.Do(ctx, key, nil, func(context.Context, *Claim) ([]byte, error) { panic("boom") }, tc.opts...)
 		}()
-		s.Do(ctx, key, nil, func(context.Context, *Claim) ([]byte, error) { panic("boom") })
-	}()
-	if s.Running() != 0 {
-		t.Fatalf("Running = %d after the panic; want 0", s.Running())
-	}
-	rec, err := s.Get(ctx, key)
-	if err != nil || rec.Owner != "" {
-		t.Fatalf("record = %+v, %v; want an abandoned claim", rec, err)
+		if s.Running() != 0 {
+			t.Fatalf("%s: Running = %d after the panic; want 0", tc.key, s.Running())
+		}
+		rec, err := s.Get(ctx, key)
+		if err != nil || !tc.want(rec) {
+			t.Fatalf("%s: record = %+v, %v", tc.key, rec, err)
+		}
 	}
 }

@@ -84,7 +84,7 @@ func (s *Store) cas(ctx context.Context, k Key, owner string, cmps []cond, w wri
 		okey = s.ks.owner(owner)
 		cmps = append(cmps, created(okey, pb.Compare_GREATER, 0))
 	}
-	rctx, cancel := s.request(ctx)
+	rctx, cancel := s.try(ctx)
 	defer cancel()
 	var resp *clientv3.TxnResponse
 	var err error
@@ -169,6 +169,24 @@ func retryable(ctx context.Context, err error) bool {
 		return true
 	}
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+}
+
+// mayHaveLanded reports whether a write that failed with err may have been
+// applied all the same: every error but those etcd returns before it
+// proposes the request, and the store's own refusal to read the answer.
+func mayHaveLanded(err error) bool {
+	for _, definite := range []error{rpctypes.ErrLeaseNotFound, rpctypes.ErrNoSpace, rpctypes.ErrRequestTooLarge,
+		rpctypes.ErrTooManyOps, rpctypes.ErrDuplicateKey, rpctypes.ErrPermissionDenied, rpctypes.ErrNoLeader,
+		rpctypes.ErrInvalidAuthToken, rpctypes.ErrAuthOldRevision, ErrCorrupt} {
+		if errors.Is(err, definite) {
+			return false
+		}
+	}
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated, codes.FailedPrecondition, codes.OutOfRange, codes.ResourceExhausted:
+		return false
+	}
+	return true
 }
 
 // backoff sleeps before retry try (0-based), or returns false when ctx ends

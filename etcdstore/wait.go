@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -75,11 +74,12 @@ func (s *Store) awaitChange(ctx context.Context, k Key, cur *Record, seenRev, ow
 	if cur.Owner != "" && cur.Owner != deadlineOwner {
 		ownerCh = s.client.Watch(wctx, s.ks.owner(cur.Owner), clientv3.WithRev(max(ownerRev, seenRev)+1))
 	}
-	var deadline <-chan time.Time
+	var deadline <-chan struct{}
 	if !cur.Deadline.IsZero() {
-		t := time.NewTimer(cur.Deadline.Sub(s.now()))
-		defer t.Stop()
-		deadline = t.C
+		passed := make(chan struct{})
+		stop := s.afterFunc(cur.Deadline.Sub(s.now()), func() { close(passed) })
+		defer stop()
+		deadline = passed
 	}
 	if testHookAwait != nil {
 		testHookAwait()

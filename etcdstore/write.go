@@ -18,7 +18,8 @@ const MaxExtraOps = 127
 // Complete saves out as the key's outcome, to be replayed to every retry, and
 // ends the claim. ops, when given, commit in the same etcd Txn: an effect that
 // lives in etcd is then applied exactly once, atomically with the outcome.
-// They must not touch the store's prefix and may not be nested Txns.
+// They must not touch the store's prefix and may not be nested Txns. A done
+// record keeps the outcome only: the last checkpoint is dropped.
 //
 // The write is fenced: it happens only if the record is still the one this
 // claim last wrote. Otherwise nothing is written, the claim ends, and the
@@ -29,14 +30,11 @@ func (c *Claim) Complete(ctx context.Context, out Outcome, ops ...clientv3.Op) e
 	if err := c.s.checkOps(ops); err != nil {
 		return fmt.Errorf("complete %s: %w", c.key, err)
 	}
-	c.mu.Lock()
-	size := out.size() + len(c.checkpoint)
-	c.mu.Unlock()
-	if size > c.s.maxRecord {
-		return fmt.Errorf("complete %s: %w: outcome and checkpoint are %d bytes, limit %d", c.key, ErrTooLarge, size, c.s.maxRecord)
+	if size := out.size(); size > c.s.maxRecord {
+		return fmt.Errorf("complete %s: %w: outcome is %d bytes, limit %d", c.key, ErrTooLarge, size, c.s.maxRecord)
 	}
 	return c.write(ctx, "complete", true, ops, func(r *Record) *Record {
-		r.State, r.Outcome = Done, &out
+		r.State, r.Outcome, r.Checkpoint = Done, &out, nil
 		return r
 	})
 }
@@ -45,22 +43,18 @@ func (c *Claim) Complete(ctx context.Context, out Outcome, ops ...clientv3.Op) e
 // "recovery points"): if this worker dies, the owner that takes over finds it
 // in LastCheckpoint and resumes from there. The fencing token does not
 // change; IsOwner's comparison does. Fenced like Complete; on ErrFenced the
-// claim ends.
+// claim ends. After an error wrapping ErrUnavailable the checkpoint may or
+// may not have been saved; the claim's next write finds out and keeps
+// whichever is newer, so a checkpoint never moves backwards.
 func (c *Claim) Checkpoint(ctx context.Context, data []byte) error {
 	if len(data) > c.s.maxRecord {
 		return fmt.Errorf("checkpoint %s: %w: %d bytes, limit %d", c.key, ErrTooLarge, len(data), c.s.maxRecord)
 	}
 	data = bytes.Clone(data)
-	err := c.write(ctx, "checkpoint", false, nil, func(r *Record) *Record {
+	return c.write(ctx, "checkpoint", false, nil, func(r *Record) *Record {
 		r.Checkpoint = data
 		return r
 	})
-	if err == nil {
-		c.mu.Lock()
-		c.checkpoint = data
-		c.mu.Unlock()
-	}
-	return err
 }
 
 // Release deletes the claim so that a retry runs the work again, and ends the
@@ -87,7 +81,15 @@ func (c *Claim) Abandon(ctx context.Context) error {
 
 // write performs one fenced write: If(ModRevision(record) == c.rev). next
 // edits a copy of the claim's record (nil next: delete the record). final
-// writes end the claim.
+// writes end the claim. The write is retried, within ctx bounded by the
+// request timeout, while its outcome is unknown.
+//
+// A retry, or any write after one whose outcome was unknown, may find a
+// record with this claim's token and attempt id that it did not expect:
+// only this claim writes those, so an earlier write of its own landed. The
+// claim then adopts what that record says (its checkpoint, its deadline)
+// before it decides, so it never rewrites the record from older memory:
+// a checkpoint that landed with a lost reply is never moved backwards.
 func (c *Claim) write(ctx context.Context, op string, final bool, extra []clientv3.Op, next func(*Record) *Record) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -95,18 +97,19 @@ func (c *Claim) write(ctx context.Context, op string, final bool, extra []client
 		return fmt.Errorf("%s %s: %w", op, c.key, ErrClaimEnded)
 	}
 	s := c.s
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	ekey := s.ks.record(c.key)
 	for try := 0; ; try++ {
 		cmps := []cond{modified(ekey, c.rev)}
-		var rec *Record
+		var want *Record // the record this write puts; nil: a delete
 		var res casResult
 		var err error
 		if next == nil {
 			res, err = s.cas(ctx, c.key, "", cmps, write{key: ekey, delete: true}, extra)
 		} else {
-			now := s.now()
-			rec = next(c.recordLocked(now))
-			res, err = s.writeRecord(ctx, c.key, "", cmps, rec, c.token, extra...)
+			want = next(c.recordLocked(s.now()))
+			res, err = s.writeRecord(ctx, c.key, "", cmps, want, c.token, extra...)
 		}
 		if err != nil {
 			if errors.Is(err, ErrCorrupt) || !retryable(ctx, err) || try >= maxTries-1 || !backoff(ctx, try) {
@@ -115,33 +118,42 @@ func (c *Claim) write(ctx context.Context, op string, final bool, extra []client
 			continue
 		}
 		if res.ok {
-			c.rev = res.rev
+			if want != nil {
+				c.adoptLocked(want, res.rev)
+			} else {
+				c.rev = res.rev
+			}
 			if final {
 				c.endLocked(ErrClaimEnded)
 			}
 			return nil
 		}
 		cur := res.cur
-		// Only this claim writes records with its token and attempt id: a
-		// takeover writes its own. Such a record means an earlier write of
-		// ours landed although its reply was lost.
 		mine := cur != nil && cur.Token == c.token && cur.Attempt == c.attempt
 		switch {
 		case mine && cur.State == InFlight && cur.Owner == "":
-			c.rev = cur.Revision
+			c.adoptLocked(cur, cur.Revision)
 			c.endLocked(ErrClaimEnded)
-			if rec != nil && rec.State == InFlight && rec.Owner == "" {
+			if want != nil && want.State == InFlight && want.Owner == "" {
 				return nil // our Abandon landed although its reply was lost
 			}
 			// Abandoned, by this claim through another handle (Attach).
 			return fmt.Errorf("%s %s: %w: abandoned", op, c.key, ErrClaimEnded)
-		case mine && cur.State == InFlight && try < maxTries:
-			c.rev = cur.Revision // write again on top of our own
-			continue
+		case mine && cur.State == InFlight:
+			// An earlier write of this claim landed although its reply was
+			// lost (or another handle of this claim wrote): adopt it.
+			c.adoptLocked(cur, cur.Revision)
+			if want != nil && want.State == InFlight && sameInFlight(cur, want) {
+				return nil // this very write landed
+			}
+			if try >= maxTries-1 {
+				return fmt.Errorf("%s %s: %w: the claim's record kept changing under it", op, c.key, ErrUnavailable)
+			}
+			continue // write again, on top of what landed
 		case mine && cur.State == Done:
 			c.rev = cur.Revision
 			c.endLocked(ErrClaimEnded)
-			if rec != nil && rec.State == Done && sameOutcome(cur.Outcome, rec.Outcome) {
+			if want != nil && want.State == Done && sameOutcome(cur.Outcome, want.Outcome) {
 				return nil // our Complete landed
 			}
 			// Completed through another handle, with another outcome.
@@ -153,6 +165,23 @@ func (c *Claim) write(ctx context.Context, op string, final bool, extra []client
 		c.endLocked(ErrFenced)
 		return fmt.Errorf("%s %s: %w", op, c.key, ErrFenced)
 	}
+}
+
+// adoptLocked makes rec, written at rev by this claim, the claim's state:
+// the fence, the checkpoint and the deadline (re-arming its timer).
+func (c *Claim) adoptLocked(rec *Record, rev int64) {
+	c.rev = rev
+	c.checkpoint = rec.Checkpoint
+	if !rec.Deadline.Equal(c.deadline) {
+		c.deadline = rec.Deadline
+		c.armDeadlineLocked()
+	}
+}
+
+// sameInFlight reports whether two in-flight records of one claim say the
+// same: a write that would put want has already landed as got.
+func sameInFlight(got, want *Record) bool {
+	return got.Owner == want.Owner && got.Deadline.Equal(want.Deadline) && bytes.Equal(got.Checkpoint, want.Checkpoint)
 }
 
 // recordLocked returns the claim's in-flight record as of now.
@@ -177,7 +206,18 @@ func (c *Claim) endLocked(cause error) {
 	c.s.unregister(c)
 	c.cancel(cause)
 	if c.timer != nil {
-		c.timer.Stop()
+		c.timer()
+		c.timer = nil
+	}
+}
+
+// giveUp ends the claim in this process without a write, when it cannot
+// be ended in etcd for a reason a retry cannot mend.
+func (c *Claim) giveUp(cause error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.ended {
+		c.endLocked(cause)
 	}
 }
 
