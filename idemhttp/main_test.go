@@ -96,6 +96,37 @@ func newUpstream(t *testing.T) *upstream {
 			conn.Close() // no response at all
 		}
 	})
+	mux.HandleFunc("/cut", func(w http.ResponseWriter, r *http.Request) {
+		u.calls.Add(1)
+		io.Copy(io.Discard, r.Body)
+		// A status and part of the body, then the connection breaks.
+		w.Header().Set("Content-Length", "1000")
+		w.WriteHeader(http.StatusCreated)
+		w.Write([]byte(`{"charge":`))
+		rc := http.NewResponseController(w)
+		rc.Flush()
+		if conn, _, err := rc.Hijack(); err == nil {
+			conn.Close()
+		}
+	})
+	mux.HandleFunc("/stream", func(w http.ResponseWriter, r *http.Request) {
+		u.calls.Add(1)
+		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+		chunk := []byte(strings.Repeat("x", 32<<10))
+		for sent := 0; sent < n; sent += len(chunk) {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+			http.NewResponseController(w).Flush()
+		}
+	})
+	mux.HandleFunc("/close-after-read", func(w http.ResponseWriter, r *http.Request) {
+		u.calls.Add(1)
+		io.Copy(io.Discard, r.Body)
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			conn.Close() // the request arrived; no answer
+		}
+	})
 	mux.HandleFunc("/echo", func(w http.ResponseWriter, r *http.Request) {
 		u.calls.Add(1)
 		w.Header().Set("Content-Type", "application/json")

@@ -6,17 +6,18 @@ import (
 
 // Outcomes of a request at the edge, the values of the "outcome" label.
 const (
-	OutcomeClaimed     = "claimed"      // a new key: the handler ran
-	OutcomeTakeover    = "takeover"     // a stale claim was taken over: the handler ran
-	OutcomeReplayed    = "replayed"     // a saved response was replayed
-	OutcomeConflict    = "conflict"     // 409: in flight elsewhere
-	OutcomeMismatch    = "mismatch"     // 422
-	OutcomeFenced      = "fenced"       // the handler ran but its claim was taken over
-	OutcomeInvalid     = "invalid"      // 400/403/413 before any claim
-	OutcomeUnavailable = "unavailable"  // 503: etcd unreachable
-	OutcomeUpstream    = "upstream_err" // 502: no response from the handler/upstream
-	OutcomePassthrough = "passthrough"  // no key, or a method that is not claimed
-	OutcomeError       = "error"        // anything else
+	OutcomeClaimed         = "claimed"          // a new key: the handler ran
+	OutcomeTakeover        = "takeover"         // a stale claim was taken over: the handler ran
+	OutcomeReplayed        = "replayed"         // a saved response was replayed
+	OutcomeConflict        = "conflict"         // 409: in flight elsewhere
+	OutcomeMismatch        = "mismatch"         // 422
+	OutcomeFenced          = "fenced"           // the handler ran but its claim was taken over
+	OutcomeInvalid         = "invalid"          // 400/403/413 before any claim
+	OutcomeUnavailable     = "unavailable"      // 503: etcd unreachable
+	OutcomeUpstream        = "upstream_err"     // 502: the request never reached the upstream (released)
+	OutcomeUpstreamUnknown = "upstream_unknown" // 502/504: the upstream may have acted; its answer was lost
+	OutcomePassthrough     = "passthrough"      // no key, or a method that is not claimed
+	OutcomeError           = "error"            // anything else
 )
 
 // Metrics are the edge's Prometheus metrics. Labels never include keys,

@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -57,13 +59,20 @@ type Config struct {
 	// the default, as Stripe does) or released so a retry runs again (safe
 	// only if the handler is idempotent downstream).
 	Save5xx func(*http.Request) bool
-	// KeepOnNoResponse says how a claim ends when the handler got no
-	// response (NoResponse: the upstream was unreachable or timed out).
-	// False (the default) releases it: there is no answer to save, and the
-	// retry reaches the upstream again with the same key, which an upstream
-	// that dedupes by key turns into its first answer. True abandons it
-	// with its fingerprint, for the next request to resume.
-	KeepOnNoResponse bool
+	// OnUnknownOutcome says how a claim ends when the request may have
+	// reached the handler's upstream but no whole answer came back: a
+	// timeout, a connection that broke after the request was sent, a
+	// response cut off after its status. The upstream may have acted.
+	// etcdstore.EndSave (the default) saves a 502 or 504 problem saying
+	// so, replayed to every retry: the client must reconcile before it
+	// uses a new key (Stripe's advice for unknown outcomes).
+	// etcdstore.EndRelease releases the key and etcdstore.EndAbandon
+	// abandons it for the next request to take over: either way the retry
+	// reaches the upstream again, which is safe only for an upstream that
+	// deduplicates by the forwarded key or refuses stale fencing tokens.
+	// A request that provably never reached the upstream (connection
+	// refused, a DNS failure) is always released.
+	OnUnknownOutcome etcdstore.End
 	// MaxWait caps "Prefer: wait=N" (default 60 s).
 	MaxWait time.Duration
 	// ClaimDeadline, when set, gives every claim a deadline (see
@@ -251,47 +260,27 @@ func (m *Middleware) parse(w http.ResponseWriter, r *http.Request, id string) (*
 func (m *Middleware) run(w http.ResponseWriter, req *request, next http.Handler, opts []etcdstore.ClaimOption) (string, error) {
 	r := req.r
 	var rec *recorder
+	var ans answer
 	outcome := OutcomeClaimed
 	res, err := m.cfg.Store.Run(r.Context(), req.key, req.fp, func(_ context.Context, c *etcdstore.Claim) (etcdstore.Outcome, etcdstore.End) {
 		if c.TookOver() {
 			outcome = OutcomeTakeover
 		}
-		// Once forwarded, the request runs to its end even if its client
-		// hangs up: its response is saved and the client's retry replays
-		// it. Cutting it short would leave an unknown outcome and make the
-		// retry run the operation again. Only losing the claim stops it.
-		ctx, cancel := c.Context(context.WithoutCancel(r.Context()))
-		defer cancel()
+		// Once forwarded, the request runs to its end, even if its client
+		// hangs up or the claim is lost meanwhile: cutting it short would
+		// turn a definite answer into an unknown outcome. Its answer is
+		// saved if the claim still holds (the write is fenced); the
+		// client's retry replays it.
+		ctx := fencing.NewContext(context.WithoutCancel(r.Context()), c.Token())
 		up := r.Clone(ctx)
-		up.Body = io.NopCloser(bytes.NewReader(req.body))
+		up.Body = newBody(req.body)
 		up.ContentLength = int64(len(req.body))
 		fencing.SetHeader(up.Header, c.Token())
 		rec = newRecorder(w, m.cfg.MaxResponseBody)
-		next.ServeHTTP(rec, up)
-		lost := c.Err() != nil
-		switch {
-		case rec.noResp != nil && (lost || m.cfg.KeepOnNoResponse):
-			return etcdstore.Outcome{}, etcdstore.EndAbandon
-		case rec.noResp != nil:
-			return etcdstore.Outcome{}, etcdstore.EndRelease
-		case rec.overflow:
-			p := NewProblem(http.StatusInternalServerError, KindResponseNotSaved, fmt.Sprintf(
-				"the request ran once, but its response was over the %d-byte limit and cannot be replayed; do not retry it with a new key",
-				m.cfg.MaxResponseBody))
-			return etcdstore.Outcome{Status: p.Status, Header: map[string][]string{"Content-Type": {"application/problem+json"}}, Body: p.Body()}, etcdstore.EndSave
-		}
-		if rec.status == 0 {
-			rec.status = http.StatusOK
-		}
-		out := etcdstore.Outcome{Status: rec.status, Header: savedHeaders(rec.header), Body: rec.body.Bytes()}
-		switch {
-		case rec.status >= 500 && lost:
-			// Likely caused by losing the claim: not the operation's answer.
-			return out, etcdstore.EndAbandon
-		case rec.status >= 500 && m.cfg.Save5xx != nil && !m.cfg.Save5xx(r):
-			return out, etcdstore.EndRelease
-		}
-		return out, etcdstore.EndSave
+		rec.req = r
+		aborted := serveCatchingAbort(next, rec, up)
+		ans = m.decide(rec, aborted)
+		return ans.out, ans.end
 	}, opts...)
 
 	if rec == nil { // the handler did not run: a replay or a refusal
@@ -301,6 +290,14 @@ func (m *Middleware) run(w http.ResponseWriter, req *request, next http.Handler,
 		writeOutcome(w, res.Outcome, true)
 		m.log(req, OutcomeReplayed, res.Token, res.Status)
 		return OutcomeReplayed, nil
+	}
+	if ans.abort {
+		// Part of the response is already with the client and the rest is
+		// lost: only a broken connection tells the client so. The claim
+		// ended first (what was saved says the response was cut off).
+		m.cfg.Logger.Warn("idem: response cut off while streaming; what was saved says so",
+			"key", req.logKey, "token", int64(res.Token), "status", rec.status)
+		panic(http.ErrAbortHandler)
 	}
 	switch {
 	case errors.Is(err, etcdstore.ErrFenced) || errors.Is(err, etcdstore.ErrClaimEnded):
@@ -330,17 +327,148 @@ func (m *Middleware) run(w http.ResponseWriter, req *request, next http.Handler,
 	case err != nil && !errors.Is(err, etcdstore.ErrUnavailable):
 		m.cfg.Logger.Error("idem: ending a claim", "key", req.logKey, "err", m.redact(req, err))
 	}
+	if ans.unknown != "" {
+		m.cfg.Logger.Warn("idem: the upstream's outcome is unknown", "key", req.logKey, "token", int64(res.Token), "why", ans.unknown)
+	}
 	switch {
-	case rec.noResp != nil:
-		p := NewProblem(http.StatusBadGateway, KindUpstreamUnavailable, "no response: "+rec.noResp.Error()+"; retry with the same key")
-		p.Write(w)
-		m.log(req, OutcomeUpstream, res.Token, p.Status)
-		return OutcomeUpstream, nil
+	case ans.problem != nil:
+		ans.problem.Write(w)
+		m.log(req, ans.label, res.Token, ans.problem.Status)
+		return ans.label, nil
 	case !rec.overflow:
 		writeOutcome(w, res.Outcome, false)
 	}
-	m.log(req, outcome, res.Token, rec.status)
+	if ans.label != "" {
+		outcome = ans.label
+	}
+	m.log(req, outcome, res.Token, res.Status)
 	return outcome, nil
+}
+
+// body is a request body read into memory: the proxy can rewind it for the
+// re-sends net/http makes when nothing was written.
+type body struct {
+	*bytes.Reader
+	b []byte
+}
+
+type rewindable interface{ rewind() (io.ReadCloser, error) }
+
+func newBody(b []byte) *body                   { return &body{bytes.NewReader(b), b} }
+func (*body) Close() error                     { return nil }
+func (b *body) rewind() (io.ReadCloser, error) { return newBody(b.b), nil }
+
+// answer is how one run of the handler ends: the claim's end and outcome,
+// and what the client is told when that is not the outcome itself.
+type answer struct {
+	out     etcdstore.Outcome
+	end     etcdstore.End
+	problem *Problem // answered instead of out (a released or abandoned key)
+	label   string   // the metrics outcome, when not claimed/takeover
+	unknown string   // why the outcome is unknown, for the log
+	abort   bool     // a streamed response was cut off: break the client's connection
+}
+
+// serveCatchingAbort runs next, and reports whether it aborted with
+// http.ErrAbortHandler, which httputil.ReverseProxy raises when the
+// upstream's body breaks off after its status was sent (or the client
+// went away while a response streamed to it).
+func serveCatchingAbort(next http.Handler, w http.ResponseWriter, r *http.Request) (aborted bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			if v != http.ErrAbortHandler { //nolint:errorlint // a sentinel panic value
+				panic(v)
+			}
+			aborted = true
+		}
+	}()
+	next.ServeHTTP(w, r)
+	return false
+}
+
+// decide turns what the handler did into how its claim ends. The rule:
+// an outcome that may have happened is treated as having happened; only a
+// request that provably never reached the upstream is released.
+func (m *Middleware) decide(rec *recorder, aborted bool) answer {
+	switch {
+	case rec.overflow:
+		// The response went to the client as it streamed: it cannot be
+		// replayed. Save that fact, so a retry does not run it again.
+		detail := fmt.Sprintf("the request ran once, but its response was over the %d-byte limit and cannot be replayed; do not retry it with a new key", m.cfg.MaxResponseBody)
+		if aborted {
+			detail = fmt.Sprintf("the request ran once, but its response (over the %d-byte limit, streamed as it came) was cut off and cannot be replayed; the upstream may have acted: reconcile before using a new key", m.cfg.MaxResponseBody)
+		}
+		p := NewProblem(http.StatusInternalServerError, KindResponseNotSaved, detail)
+		return answer{out: problemOutcome(p), end: etcdstore.EndSave, abort: aborted}
+	case aborted:
+		why := "the handler aborted before it answered"
+		if rec.status != 0 {
+			why = fmt.Sprintf("the upstream's response was cut off after its status (%d)", rec.status)
+		}
+		return m.unknownOutcome(http.StatusBadGateway, why)
+	case rec.noResp != nil && neverSent(rec.noResp):
+		p := NewProblem(http.StatusBadGateway, KindUpstreamUnavailable,
+			"the request did not reach the upstream: "+rec.noResp.Error()+"; retry with the same key")
+		return answer{end: etcdstore.EndRelease, problem: &p, label: OutcomeUpstream}
+	case rec.noResp != nil:
+		status := http.StatusBadGateway
+		if isTimeout(rec.noResp) {
+			status = http.StatusGatewayTimeout
+		}
+		return m.unknownOutcome(status, "no response from the upstream after the request was sent: "+rec.noResp.Error())
+	}
+	if rec.status == 0 {
+		rec.status = http.StatusOK
+	}
+	out := etcdstore.Outcome{Status: rec.status, Header: savedHeaders(rec.header), Body: rec.body.Bytes()}
+	if rec.status >= 500 && m.cfg.Save5xx != nil && !m.cfg.Save5xx(rec.req) {
+		return answer{out: out, end: etcdstore.EndRelease}
+	}
+	return answer{out: out, end: etcdstore.EndSave}
+}
+
+// unknownOutcome is the answer to a request whose upstream may have acted
+// without a whole answer coming back: by default a saved problem saying so.
+func (m *Middleware) unknownOutcome(status int, why string) answer {
+	end := m.cfg.OnUnknownOutcome
+	detail := why + "; the upstream may have acted: reconcile before using a new key (retrying this key replays this answer)"
+	if end != etcdstore.EndSave {
+		detail = why + "; the upstream may have acted; the key was not kept, so a retry with it reaches the upstream again"
+	}
+	p := NewProblem(status, KindUpstreamUnknown, detail)
+	a := answer{out: problemOutcome(p), end: end, label: OutcomeUpstreamUnknown, unknown: why}
+	if end != etcdstore.EndSave {
+		a.problem = &p
+	}
+	return a
+}
+
+// problemOutcome is p as an outcome to save.
+func problemOutcome(p Problem) etcdstore.Outcome {
+	return etcdstore.Outcome{Status: p.Status, Header: map[string][]string{"Content-Type": {"application/problem+json"}}, Body: p.Body()}
+}
+
+// neverSent reports whether err, from a proxy's transport, proves that the
+// request never reached the upstream: the connection could not be made
+// (refused, no route, a DNS failure, a dial timeout) or its TLS handshake
+// failed. Every other error may come after the request was written.
+func neverSent(err error) bool {
+	var op *net.OpError
+	var dns *net.DNSError
+	var rh tls.RecordHeaderError
+	var cv *tls.CertificateVerificationError
+	switch {
+	case errors.As(err, &op) && op.Op == "dial",
+		errors.As(err, &dns), errors.As(err, &rh), errors.As(err, &cv):
+		return true
+	}
+	return strings.Contains(err.Error(), "TLS handshake timeout") // net/http's unexported tlsHandshakeTimeoutError
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() ||
+		strings.Contains(err.Error(), "timeout awaiting response headers")
 }
 
 // fail answers a request whose claim failed.

@@ -44,6 +44,7 @@ const (
 	KindNotFound            = "not-found"
 	KindUnavailable         = "unavailable"
 	KindUpstreamUnavailable = "upstream-unavailable"
+	KindUpstreamUnknown     = "upstream-outcome-unknown"
 	KindResponseNotSaved    = "response-not-saved"
 	KindInternal            = "internal"
 	KindMethodNotAllowed    = "method-not-allowed"
@@ -63,7 +64,8 @@ var titles = map[string]string{
 	KindFenced:              "Claim lost to a newer owner",
 	KindNotFound:            "No such idempotency key",
 	KindUnavailable:         "Idempotency store unavailable",
-	KindUpstreamUnavailable: "Upstream did not respond",
+	KindUpstreamUnavailable: "Upstream could not be reached",
+	KindUpstreamUnknown:     "Upstream may have acted; its answer was lost",
 	KindResponseNotSaved:    "First response too large to replay",
 	KindInternal:            "Internal error",
 	KindMethodNotAllowed:    "Method not allowed",

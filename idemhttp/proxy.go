@@ -7,7 +7,10 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strings"
 	"time"
+
+	"github.com/idem-dev/idem/fencing"
 )
 
 // ProxyOptions configure NewProxy.
@@ -19,6 +22,28 @@ type ProxyOptions struct {
 	Transport http.RoundTripper
 	// Logger receives upstream errors (default: none).
 	Logger *slog.Logger
+}
+
+// noReplay stops net/http from sending a claimed request twice. Its
+// Transport re-sends a request that carries an Idempotency-Key header when
+// the upstream closes a reused connection before answering
+// (golang.org/issue/19943): the upstream may have acted, and idem's promise
+// is that it gets the request once. The key goes out under its lower-case
+// name (header names are case-insensitive; HTTP/2 sends them so anyway),
+// which the Transport does not look for, and the body can be rewound: only
+// the re-sends the Transport makes when nothing was written remain.
+func noReplay(r *http.Request) {
+	for _, name := range []string{HeaderKey, "X-Idempotency-Key"} {
+		if vs, ok := r.Header[name]; ok {
+			delete(r.Header, name)
+			r.Header[strings.ToLower(name)] = vs
+		}
+	}
+	if r.Body != nil && r.Body != http.NoBody && r.GetBody == nil {
+		if body, ok := r.Body.(rewindable); ok {
+			r.GetBody = body.rewind
+		}
+	}
 }
 
 // NewProxy returns a reverse proxy to upstream, behind mw: idem as a sidecar.
@@ -53,6 +78,9 @@ func NewProxy(upstream *url.URL, mw *Middleware, o ProxyOptions) (http.Handler, 
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(upstream)
 			pr.SetXForwarded()
+			if pr.Out.Header.Get(fencing.Header) != "" {
+				noReplay(pr.Out)
+			}
 		},
 		Transport: tr,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {

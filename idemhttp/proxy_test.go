@@ -2,8 +2,12 @@ package idemhttp
 
 import (
 	"context"
+	"io"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -211,38 +215,152 @@ func TestUpstreamGetsKeyAndFence(t *testing.T) {
 	}
 }
 
+// Without a whole answer from the upstream, a keyed request is released
+// only when it provably never reached the upstream. Otherwise the upstream
+// may have acted: by default a problem saying so is saved and replayed, and
+// the upstream is never called twice; releasing or abandoning is an opt-in.
 func TestUpstreamWithoutResponse(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		path    string
-		keep    bool
+		end     etcdstore.End
 		timeout time.Duration
+		status  int
+		kind    string
+		calls   int64 // upstream calls after the request and its retry
 	}{
-		{"connection dropped, release", "/drop", false, 0},
-		{"timeout, release", "/hang", false, 300 * time.Millisecond},
-		{"connection dropped, keep", "/drop", true, 0},
+		{"connection dropped after the request: saved", "/drop", etcdstore.EndSave, 0, 502, KindUpstreamUnknown, 1},
+		{"timeout: saved", "/hang", etcdstore.EndSave, 300 * time.Millisecond, 504, KindUpstreamUnknown, 1},
+		{"timeout: released by choice", "/hang", etcdstore.EndRelease, 300 * time.Millisecond, 504, KindUpstreamUnknown, 2},
+		{"connection dropped: abandoned by choice", "/drop", etcdstore.EndAbandon, 0, 502, KindUpstreamUnknown, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			up := newUpstream(t)
 			store := newStore(t, "")
-			front := newFront(t, Config{Store: store, KeepOnNoResponse: tc.keep}, up, ProxyOptions{Timeout: tc.timeout})
+			front := newFront(t, Config{Store: store, OnUnknownOutcome: tc.end}, up, ProxyOptions{Timeout: tc.timeout})
 			r := do(t, "POST", front.URL+tc.path, "k", `{}`)
-			if r.status != http.StatusBadGateway || problemType(t, r) != KindUpstreamUnavailable {
-				t.Fatalf("%d %q; want 502 upstream-unavailable", r.status, r.body)
+			if r.status != tc.status || problemType(t, r) != tc.kind {
+				t.Fatalf("%d %q; want %d %s", r.status, r.body, tc.status, tc.kind)
 			}
 			rec, err := store.Get(t.Context(), etcdstore.Key{ID: "k"})
-			if !tc.keep && err == nil {
-				t.Fatalf("record %+v after release; want none", rec)
+			switch tc.end {
+			case etcdstore.EndSave:
+				if err != nil || rec.State != etcdstore.Done || rec.Outcome.Status != tc.status {
+					t.Fatalf("record %+v, %v; want the problem saved", rec, err)
+				}
+			case etcdstore.EndRelease:
+				if err == nil {
+					t.Fatalf("record %+v after release; want none", rec)
+				}
+			case etcdstore.EndAbandon:
+				if err != nil || rec.State != etcdstore.InFlight || rec.Owner != "" {
+					t.Fatalf("record %+v, %v; want an abandoned claim", rec, err)
+				}
 			}
-			if tc.keep && (err != nil || rec.State != etcdstore.InFlight || rec.Owner != "") {
-				t.Fatalf("record %+v, %v; want an abandoned claim", rec, err)
+			again := do(t, "POST", front.URL+tc.path, "k", `{}`)
+			if tc.end == etcdstore.EndSave && (again.status != tc.status || again.body != r.body || again.header.Get(HeaderReplayed) != "true") {
+				t.Fatalf("retry = %d %q; want the saved problem replayed", again.status, again.body)
 			}
-			// Either way the retry reaches the upstream again.
-			do(t, "POST", front.URL+tc.path, "k", `{}`)
-			if c := up.calls.Load(); c != 2 {
-				t.Fatalf("upstream calls = %d; want 2 (the retry runs again)", c)
+			if c := up.calls.Load(); c != tc.calls {
+				t.Fatalf("upstream calls = %d; want %d", c, tc.calls)
 			}
 		})
+	}
+}
+
+// A request that never reached the upstream (nothing listens) is released:
+// the retry may try again.
+func TestUnreachableUpstreamIsReleased(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	store := newStore(t, "")
+	mw, err := New(Config{Store: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := NewProxy(&url.URL{Scheme: "http", Host: addr}, mw, ProxyOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(h)
+	t.Cleanup(front.Close)
+	r := do(t, "POST", front.URL+"/charge", "k", `{}`)
+	if r.status != http.StatusBadGateway || problemType(t, r) != KindUpstreamUnavailable {
+		t.Fatalf("%d %q; want 502 upstream-unavailable", r.status, r.body)
+	}
+	if rec, err := store.Get(t.Context(), etcdstore.Key{ID: "k"}); err == nil {
+		t.Fatalf("record %+v; want the key released", rec)
+	}
+}
+
+// The upstream sends its status and part of its body, then the connection
+// breaks: the operation ran. The client gets a problem saying the response
+// was cut off (not a closed connection), it is saved, and no retry calls
+// the upstream again.
+func TestCutOffResponseIsSavedNotRerun(t *testing.T) {
+	up := newUpstream(t)
+	store := newStore(t, "")
+	front := newFront(t, Config{Store: store}, up, ProxyOptions{})
+	first := do(t, "POST", front.URL+"/cut", "k", `{}`)
+	if first.status != http.StatusBadGateway || problemType(t, first) != KindUpstreamUnknown || !strings.Contains(first.body, "cut off after its status (201)") {
+		t.Fatalf("first = %d %q; want 502 upstream-outcome-unknown naming the cut", first.status, first.body)
+	}
+	for i := 0; i < 2; i++ {
+		if r := do(t, "POST", front.URL+"/cut", "k", `{}`); r.status != first.status || r.body != first.body || r.header.Get(HeaderReplayed) != "true" {
+			t.Fatalf("retry %d = %d %q; want the saved problem", i, r.status, r.body)
+		}
+	}
+	if c := up.calls.Load(); c != 1 {
+		t.Fatalf("upstream called %d times; want 1", c)
+	}
+}
+
+// A response too large to save streams to its client; the client hangs up
+// mid-body. The operation ran: what is saved says its response cannot be
+// replayed, and the retry does not call the upstream again.
+func TestClientHangsUpOnStreamedResponse(t *testing.T) {
+	up := newUpstream(t)
+	front := newFront(t, Config{MaxResponseBody: 1000}, up, ProxyOptions{})
+	req, _ := http.NewRequest("POST", front.URL+"/stream?n=67108864", strings.NewReader(`{}`))
+	req.Header.Set(HeaderKey, "k")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(resp.Body, make([]byte, 64<<10)); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close() // hang up mid-body
+	r := do(t, "POST", front.URL+"/stream?n=67108864", "k", `{}`, "Prefer", "wait=30")
+	if r.status != 500 || problemType(t, r) != KindResponseNotSaved || r.header.Get(HeaderReplayed) != "true" {
+		t.Fatalf("retry = %d %q; want the saved response-not-saved problem", r.status, r.body)
+	}
+	if c := up.calls.Load(); c != 1 {
+		t.Fatalf("upstream called %d times; want 1", c)
+	}
+}
+
+// net/http re-sends a request carrying Idempotency-Key when the upstream
+// closes a reused connection without answering; the proxy must not let it:
+// the upstream got the request and may have acted.
+func TestTransportDoesNotResendAKeyedRequest(t *testing.T) {
+	up := newUpstream(t)
+	front := newFront(t, Config{}, up, ProxyOptions{})
+	// A first exchange leaves a connection to the upstream in the pool.
+	if r := do(t, "POST", front.URL+"/echo", "warm", `{}`); r.status != 200 {
+		t.Fatalf("warm-up: %d", r.status)
+	}
+	r := do(t, "POST", front.URL+"/close-after-read", "k", ``)
+	if r.status != http.StatusBadGateway || problemType(t, r) != KindUpstreamUnknown {
+		t.Fatalf("%d %q; want 502 upstream-outcome-unknown", r.status, r.body)
+	}
+	if c := up.calls.Load(); c != 2 {
+		t.Fatalf("upstream calls = %d; want 2 (the warm-up and one delivery)", c)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 // replayed.
 type recorder struct {
 	w      http.ResponseWriter
+	req    *http.Request // the request as the handler got it
 	header http.Header
 	status int
 	body   bytes.Buffer
@@ -72,9 +73,13 @@ func (r *recorder) Flush() {
 
 // NoResponse tells idem's middleware that the handler has no response to
 // save, because err stopped it from getting one (a proxy whose upstream
-// could not be reached or timed out). The middleware then releases or
-// abandons the claim, as configured, and answers 502 itself. It returns
-// false when w is not the middleware's, and the handler must answer.
+// could not be reached, broke the connection, or timed out). The middleware
+// answers itself: when err proves the request never reached the upstream
+// (a refused connection, a DNS failure) it releases the claim and answers
+// 502; otherwise the upstream may have acted, and it ends the claim as
+// Config.OnUnknownOutcome says (by default it saves a 502 or 504 problem).
+// It returns false when w is not the middleware's, and the handler must
+// answer.
 func NoResponse(w http.ResponseWriter, err error) bool {
 	r, ok := w.(*recorder)
 	if !ok || r.status != 0 {

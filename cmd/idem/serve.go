@@ -59,7 +59,7 @@ type serveConfig struct {
 	methods             listFlag
 	requireKey          listFlag
 	release5xx          listFlag
-	onNoResponse        string
+	onUnknownOutcome    string
 	fingerprintHeaders  listFlag
 	maxRequestBody      int64
 	maxResponseBody     int
@@ -113,7 +113,7 @@ func (c *serveConfig) flags(stderr io.Writer) *flag.FlagSet {
 	fs.Var(&c.methods, "methods", "methods whose keyed requests are claimed, comma-separated")
 	fs.Var(&c.requireKey, "require-key", "path prefixes whose claimed methods must carry an Idempotency-Key (400 otherwise); repeatable")
 	fs.Var(&c.release5xx, "release-5xx", "path prefixes where a 5xx response releases the key (retry runs again) instead of being saved; repeatable")
-	fs.StringVar(&c.onNoResponse, "on-no-response", "release", "when the upstream gives no response (unreachable, timeout): release (retry runs again) or keep (abandon for the next request to resume)")
+	fs.StringVar(&c.onUnknownOutcome, "on-unknown-outcome", "save", "when the upstream may have acted but no whole answer came back (timeout, broken connection, cut-off body): save (a 502/504 problem, replayed to every retry), release or abandon (the retry reaches the upstream again: only for upstreams that dedupe by key or check the fencing token); a request that never reached the upstream is always released")
 	fs.Var(&c.fingerprintHeaders, "fingerprint-headers", "request headers that are part of the fingerprint, comma-separated")
 	fs.Int64Var(&c.maxRequestBody, "max-request-body", idemhttp.DefaultMaxRequestBody, "largest request body with a key, bytes (413 past it)")
 	fs.IntVar(&c.maxResponseBody, "max-response-body", idemhttp.DefaultMaxResponseBody, "largest response body saved for replay, bytes")
@@ -159,8 +159,8 @@ func (c *serveConfig) validate() error {
 			return fmt.Errorf("--upstream %q: must be an absolute http or https URL", c.upstream)
 		}
 	}
-	if c.onNoResponse != "release" && c.onNoResponse != "keep" {
-		return fmt.Errorf("--on-no-response %q: must be release or keep", c.onNoResponse)
+	if _, ok := ends[c.onUnknownOutcome]; !ok {
+		return fmt.Errorf("--on-unknown-outcome %q: must be save, release or abandon", c.onUnknownOutcome)
 	}
 	if c.logFormat != "json" && c.logFormat != "text" {
 		return fmt.Errorf("--log-format %q: must be json or text", c.logFormat)
@@ -495,7 +495,7 @@ func (c *serveConfig) edge(store *etcdstore.Store, metrics *idemhttp.Metrics, lo
 		release := pathPrefixes(c.release5xx)
 		cfg.Save5xx = func(r *http.Request) bool { return !release(r) }
 	}
-	cfg.KeepOnNoResponse = c.onNoResponse == "keep"
+	cfg.OnUnknownOutcome = ends[c.onUnknownOutcome]
 	mw, err := idemhttp.New(cfg)
 	if err != nil {
 		return nil, err
@@ -503,6 +503,9 @@ func (c *serveConfig) edge(store *etcdstore.Store, metrics *idemhttp.Metrics, lo
 	up, _ := url.Parse(c.upstream)
 	return idemhttp.NewProxy(up, mw, idemhttp.ProxyOptions{Timeout: c.upstreamTimeout, Logger: log})
 }
+
+// ends names the ways a claim ends, as flags spell them.
+var ends = map[string]etcdstore.End{"save": etcdstore.EndSave, "release": etcdstore.EndRelease, "abandon": etcdstore.EndAbandon}
 
 func pathPrefixes(prefixes []string) func(*http.Request) bool {
 	return func(r *http.Request) bool {
