@@ -263,6 +263,13 @@ func (s *Store) Claim(ctx context.Context, key Key, fp Fingerprint, opts ...Clai
 	c.mu.Lock()
 	c.watchLocked()
 	c.mu.Unlock()
+	if err := c.Err(); err != nil {
+		// Lost while its claim Txn was on its way (the session ended, the
+		// store closed): never hand out a claim that is already stale to
+		// everyone else. Its record is taken over by the next claimant.
+		s.unregister(c)
+		return nil, nil, fmt.Errorf("claim %s: %w: %w", key, ErrUnavailable, err)
+	}
 	return c, nil, nil
 }
 

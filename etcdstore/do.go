@@ -215,19 +215,19 @@ func (s *Store) run(ctx context.Context, c *Claim, work RunWork, policy ErrorPol
 // claim, and if even that is refused, the claim is given up here (logged)
 // rather than held by this process.
 func (s *Store) end(ctx context.Context, c *Claim, end End, out Outcome) error {
-	finish := func(ctx context.Context) error { return c.Complete(ctx, out) }
+	finish, op := func(ctx context.Context) error { return c.Complete(ctx, out) }, "complete"
 	switch end {
 	case EndRelease:
-		finish = c.Release
+		finish, op = c.Release, "release"
 	case EndAbandon:
-		finish = c.Abandon
+		finish, op = c.Abandon, "abandon"
 	}
 	err := finish(ctx)
 	switch {
 	case err == nil, errors.Is(err, ErrFenced), errors.Is(err, ErrClaimEnded):
 		return err
 	case errors.Is(err, ErrUnavailable):
-		s.finishLater(c, finish)
+		s.finishLater(c, op, finish)
 		return err
 	case errors.Is(err, ErrTooLarge) && end == EndSave:
 		// The work ran but its outcome cannot be saved: save that fact, so
@@ -246,7 +246,7 @@ func (s *Store) end(ctx context.Context, c *Claim, end End, out Outcome) error {
 		case e == nil, errors.Is(e, ErrFenced), errors.Is(e, ErrClaimEnded):
 			return err
 		case errors.Is(e, ErrUnavailable):
-			s.finishLater(c, c.Abandon)
+			s.finishLater(c, "abandon", c.Abandon)
 			return err
 		}
 	}
@@ -267,8 +267,8 @@ func truncate(s string, n int) string {
 // process keeps answering ErrConflict for its key; Close waits for it.
 // Fencing makes every try safe, even after the session is lost: the write
 // lands only if nobody took the key over.
-func (s *Store) finishLater(c *Claim, finish func(context.Context) error) {
-	ok := s.bg.start("finish "+c.key.String(), 100*time.Millisecond, func(ctx context.Context) bool {
+func (s *Store) finishLater(c *Claim, op string, finish func(context.Context) error) {
+	ok := s.bg.start(fmt.Sprintf("%s %s %d", op, c.key, c.token), 100*time.Millisecond, func(ctx context.Context) bool {
 		tctx, cancel := context.WithTimeout(ctx, s.endTimeout)
 		err := finish(tctx)
 		cancel()
@@ -303,7 +303,7 @@ func (s *Store) abandonIfOurs(k Key, owner, attempt string) {
 	if owner == deadlineOwner {
 		return
 	}
-	s.bg.start("abandon "+k.String(), 50*time.Millisecond, func(ctx context.Context) bool {
+	s.bg.start("reap "+k.String(), 50*time.Millisecond, func(ctx context.Context) bool {
 		hold := &Claim{s: s, key: k, attempt: attempt, owner: owner}
 		hold.ctx, hold.cancel = context.WithCancelCause(context.Background())
 		defer hold.cancel(ErrClaimEnded)

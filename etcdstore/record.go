@@ -142,6 +142,12 @@ func encode(r *Record, token fencing.Token) []byte {
 	return append(buf, body...)
 }
 
+// DecodeRecord reads the record of key k from its etcd key-value, for tools
+// that read idem's records from etcd directly (a watch of the prefix, a
+// backup). An unknown version or a malformed record is an error wrapping
+// ErrCorrupt.
+func DecodeRecord(k Key, kv *mvccpb.KeyValue) (*Record, error) { return decode(k, kv) }
+
 // decode reads a record from its etcd key-value.
 func decode(k Key, kv *mvccpb.KeyValue) (*Record, error) {
 	v := kv.Value

@@ -63,7 +63,7 @@ type Store struct {
 	claimPath ClaimPath
 	hitRate   atomic.Int64 // recent share of claims that found a record, in 1/65536
 
-	bg        *background                                     // retried writes that outlive their call
+	bg        *background                                    // retried writes that outlive their call
 	afterFunc func(time.Duration, func()) (stop func() bool) // deadline timers
 
 	mu      sync.Mutex

@@ -12,6 +12,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/idem-dev/idem/internal/sim"
 )
 
 // casResult is the answer of a compare-and-set Txn.
@@ -192,6 +194,9 @@ func mayHaveLanded(err error) bool {
 // backoff sleeps before retry try (0-based), or returns false when ctx ends
 // first.
 func backoff(ctx context.Context, try int) bool {
+	if sim.NoWaits(ctx) {
+		return ctx.Err() == nil
+	}
 	d := time.Duration(25<<min(try, 5)) * time.Millisecond
 	t := time.NewTimer(d)
 	defer t.Stop()

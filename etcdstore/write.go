@@ -63,7 +63,15 @@ func (c *Claim) Checkpoint(ctx context.Context, data []byte) error {
 // the key exists to prevent. If the record is no longer this claim's (taken
 // over, evicted), Release leaves it alone and returns an error wrapping
 // ErrFenced.
+//
+// A claim that took the key over (TookOver) is abandoned instead of
+// released: an earlier owner may have acted, and deleting the record would
+// forget that (and its checkpoint), so that the next claim would start the
+// work afresh. Abandoned, the key is taken over and resumed.
 func (c *Claim) Release(ctx context.Context) error {
+	if c.TookOver() {
+		return c.Abandon(ctx)
+	}
 	return c.write(ctx, "release", true, nil, nil)
 }
 

@@ -16,9 +16,11 @@ import (
 // ProxyOptions configure NewProxy.
 type ProxyOptions struct {
 	// Timeout bounds the wait for the upstream's response headers (default
-	// 30 s). Past it the request counts as having no response.
+	// 30 s). Past it the upstream may have acted without answering: an
+	// unknown outcome (see Config.OnUnknownOutcome).
 	Timeout time.Duration
 	// Transport replaces the default transport (for TLS to the upstream).
+	// Timeout is then the transport's to enforce (ResponseHeaderTimeout).
 	Transport http.RoundTripper
 	// Logger receives upstream errors (default: none).
 	Logger *slog.Logger
@@ -50,9 +52,23 @@ func noReplay(r *http.Request) {
 // Requests with a key are claimed, forwarded once with the key and the
 // fencing token (header Idempotency-Fence), and their response saved and
 // replayed; other requests are forwarded as they are. When the upstream
-// cannot be reached or does not answer in time, a keyed request's claim
-// ends as mw's OnNoResponse says, and the client gets 502.
+// cannot be reached, the claim is released and the client gets 502; when
+// the request may have reached it but no whole answer came back (a
+// timeout, a broken connection, a cut-off body), the claim ends as the
+// middleware's OnUnknownOutcome says.
 func NewProxy(upstream *url.URL, mw *Middleware, o ProxyOptions) (http.Handler, error) {
+	rp, err := ReverseProxy(upstream, o)
+	if err != nil {
+		return nil, err
+	}
+	return mw.Wrap(rp), nil
+}
+
+// ReverseProxy returns the reverse proxy NewProxy puts behind a
+// Middleware, for callers that put handlers of their own between the two.
+// It reports a failed upstream call to the middleware (NoResponse) and
+// never lets net/http send a claimed request twice.
+func ReverseProxy(upstream *url.URL, o ProxyOptions) (http.Handler, error) {
 	if upstream == nil || upstream.Scheme != "http" && upstream.Scheme != "https" || upstream.Host == "" {
 		return nil, errors.New("idemhttp: upstream must be an absolute http or https URL")
 	}
@@ -92,5 +108,5 @@ func NewProxy(upstream *url.URL, mw *Middleware, o ProxyOptions) (http.Handler, 
 			p.Write(w)
 		},
 	}
-	return mw.Wrap(rp), nil
+	return rp, nil
 }

@@ -12,6 +12,8 @@ import (
 	"github.com/google/uuid"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/idem-dev/idem/internal/sim"
 )
@@ -66,7 +68,11 @@ func NewSession(ctx context.Context, client *clientv3.Client, prefix string, ttl
 	}
 	kctx, cancel := context.WithCancel(sim.WithTag(context.Background(), "session"))
 	s.cancel = cancel
-	go s.keepAlive(kctx, sent.Add(time.Duration(g.TTL)*time.Second))
+	var poke <-chan struct{}
+	if h := sim.Lookup(client); h != nil {
+		poke = h.Renew
+	}
+	go s.keepAlive(kctx, sent.Add(time.Duration(g.TTL)*time.Second), poke)
 	return s, nil
 }
 
@@ -75,7 +81,8 @@ func NewSession(ctx context.Context, client *clientv3.Client, prefix string, ttl
 // not, counted from when the last successful renewal was sent (etcd counts
 // from when it arrived, later), so the session is given up no later than
 // etcd lets it go.
-func (s *Session) keepAlive(ctx context.Context, expire time.Time) {
+// poke, from a simulation, asks for a renewal at once.
+func (s *Session) keepAlive(ctx context.Context, expire time.Time, poke <-chan struct{}) {
 	defer close(s.done)
 	interval := s.ttl / 3
 	tryTimeout := s.ttl / 4
@@ -88,6 +95,8 @@ func (s *Session) keepAlive(ctx context.Context, expire time.Time) {
 			t.Stop()
 			return
 		case <-t.C:
+		case <-poke:
+			t.Stop()
 		}
 		if !time.Now().Before(expire) {
 			return // not renewed in time: the lease may be gone in etcd
@@ -164,6 +173,9 @@ func (s *Session) revoke() error {
 		tcancel()
 		if err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			return nil
+		}
+		if c := status.Code(err); c != codes.Unavailable && c != codes.DeadlineExceeded && !errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("session: revoke lease: %w", err) // a closed client, a denied request: no retry mends it
 		}
 		select {
 		case <-ctx.Done():

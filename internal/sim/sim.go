@@ -31,6 +31,10 @@ type Hooks struct {
 	// simulation runs the store's pending tasks until they finish or it
 	// gives up, as the store's own Close would within its bound.
 	Flush func()
+	// Renew, when a value arrives on it, makes a session on the client
+	// renew its lease at once instead of at its next interval, so that a
+	// lease the simulation revoked is noticed without waiting.
+	Renew <-chan struct{}
 }
 
 var registry sync.Map // client (any comparable) -> *Hooks
@@ -64,4 +68,19 @@ func WithTag(ctx context.Context, tag string) context.Context {
 func Tag(ctx context.Context) string {
 	s, _ := ctx.Value(tagKey{}).(string)
 	return s
+}
+
+type noWaitKey struct{}
+
+// WithoutWaits marks ctx so that the store's retries of calls made with it
+// do not sleep between tries: in a simulation, time between tries is the
+// simulation's to decide, and real sleeps only slow it down.
+func WithoutWaits(ctx context.Context) context.Context {
+	return context.WithValue(ctx, noWaitKey{}, true)
+}
+
+// NoWaits reports whether ctx was marked by WithoutWaits.
+func NoWaits(ctx context.Context) bool {
+	b, _ := ctx.Value(noWaitKey{}).(bool)
+	return b
 }
