@@ -1,0 +1,389 @@
+package explore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/idemhttp"
+)
+
+// The keys of a schedule: few, so actors contend for them. Store actors
+// share one set (their fingerprints agree), the proxy's clients another.
+var (
+	storeKeys = []string{"k0", "k1", "k2"}
+	httpKeys  = []string{"h0", "h1"}
+)
+
+func params(key string, odd bool) []byte {
+	if odd {
+		return []byte(fmt.Sprintf(`{"key":%q,"odd":true}`, key)) // a reused key: mismatch
+	}
+	return []byte(fmt.Sprintf(`{"key":%q}`, key))
+}
+
+func fingerprint(key string, odd bool) etcdstore.Fingerprint {
+	fp, err := etcdstore.FingerprintOf(params(key, odd))
+	if err != nil {
+		panic(err)
+	}
+	return fp
+}
+
+// body is the outcome a claim saves: it names the claim, so a replay of
+// another claim's outcome shows.
+func body(key string, token int64) []byte { return []byte(fmt.Sprintf("%s by %d", key, token)) }
+
+// steps is how many effects a key's work has.
+const steps = 3
+
+func lastStep(cp []byte) int {
+	n, _ := strconv.Atoi(string(cp))
+	return n
+}
+
+// spawnActor adds an actor of a random kind.
+func (w *world) spawnActor(n int) {
+	name := fmt.Sprintf("a%d", n)
+	switch w.rng.IntN(4) {
+	case 0:
+		p := w.procs[w.rng.IntN(len(w.procs))]
+		w.s.spawn(name+"/do", p, func(a *actor) { w.doWorker(a, p) })
+	case 1:
+		p := w.procs[w.rng.IntN(len(w.procs))]
+		w.s.spawn(name+"/steps", p, func(a *actor) { w.stepWorker(a, p) })
+	case 2:
+		w.s.spawn(name+"/api", nil, func(a *actor) { w.apiWorker(a) })
+	default:
+		w.s.spawn(name+"/http", nil, func(a *actor) { w.httpClient(a) })
+	}
+}
+
+// doWorker runs Do a few times, retrying each operation with the same key.
+func (w *world) doWorker(a *actor, p *process) {
+	for op := 0; op < 2; op++ {
+		key := storeKeys[w.rng.IntN(len(storeKeys))]
+		odd := w.rng.IntN(10) == 0
+		policy := []etcdstore.ErrorPolicy{etcdstore.SaveError, etcdstore.ReleaseOnError, etcdstore.KeepOnError}[w.rng.IntN(3)]
+		fail := w.rng.IntN(6) == 0 // the work fails, after its effects
+		checkpoint := w.rng.IntN(2) == 0
+		// ReleaseOnError promises that a failed work had no effect (it
+		// lets a retry run the work again): this work then fails before
+		// its first effect, and saves no checkpoint whose failure could
+		// fail it after one.
+		early := policy == etcdstore.ReleaseOnError
+		checkpoint = checkpoint && !early
+		// A slow worker does not notice that its claim was lost: its late
+		// effects must be refused by the fenced sink.
+		deaf := w.rng.IntN(3) == 0
+		opts := []etcdstore.ClaimOption{etcdstore.OnError(policy)}
+		if w.rng.IntN(3) == 0 {
+			opts = append(opts, etcdstore.WithDeadline(time.Duration(5+w.rng.IntN(20))*time.Second))
+		}
+		for try := 0; try < 4; try++ {
+			w.s.step(a)
+			ctx := w.ctx(a, p)
+			var token int64
+			res, err := p.store.Do(ctx, etcdstore.Key{ID: key}, params(key, odd), func(ctx context.Context, c *etcdstore.Claim) ([]byte, error) {
+				token = int64(c.Token())
+				start := lastStep(c.LastCheckpoint())
+				w.log(event{kind: evGrant, key: key, token: token, attempt: c.Attempt(), proc: p.name, actor: a.name, tookOver: c.TookOver(), step: start, via: "do"})
+				// The hold ends when the work gives the claim up (Do abandons
+				// a failed work under KeepOnError, or a cancelled one);
+				// otherwise once its end is written.
+				abandon := func(err error) ([]byte, error) {
+					if policy == etcdstore.KeepOnError || ctx.Err() != nil {
+						w.log(event{kind: evHoldEnd, key: key, token: token, actor: a.name})
+					}
+					return nil, err
+				}
+				if fail && early {
+					return nil, errors.New("the work failed before its first effect")
+				}
+				for st := start + 1; st <= steps; st++ {
+					w.s.step(a)
+					if ctx.Err() != nil && !deaf {
+						return abandon(ctx.Err())
+					}
+					w.effect(key, st, token, a)
+					if checkpoint && st < steps {
+						w.s.step(a)
+						if err := c.Checkpoint(ctx, []byte(strconv.Itoa(st))); err != nil {
+							return abandon(err)
+						}
+					}
+				}
+				if fail {
+					return abandon(errors.New("the work failed after its effects"))
+				}
+				return body(key, token), nil
+			}, opts...)
+			if token != 0 {
+				w.log(event{kind: evHoldEnd, key: key, token: token, actor: a.name})
+			}
+			w.result(a, key, res.Body, res.Replayed, err)
+			if err == nil || errors.Is(err, etcdstore.ErrMismatch) || !retryable(err) {
+				break
+			}
+		}
+	}
+}
+
+func retryable(err error) bool {
+	return errors.Is(err, etcdstore.ErrConflict) || errors.Is(err, etcdstore.ErrUnavailable) || errors.Is(err, context.Canceled)
+}
+
+// effect applies a step's effect at the fenced sink.
+func (w *world) effect(key string, step int, token int64, a *actor) {
+	accepted := w.sink.apply(key, step, token, a.name)
+	w.log(event{kind: evEffect, key: key, step: step, token: token, accepted: accepted, actor: a.name})
+}
+
+// result logs what a caller got for key.
+func (w *world) result(a *actor, key string, out []byte, replayed bool, err error) {
+	e := event{kind: evResult, key: key, actor: a.name, body: string(out), replayed: replayed}
+	if err != nil {
+		e.err = err.Error()
+		if errors.Is(err, etcdstore.ErrMismatch) {
+			e.mismatch = true
+		}
+	}
+	w.log(e)
+}
+
+// stepWorker claims, runs the steps left after the last checkpoint, and
+// completes, retrying its writes with the same claim; it always ends the
+// claim it holds.
+func (w *world) stepWorker(a *actor, p *process) {
+	key := storeKeys[w.rng.IntN(len(storeKeys))]
+	fp := fingerprint(key, false)
+	attempt := strings.ReplaceAll(a.name, "/", "-") + "-" + p.name
+	opts := []etcdstore.ClaimOption{etcdstore.WithAttempt(attempt)}
+	if w.rng.IntN(2) == 0 {
+		opts = append(opts, etcdstore.WithDeadline(time.Duration(5+w.rng.IntN(20))*time.Second))
+	}
+	var c *etcdstore.Claim
+	for try := 0; try < 4 && c == nil; try++ {
+		w.s.step(a)
+		var done *etcdstore.Record
+		var err error
+		c, done, err = p.store.Claim(w.ctx(a, p), etcdstore.Key{ID: key}, fp, opts...)
+		switch {
+		case done != nil:
+			w.result(a, key, done.Outcome.Body, true, nil)
+			return
+		case err != nil && !retryable(err):
+			w.result(a, key, nil, false, err)
+			return
+		}
+	}
+	if c == nil {
+		return
+	}
+	w.run(a, p, key, c, "steps")
+}
+
+// run does a claim's steps and ends it; each write goes through p, or, for
+// a worker-API claim, through the process pick chooses per call (Attach).
+func (w *world) run(a *actor, p *process, key string, c *etcdstore.Claim, via string) {
+	token := int64(c.Token())
+	start := lastStep(c.LastCheckpoint())
+	w.log(event{kind: evGrant, key: key, token: token, attempt: c.Attempt(), proc: p.name, actor: a.name, tookOver: c.TookOver(), step: start, via: via})
+	defer w.log(event{kind: evHoldEnd, key: key, token: token, actor: a.name})
+	write := func(op func(*etcdstore.Claim, context.Context) error) error {
+		var err error
+		for try := 0; try < 4; try++ {
+			w.s.step(a)
+			h, q := c, p
+			if via == "api" {
+				if h, q, err = w.attach(a, c); err != nil {
+					if errors.Is(err, etcdstore.ErrFenced) || !retryable(err) {
+						return err
+					}
+					continue
+				}
+			}
+			if err = op(h, w.ctx(a, q)); err == nil || !retryable(err) {
+				return err
+			}
+		}
+		return err
+	}
+	deaf := w.rng.IntN(3) == 0 // a slow worker, which does not notice a lost claim
+	for st := start + 1; st <= steps; st++ {
+		w.s.step(a)
+		if c.Err() != nil && via != "api" && !deaf {
+			break // lost: its session ended or its deadline passed
+		}
+		w.effect(key, st, token, a)
+		if st == steps {
+			break
+		}
+		if err := write(func(h *etcdstore.Claim, ctx context.Context) error {
+			if via == "api" && w.rng.IntN(3) == 0 {
+				if err := h.Renew(ctx, 20*time.Second); err != nil {
+					return err
+				}
+			}
+			return h.Checkpoint(ctx, []byte(strconv.Itoa(st)))
+		}); err != nil {
+			if !retryable(err) {
+				return // fenced: another owner has it
+			}
+			break
+		}
+	}
+	out := body(key, token)
+	giveUp := c.Err() != nil && via != "api"
+	if giveUp {
+		w.log(event{kind: evHoldEnd, key: key, token: token, actor: a.name})
+	}
+	err := write(func(h *etcdstore.Claim, ctx context.Context) error {
+		if giveUp {
+			return h.Abandon(ctx)
+		}
+		return h.Complete(ctx, etcdstore.Outcome{Body: out})
+	})
+	if err == nil && !giveUp {
+		w.result(a, key, out, false, nil) // the Complete landed
+		return
+	}
+	if retryable(err) {
+		// Could not end it: give it up for the next claimant.
+		w.log(event{kind: evHoldEnd, key: key, token: token, actor: a.name})
+		w.write(a, p, c, via, func(h *etcdstore.Claim, ctx context.Context) error { return h.Abandon(ctx) })
+	}
+}
+
+// write makes one best-effort write for run's last resort.
+func (w *world) write(a *actor, p *process, c *etcdstore.Claim, via string, op func(*etcdstore.Claim, context.Context) error) {
+	for try := 0; try < 8; try++ {
+		w.s.step(a)
+		h, q := c, p
+		if via == "api" {
+			var err error
+			if h, q, err = w.attach(a, c); err != nil {
+				if !retryable(err) {
+					return
+				}
+				continue
+			}
+		}
+		if err := op(h, w.ctx(a, q)); err == nil || !retryable(err) {
+			return
+		}
+	}
+}
+
+// attach finds c's claim through a process the worker picks, as the worker
+// API does for every call after the claim.
+func (w *world) attach(a *actor, c *etcdstore.Claim) (*etcdstore.Claim, *process, error) {
+	q := w.procs[w.rng.IntN(len(w.procs))]
+	h, err := q.store.Attach(w.ctx(a, q), c.Handle())
+	return h, q, err
+}
+
+// apiWorker is a remote worker of the worker API: it claims without a
+// session, with its own attempt id, through any process, retries the claim
+// with the same attempt through another when it gets an error, and carries
+// the claim between processes by its handle.
+func (w *world) apiWorker(a *actor) {
+	key := storeKeys[w.rng.IntN(len(storeKeys))]
+	fp := fingerprint(key, false)
+	opts := []etcdstore.ClaimOption{etcdstore.WithoutSession(), etcdstore.WithDeadline(time.Duration(5+w.rng.IntN(20)) * time.Second),
+		etcdstore.WithAttempt(strings.ReplaceAll(a.name, "/", "-"))}
+	var c *etcdstore.Claim
+	var p *process
+	for try := 0; try < 4 && c == nil; try++ {
+		w.s.step(a)
+		p = w.procs[w.rng.IntN(len(w.procs))]
+		var done *etcdstore.Record
+		var err error
+		c, done, err = p.store.Claim(w.ctx(a, p), etcdstore.Key{ID: key}, fp, opts...)
+		switch {
+		case done != nil:
+			w.result(a, key, done.Outcome.Body, true, nil)
+			return
+		case err != nil && !retryable(err):
+			w.result(a, key, nil, false, err)
+			return
+		}
+	}
+	if c == nil {
+		return
+	}
+	w.run(a, p, key, c, "api")
+}
+
+// httpClient sends requests through a process's proxy, retrying with the
+// same key while it gets no answer, a 409 or a 503.
+func (w *world) httpClient(a *actor) {
+	for op := 0; op < 2; op++ {
+		key := httpKeys[w.rng.IntN(len(httpKeys))]
+		behaviour := []string{"ok", "ok", "ok", "ok", "cut", "drop", "timeout", "refuse", "fail"}[w.rng.IntN(9)]
+		for try := 0; try < 4; try++ {
+			w.s.step(a)
+			p := w.procs[w.rng.IntN(len(w.procs))]
+			status, out, replayed := w.send(a, p, key, behaviour)
+			w.log(event{kind: evResult, key: key, actor: a.name, status: status, body: out, replayed: replayed, via: "proxy"})
+			if status != 0 && status != http.StatusConflict && status != http.StatusServiceUnavailable &&
+				!(status == http.StatusBadGateway && strings.Contains(out, idemhttp.KindUpstreamUnavailable)) {
+				break
+			}
+		}
+	}
+}
+
+// send runs one request through p's proxy, in the actor's own goroutine.
+// It returns status 0 when the connection was broken off.
+func (w *world) send(a *actor, p *process, key, behaviour string) (status int, out string, replayed bool) {
+	ctx := context.WithValue(w.ctx(a, p), http.ServerContextKey, &http.Server{}) // as a real server's request
+	req := httptest.NewRequestWithContext(ctx, "POST", "http://idem/charge", strings.NewReader(string(params(key, false))))
+	req.Header.Set(idemhttp.HeaderKey, key)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(hdrBehaviour, behaviour)
+	rec := httptest.NewRecorder()
+	aborted := func() (aborted bool) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v != http.ErrAbortHandler { //nolint:errorlint // a sentinel panic value
+					panic(v)
+				}
+				aborted = true
+			}
+		}()
+		p.proxy.ServeHTTP(rec, req)
+		return false
+	}()
+	if aborted {
+		return 0, "", false
+	}
+	b, _ := io.ReadAll(rec.Result().Body)
+	return rec.Code, string(b), rec.Header().Get(idemhttp.HeaderReplayed) == "true"
+}
+
+// observe starts a read-only Wait on a key, outside the schedule: it
+// neither faults nor yields, and its answer is checked at the end.
+func (w *world) observe(p *process) {
+	key := storeKeys[w.rng.IntN(len(storeKeys))]
+	w.observers.Add(1)
+	go func() {
+		defer w.observers.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		rec, err := p.store.Wait(ctx, etcdstore.Key{ID: key})
+		if err != nil || rec.State != etcdstore.Done {
+			return
+		}
+		w.mu.Lock()
+		w.waits = append(w.waits, event{kind: evResult, key: key, actor: "observer", body: string(rec.Outcome.Body), replayed: true, via: "wait"})
+		w.mu.Unlock()
+	}()
+}
