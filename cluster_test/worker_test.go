@@ -23,11 +23,13 @@ import (
 // TestMain doubles as a worker process: with IDEM_CLUSTER_WORKER=1 the test
 // binary runs one order as a separate process, so that a test can pause it
 // for real (SIGSTOP stops its lease keepalives too, which pausing a
-// goroutine would not).
+// goroutine would not). With IDEM_CLUSTER_MEMBER it runs an etcd member.
 func TestMain(m *testing.M) {
-	flag := os.Getenv("IDEM_CLUSTER_WORKER")
-	if flag == "1" {
+	if os.Getenv("IDEM_CLUSTER_WORKER") == "1" {
 		os.Exit(runWorker())
+	}
+	if os.Getenv("IDEM_CLUSTER_MEMBER") != "" {
+		os.Exit(runMember())
 	}
 	os.Exit(m.Run())
 }

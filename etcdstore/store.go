@@ -500,9 +500,11 @@ func (s *Store) superviseSession(sess *lease.Session) {
 
 // newSession retries until a session is made or the store closes.
 func (s *Store) newSession() (*lease.Session, bool) {
-	backoff := 100 * time.Millisecond
+	backoff := 50 * time.Millisecond
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), s.sessionTTL)
+		// Each try gets a quarter of the TTL: a member that hangs costs that
+		// much, and the next try, new RPCs, goes to another member.
+		ctx, cancel := context.WithTimeout(context.Background(), s.sessionTTL/4)
 		sess, err := lease.NewSession(ctx, s.client, s.ks.owners(), s.sessionTTL)
 		cancel()
 		if err == nil {
@@ -523,7 +525,7 @@ func (s *Store) newSession() (*lease.Session, bool) {
 			return nil, false
 		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, s.sessionTTL)
+		backoff = min(2*backoff, s.sessionTTL/4)
 	}
 }
 

@@ -344,10 +344,20 @@ func (w *world) flush(p *process, rounds int) {
 	for r := 0; r < rounds; r++ {
 		pending := false
 		for _, t := range p.tasks {
-			if t.done || p.dead || t.running {
-				continue // a try held inside an etcd call is failed when p stops
+			if t.done || p.dead {
+				continue
 			}
 			pending = true
+			if t.running {
+				// A try is held inside an etcd call: Close waits for it, so
+				// let its actor run until that try is over.
+				for t.running && !t.a.finished {
+					if err := w.s.resume(t.a, true); err != nil {
+						panic(err)
+					}
+				}
+				continue
+			}
 			if t.try(withCall(context.Background(), &call{p: p, noHold: true})) {
 				w.taskDone(t)
 			}

@@ -111,7 +111,16 @@ func (s *Session) keepAlive(ctx context.Context, expire time.Time, poke <-chan s
 			next = sent.Add(interval)
 			retry = 50 * time.Millisecond
 		case err == nil, errors.Is(err, rpctypes.ErrLeaseNotFound):
-			return // expired or revoked
+			// Expired or revoked, says the member that answered. A leader
+			// that was paused and has not yet learnt that it was replaced
+			// may say so of a lease the cluster keeps: believe it only if a
+			// linearizable read (which needs a quorum) finds the owner key
+			// gone too.
+			if s.ownerKeyGone(ctx, tryTimeout) {
+				return
+			}
+			next = time.Now().Add(retry)
+			retry = min(2*retry, interval/2)
 		case ctx.Err() != nil:
 			return
 		default:
@@ -120,6 +129,15 @@ func (s *Session) keepAlive(ctx context.Context, expire time.Time, poke <-chan s
 			retry = min(2*retry, interval/2)
 		}
 	}
+}
+
+// ownerKeyGone reports whether a linearizable read finds the owner key
+// absent. An error is not an answer: the caller tries again.
+func (s *Session) ownerKeyGone(ctx context.Context, timeout time.Duration) bool {
+	rctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), timeout)
+	defer cancel()
+	resp, err := s.client.Get(rctx, s.key, clientv3.WithCountOnly())
+	return err == nil && resp.Count == 0
 }
 
 func minTime(a, b time.Time) time.Time {

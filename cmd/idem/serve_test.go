@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/idem-dev/idem/internal/etcdcluster"
 	"net/http"
 	"os"
 	"os/exec"
@@ -360,4 +361,42 @@ func startExternalEtcd(t *testing.T, bin, dataDir string) string {
 		t.Fatalf("external etcd did not start: %v\n%s", err, logs)
 	}
 	return client
+}
+
+// etcd is cut off mid-run (its connections stay open and carry nothing, as
+// in a partition): a keyed request is refused with 503 within about the
+// request timeout, without reaching the upstream, and keyless traffic
+// keeps flowing.
+func TestEtcdCutOffRefusesKeyedRequests(t *testing.T) {
+	dir := tempDir(t)
+	c, err := etcdcluster.New(filepath.Join(dir, "etcd"), 1, etcdcluster.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	proxy, err := etcdcluster.NewProxy(strings.TrimPrefix(c.Endpoints()[0], "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	up := newShop(t)
+	idem := startIdem(t, filepath.Join(dir, "work"), "--endpoints", proxy.URL(), "--upstream", up.URL, "--request-timeout", "2s")
+	if r := send(t, "POST", idem.listen+"/pay", "before", `{}`); r.status != 201 {
+		t.Fatalf("before the cut: %d %q", r.status, r.body)
+	}
+	proxy.Blackhole()
+	calls, _ := up.counts()
+	start := time.Now()
+	r := send(t, "POST", idem.listen+"/pay", "during", `{}`)
+	took := time.Since(start)
+	if r.status != http.StatusServiceUnavailable || !strings.Contains(r.body, "unavailable") {
+		t.Fatalf("keyed request while etcd is cut off = %d %q; want 503 unavailable", r.status, r.body)
+	}
+	if now, _ := up.counts(); now != calls {
+		t.Fatalf("the upstream was called (%d -> %d) for a request idem could not claim", calls, now)
+	}
+	if r := send(t, "GET", idem.listen+"/pay", "", ""); r.status != 201 {
+		t.Fatalf("keyless request while etcd is cut off = %d %q; want it passed through", r.status, r.body)
+	}
+	t.Logf("keyed request refused after %v (--request-timeout 2s)", took.Round(time.Millisecond))
 }
