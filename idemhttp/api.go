@@ -359,6 +359,15 @@ func (a *API) end(op string) http.HandlerFunc {
 		}
 		c, err := a.claimFor(r.Context(), h)
 		if err != nil {
+			if errors.Is(err, etcdstore.ErrFenced) {
+				if state := a.settled(r.Context(), op, h, req.Outcome); state != "" {
+					// The worker's earlier call landed and its reply was lost:
+					// say what it did, not that the claim is lost.
+					a.outcomeIs(w, OutcomeClaimed)
+					writeJSON(w, http.StatusOK, EndResponse{State: state})
+					return
+				}
+			}
 			a.problem(w, ProblemFor(err))
 			a.outcome(w, err)
 			return
@@ -393,6 +402,36 @@ func (a *API) end(op string) http.HandlerFunc {
 		a.outcomeIs(w, OutcomeClaimed)
 		writeJSON(w, http.StatusOK, resp)
 	}
+}
+
+// settled reports the state a complete or an abandon of h already left
+// the key in ("done", "abandoned"), when the record shows that this very
+// claim did it: a retry after a lost reply. Otherwise it returns "".
+func (a *API) settled(ctx context.Context, op string, h etcdstore.Handle, out *OutcomeJSON) string {
+	rec, err := a.cfg.Store.Get(ctx, h.Key)
+	if err != nil || rec.Token != h.Token || rec.Attempt != h.Attempt {
+		return ""
+	}
+	switch {
+	case op == "complete" && rec.State == etcdstore.Done && out != nil && sameOutcome(rec.Outcome, out):
+		return "done"
+	case op == "abandon" && rec.State == etcdstore.InFlight && rec.Owner == "":
+		return "abandoned"
+	}
+	return ""
+}
+
+// sameOutcome reports whether a saved outcome is the one a request carries.
+func sameOutcome(o *etcdstore.Outcome, j *OutcomeJSON) bool {
+	if o.Status != j.Status || o.Err != j.Error || !bytes.Equal(o.Body, j.Body) || len(o.Header) != len(j.Headers) {
+		return false
+	}
+	for k, vs := range o.Header {
+		if !slices.Equal(vs, j.Headers[k]) {
+			return false
+		}
+	}
+	return true
 }
 
 // claimFor finds the claim of h: the one made here, or one attached from

@@ -219,6 +219,14 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 	if st != 200 || r["state"] != "done" {
 		t.Fatalf("complete through B = %d %v", st, r)
 	}
+	// The worker lost that reply and completes again: its outcome is the
+	// saved one, so it is told so, not that its claim was lost.
+	if st, r := a.post("/v1/complete", map[string]any{"handle": handle, "outcome": map[string]any{"status": 201, "body": []byte(`{"charged":true}`)}}); st != 200 || r["state"] != "done" {
+		t.Fatalf("complete again after a lost reply = %d %v; want 200 done", st, r)
+	}
+	if st, r := a.post("/v1/complete", map[string]any{"handle": handle, "outcome": map[string]any{"status": 500}}); st != 409 {
+		t.Fatalf("complete again with another outcome = %d %v; want 409", st, r)
+	}
 	if w := <-waited; w["state"] != "done" {
 		t.Fatalf("waiting claim = %v; want the outcome", w)
 	}
@@ -241,6 +249,9 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 	_, c3 := a.post("/v1/claim", map[string]any{"key": "job-3"})
 	if st, r := a.post("/v1/abandon", map[string]any{"handle": c3["handle"]}); st != 200 || r["state"] != "abandoned" {
 		t.Fatalf("abandon = %d %v", st, r)
+	}
+	if st, r := b.post("/v1/abandon", map[string]any{"handle": c3["handle"]}); st != 200 || r["state"] != "abandoned" {
+		t.Fatalf("abandon again after a lost reply = %d %v; want 200 abandoned", st, r)
 	}
 	if st, r := b.post("/v1/claim", map[string]any{"key": "job-3"}); st != 201 || r["took_over"] != true {
 		t.Fatalf("claim after abandon = %d %v; want a takeover", st, r)
