@@ -444,7 +444,7 @@ func TestContainerBuild(t *testing.T) {
 		return
 	}
 	out := filepath.Join(t.TempDir(), "idem")
-	cmd := exec.Command("go", "build", "-trimpath", "-o", out, "../cmd/idem")
+	cmd := exec.Command("go", "build", "-C", "..", "-trimpath", "-o", out, "./cmd/idem")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+runtime.GOARCH)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("static build: %v\n%s", err, b)

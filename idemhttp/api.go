@@ -25,9 +25,15 @@ const (
 	DefaultAPIMaxDeadline = time.Hour
 )
 
-// apiRoutes are the API's routes, as documented in api/openapi.yaml (a test
-// checks that the two agree).
-var apiRoutes = []struct{ Method, Pattern, Op string }{
+// Route is one route of the worker API: its method, its path pattern, and
+// the operationId that documents it in api/openapi.yaml.
+type Route struct{ Method, Pattern, Op string }
+
+// APIRoutes returns the worker API's routes, as NewAPI serves them and
+// api/openapi.yaml documents them (a test checks that the two agree).
+func APIRoutes() []Route { return slices.Clone(apiRoutes) }
+
+var apiRoutes = []Route{
 	{"POST", "/v1/claim", "claim"},
 	{"POST", "/v1/complete", "complete"},
 	{"POST", "/v1/checkpoint", "checkpoint"},

@@ -8,7 +8,6 @@
 //	idem evict KEY        forget a key so it runs again
 //	idem status           etcd cluster and key counts
 //	idem echo             a non-idempotent demo upstream
-//	idem bench            measure against raw etcd and the peers, in one run
 //	idem version          print the version
 //
 // Run "idem COMMAND -h" for a command's flags.
@@ -47,7 +46,6 @@ Commands:
   evict     forget a key:           idem evict [--tenant T] KEY
   status    etcd cluster and keys:  idem status
   echo      a non-idempotent demo upstream, to put idem in front of
-  bench     measure idem against raw etcd and its peers, in one run
   version   print the version
 
 Run "idem COMMAND -h" for a command's flags.
@@ -73,8 +71,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return adminStatus(ctx, rest, stdout, stderr)
 	case "echo":
 		return echo(ctx, rest, stdout, stderr)
-	case "bench":
-		return bench(ctx, rest, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, "idem", version())
 		return nil

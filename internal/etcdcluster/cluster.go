@@ -2,7 +2,7 @@
 // loopback ports the kernel picks: one member or several, each optionally
 // behind fault-injecting proxies (Proxy) on its peer and client ports, with
 // kills, restarts and two-sided partitions (Isolate). The tests use it
-// through package etcdtest; idem bench uses it to measure on 1, 3 and WAN
+// through package etcdtest; idem-bench uses it to measure on 1, 3 and WAN
 // clusters.
 package etcdcluster
 

@@ -42,9 +42,9 @@ const clientPool = 4
 // cluster) with a pool of clients on endpoints (default: every member).
 func (b *bencher) open(ctx context.Context, n int, opts etcdcluster.Options, endpoints ...string) (*target, error) {
 	t := &target{prefix: fmt.Sprintf("/idem-bench/%d/", time.Now().UnixNano())}
-	if len(b.cfg.etcd.endpoints) > 0 {
+	if len(b.cfg.etcd.endpoints.vals) > 0 {
 		t.name = "external etcd"
-		endpoints = b.cfg.etcd.endpoints
+		endpoints = b.cfg.etcd.endpoints.vals
 	} else {
 		opts.Fsync = b.cfg.fsync
 		c, err := etcdcluster.New(fmt.Sprintf("%s/c%d", b.dir, time.Now().UnixNano()), n, opts)
@@ -164,7 +164,7 @@ func bucketLease(ctx context.Context, cli *clientv3.Client, prefix string) (clie
 // suiteDo: idem Do against the raw Txn pair, on each cluster size.
 func suiteDo(ctx context.Context, b *bencher) ([]suiteReport, error) {
 	var reps []suiteReport
-	for _, m := range b.cfg.members {
+	for _, m := range b.cfg.members.vals {
 		n, err := strconv.Atoi(m)
 		if err != nil || n < 1 {
 			return nil, fmt.Errorf("--members %q", m)
@@ -251,7 +251,7 @@ func (b *bencher) populate(ctx context.Context, s *etcdstore.Store, name func(in
 // and without the cache.
 func suiteReplay(ctx context.Context, b *bencher) ([]suiteReport, error) {
 	var reps []suiteReport
-	for _, m := range b.cfg.members {
+	for _, m := range b.cfg.members.vals {
 		n, _ := strconv.Atoi(m)
 		t, err := b.open(ctx, n, etcdcluster.Options{})
 		if err != nil {

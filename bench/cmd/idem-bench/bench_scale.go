@@ -53,7 +53,7 @@ func suiteScale(ctx context.Context, b *bencher) ([]suiteReport, error) {
 	var reports []suiteReport
 	have := 0
 	var last suiteReport
-	for _, s := range b.cfg.scaleKeys {
+	for _, s := range b.cfg.scaleKeys.vals {
 		want, err := strconv.Atoi(s)
 		if err != nil || want < have {
 			return nil, fmt.Errorf("--scale-keys %q must grow", s)
@@ -222,7 +222,7 @@ func bulkPut(ctx context.Context, cli *clientv3.Client, buckets *lease.Buckets, 
 
 // suiteWAN: 3 members 50 ms apart: a claim against one raft round.
 func suiteWAN(ctx context.Context, b *bencher) ([]suiteReport, error) {
-	if len(b.cfg.etcd.endpoints) > 0 {
+	if len(b.cfg.etcd.endpoints.vals) > 0 {
 		return nil, fmt.Errorf("the wan suite needs embedded members (no --endpoints)")
 	}
 	t, err := b.open(ctx, 3, etcdcluster.Options{Proxies: true, TickMs: 50, ElectionMs: 1000})

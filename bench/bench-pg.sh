@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Runs idem bench's peer comparison against PostgreSQL: installs Debian's
+# Runs idem-bench's peer comparison against PostgreSQL: installs Debian's
 # PostgreSQL if missing, starts a throwaway server on loopback (fsync and
-# synchronous_commit on, the defaults), runs the given idem bench suites
+# synchronous_commit on, the defaults), runs the given idem-bench suites
 # with --pg, then stops the server and removes its data.
 #
-#   scripts/bench-pg.sh                      # the mix suite
-#   scripts/bench-pg.sh --suite mix --json   # any idem bench flags
+#   bench/bench-pg.sh                      # the mix suite
+#   bench/bench-pg.sh --suite mix --json   # any idem-bench flags
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")"
 export GOTOOLCHAIN=local
 
 SUDO=""
@@ -35,4 +35,4 @@ as_pg "$bin/createdb" -h 127.0.0.1 -p "$port" -U idem idem
 
 args=("$@")
 [ ${#args[@]} -eq 0 ] && args=(--suite mix)
-go run ./cmd/idem bench --pg "postgres://idem@127.0.0.1:$port/idem?sslmode=disable" "${args[@]}"
+go run ./cmd/idem-bench --pg "postgres://idem@127.0.0.1:$port/idem?sslmode=disable" "${args[@]}"

@@ -19,7 +19,7 @@ import (
 	"time"
 )
 
-const benchUsage = `usage: idem bench [flags]
+const benchUsage = `usage: idem-bench [flags]
 
 Measures idem against what it is built on and against the peers a user would
 pick instead, each comparison in one run (sides interleaved, so drift hits
@@ -38,7 +38,7 @@ Suites (--suite, comma-separated):
 Flags:
 `
 
-// benchConfig is what idem bench is told.
+// benchConfig is what idem-bench is told.
 type benchConfig struct {
 	etcd        etcdFlags
 	suites      listFlag
@@ -64,10 +64,10 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, benchUsage); fs.PrintDefaults() }
-	c.etcd.register(fs, nil)
-	c.suites = listFlag{"do", "replay"}
+	c.etcd.register(fs)
+	c.suites = list("do", "replay")
 	fs.Var(&c.suites, "suite", "suites to run, comma-separated: do, replay, mix, mutex, http, scale, wan")
-	c.members = listFlag{"1", "3"}
+	c.members = list("1", "3")
 	fs.Var(&c.members, "members", "embedded cluster sizes for the do and replay suites")
 	fs.IntVar(&c.concurrency, "concurrency", 64, "concurrent clients")
 	fs.DurationVar(&c.duration, "duration", 5*time.Second, "time per side of a comparison, split over --rounds")
@@ -78,8 +78,8 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Float64Var(&c.retries, "retries", 0.5, "fraction of requests that retry a done key (mix)")
 	fs.Float64Var(&c.duplicates, "duplicates", 0, "fraction of requests sent twice at once (mix)")
 	fs.StringVar(&c.target, "target", "library", "what the mix suite drives: library, http or both")
-	fs.StringVar(&c.pg, "pg", "", "PostgreSQL DSN for the peer comparison (scripts/bench-pg.sh starts one)")
-	c.scaleKeys = listFlag{"10000", "100000", "1000000"}
+	fs.StringVar(&c.pg, "pg", "", "PostgreSQL DSN for the peer comparison (bench/bench-pg.sh starts one)")
+	c.scaleKeys = list("10000", "100000", "1000000")
 	fs.Var(&c.scaleKeys, "scale-keys", "retained key counts of the scale suite")
 	fs.BoolVar(&c.jsonOut, "json", false, "print results as JSON")
 	fs.BoolVar(&c.histogram, "histogram", false, "print a latency histogram for each measurement")
@@ -103,7 +103,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case c.keys < 1 || c.payload < 0:
 		return usageError{errors.New("--keys must be positive and --payload not negative")}
 	}
-	for _, s := range c.suites {
+	for _, s := range c.suites.vals {
 		if _, ok := suites[s]; !ok {
 			return usageError{fmt.Errorf("--suite %q: unknown (do, replay, mix, mutex, http, scale, wan)", s)}
 		}
@@ -127,7 +127,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	defer os.RemoveAll(dir)
 	b.dir = dir
 	report := benchReport{Machine: machine(), Started: time.Now().UTC().Format(time.RFC3339), Config: c.describe()}
-	for _, name := range c.suites {
+	for _, name := range c.suites.vals {
 		rep, err := suites[name](ctx, b)
 		if err != nil {
 			return fmt.Errorf("suite %s: %w", name, err)

@@ -1,4 +1,7 @@
-package idemhttp
+// Package api holds the worker API's contract, openapi.yaml, and the test
+// that holds idem's API to it: every route documented, every exchange of a
+// worker's life validated against the document, over real sockets.
+package api
 
 import (
 	"bytes"
@@ -9,9 +12,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sort"
+	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/getkin/kin-openapi/openapi3filter"
@@ -19,9 +25,31 @@ import (
 	"github.com/getkin/kin-openapi/routers/legacy"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/idemhttp"
+	"github.com/idem-dev/idem/internal/etcdcluster"
+	"github.com/idem-dev/idem/internal/etcdtest"
 )
 
-const specPath = "../api/openapi.yaml"
+const specPath = "openapi.yaml"
+
+var cluster *etcdcluster.Cluster
+
+func TestMain(m *testing.M) { os.Exit(etcdtest.Main(m, 1, etcdcluster.Options{}, &cluster)) }
+
+var prefixSeq atomic.Int64
+
+// newStore returns a store under prefix, closed when the test ends.
+func newStore(t *testing.T, prefix string) *etcdstore.Store {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := etcdstore.New(ctx, cluster.MustClient(t), etcdstore.WithPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
 
 func loadSpec(t *testing.T) *openapi3.T {
 	t.Helper()
@@ -43,7 +71,7 @@ func TestOpenAPIDocumentsEveryRoute(t *testing.T) {
 			documented = append(documented, method+" "+path)
 		}
 	}
-	for _, rt := range apiRoutes {
+	for _, rt := range idemhttp.APIRoutes() {
 		served = append(served, rt.Method+" "+rt.Pattern)
 		op := doc.Paths.Find(rt.Pattern).GetOperation(rt.Method)
 		if op == nil || op.OperationID != rt.Op {
@@ -146,7 +174,7 @@ func (c *apiClient) send(req *http.Request) (int, map[string]any) {
 
 func newAPIServer(t *testing.T, store *etcdstore.Store) string {
 	t.Helper()
-	api, err := NewAPI(APIConfig{Store: store})
+	api, err := idemhttp.NewAPI(idemhttp.APIConfig{Store: store})
 	if err != nil {
 		t.Fatal(err)
 	}

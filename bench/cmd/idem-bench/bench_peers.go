@@ -114,7 +114,7 @@ func suiteMix(ctx context.Context, b *bencher) ([]suiteReport, error) {
 		defer pg.close()
 		notes = append(notes, "PostgreSQL: the seed's table (INSERT ... ON CONFLICT DO NOTHING claim, UPDATE ... WHERE locked_at = mine), "+pg.settings)
 	} else {
-		notes = append(notes, "no --pg given: idem alone (scripts/bench-pg.sh runs the comparison)")
+		notes = append(notes, "no --pg given: idem alone (bench/bench-pg.sh runs the comparison)")
 	}
 	// The raw Txn pair idem is built on, as the limit of fresh claims on
 	// this cluster: the goals are ratios to PostgreSQL, and this row says
