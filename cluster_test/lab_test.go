@@ -227,7 +227,7 @@ func faultyCharge(e *env, c *client, order string) string {
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), attemptTimeout)
 		res, err := c.store.Do(ctx, etcdstore.Key{ID: "pay-" + order}, []byte(order), e.work(order, "charged "+order),
-			etcdstore.OnError(etcdstore.KeepOnError))
+			etcdstore.OnError(etcdstore.EndAbandon))
 		cancel()
 		if err == nil {
 			return string(res.Body)

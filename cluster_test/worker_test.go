@@ -70,7 +70,7 @@ func runWorker() int {
 			return nil, err
 		}
 		return []byte("worker"), nil
-	}, etcdstore.OnError(etcdstore.KeepOnError))
+	}, etcdstore.OnError(etcdstore.EndAbandon))
 	rep := workerReport{Body: string(res.Body)}
 	if err != nil {
 		rep.Error = err.Error()

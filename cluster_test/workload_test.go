@@ -177,7 +177,7 @@ func (e *env) attempt(c *client, order string, timeout time.Duration, opts ...et
 	proposal := fmt.Sprintf("%s/p%d/%d", order, c.id, seq.Add(1))
 	call := e.hist.now()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	opts = append(opts, etcdstore.OnError(etcdstore.KeepOnError))
+	opts = append(opts, etcdstore.OnError(etcdstore.EndAbandon))
 	res, err := c.store.Do(ctx, etcdstore.Key{ID: order}, []byte(order), e.work(order, proposal), opts...)
 	cancel()
 	var out opOutput
@@ -375,7 +375,7 @@ func (e *env) holdClaim(c *client, order string) (release func()) {
 				return nil, err
 			}
 			return []byte(proposal), nil
-		}, etcdstore.OnError(etcdstore.KeepOnError))
+		}, etcdstore.OnError(etcdstore.EndAbandon))
 		out := opOutput{Kind: outUnknown}
 		if err == nil && !res.Replayed {
 			out = opOutput{outFresh, string(res.Body)}

@@ -62,15 +62,14 @@ func (a *Admin) retry(ctx context.Context, read func(context.Context) error) err
 	}
 }
 
-// NewAdmin returns an Admin for the store under the prefix set by opts
-// (only WithPrefix and WithRequestTimeout matter).
-func NewAdmin(client *clientv3.Client, opts ...Option) (*Admin, error) {
+// NewAdmin returns an Admin for the store under the prefix set by opts.
+func NewAdmin(client *clientv3.Client, opts ...AdminOption) (*Admin, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil etcd client", ErrInvalidArgument)
 	}
 	c := config{prefix: DefaultPrefix, requestTimeout: DefaultRequestTimeout}
 	for _, o := range opts {
-		if err := o(&c); err != nil {
+		if err := o.apply(&c); err != nil {
 			return nil, fmt.Errorf("new admin: %w", err)
 		}
 	}

@@ -16,74 +16,6 @@ import (
 	"github.com/idem-dev/idem/lease"
 )
 
-// ClaimOption configures Claim and Do.
-type ClaimOption func(*claimConfig) error
-
-type claimConfig struct {
-	attempt   string
-	deadline  time.Duration
-	wait      bool
-	onError   ErrorPolicy
-	noSession bool
-}
-
-// MaxAttemptLen is the longest attempt id.
-const MaxAttemptLen = 64
-
-// WithAttempt sets the attempt id of a claim (default: a new random UUID).
-// A caller that got an error from Claim (a timeout, a reset connection: the
-// claim may or may not have been written) and retries with the same attempt
-// id is recognised as the owner of the claim it may have made, instead of
-// conflicting with itself. Never share an attempt id between two attempts
-// that may run at once. 1 to 64 bytes of visible ASCII.
-func WithAttempt(id string) ClaimOption {
-	return func(c *claimConfig) error {
-		if err := validateID(id); err != nil || len(id) > MaxAttemptLen {
-			return fmt.Errorf("%w: attempt id %q must be 1 to %d bytes of visible ASCII", ErrInvalidArgument, id, MaxAttemptLen)
-		}
-		c.attempt = id
-		return nil
-	}
-}
-
-// WithDeadline gives the claim a deadline d from now: past it, the claim is
-// stale even if its owner is alive, another caller may take it over, and the
-// claim's context is cancelled with cause ErrDeadline. The deadline must
-// outlast any honest run of the work (the seed's lockMs: at least the request
-// deadline plus the downstream timeout), or live work is taken over by
-// design. Deadlines compare wall clocks of different machines: allow for
-// skew. Without a deadline only the owner's death makes a claim stale.
-func WithDeadline(d time.Duration) ClaimOption {
-	return func(c *claimConfig) error {
-		if d <= 0 {
-			return fmt.Errorf("%w: deadline %v must be positive", ErrInvalidArgument, d)
-		}
-		c.deadline = d
-		return nil
-	}
-}
-
-// WithoutSession ties the claim's liveness to its deadline alone, not to
-// this process's session: the claim is stale only once its deadline passes,
-// and it survives this process. It is for claims held on behalf of a remote
-// worker (idem's HTTP worker API), whose liveness is its renewals (Renew).
-// It requires WithDeadline.
-func WithoutSession() ClaimOption {
-	return func(c *claimConfig) error { c.noSession = true; return nil }
-}
-
-// deadlineOwner is the owner of claims made WithoutSession. It is never an
-// owner key, and it cannot collide with a session's owner id (a UUID).
-const deadlineOwner = "~deadline"
-
-// WithWait makes Claim and Do wait, on an etcd Watch, while a live owner runs
-// the key, instead of returning a ConflictError at once. The wait ends when
-// the key is done (its outcome is returned), released or stale (the caller
-// claims it), or ctx ends.
-func WithWait() ClaimOption {
-	return func(c *claimConfig) error { c.wait = true; return nil }
-}
-
 // Claim is a claim on a key: the right, fenced by Token, to run its work and
 // save its outcome. Every Claim must end with Complete, Release or Abandon;
 // until then the process holds the key and other callers get ErrConflict.
@@ -216,10 +148,15 @@ func (c *Claim) IsOwner() clientv3.Cmp {
 func (s *Store) Claim(ctx context.Context, key Key, fp Fingerprint, opts ...ClaimOption) (*Claim, *Record, error) {
 	var cfg claimConfig
 	for _, o := range opts {
-		if err := o(&cfg); err != nil {
+		if err := o.applyRun(&cfg); err != nil {
 			return nil, nil, fmt.Errorf("claim %s: %w", key, err)
 		}
 	}
+	return s.claim(ctx, key, fp, &cfg)
+}
+
+// claim is Claim with its options applied.
+func (s *Store) claim(ctx context.Context, key Key, fp Fingerprint, cfg *claimConfig) (*Claim, *Record, error) {
 	if err := key.Validate(); err != nil {
 		return nil, nil, fmt.Errorf("claim: %w", err)
 	}
@@ -248,7 +185,7 @@ func (s *Store) Claim(ctx context.Context, key Key, fp Fingerprint, opts ...Clai
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	done, uncertain, err := s.acquire(ctx, c, sess, &cfg)
+	done, uncertain, err := s.acquire(ctx, c, sess, cfg)
 	if err != nil || done != nil {
 		s.unregister(c)
 		c.cancel(ErrClaimEnded)

@@ -54,7 +54,7 @@ func TestConcurrentDuplicatesRunWorkOnce(t *testing.T) {
 					go func() {
 						defer wg.Done()
 						<-start
-						var opts []ClaimOption
+						var opts []RunOption
 						if tc.wait {
 							opts = append(opts, WithWait())
 						}

@@ -9,47 +9,6 @@ import (
 	"github.com/idem-dev/idem/fencing"
 )
 
-// ErrorPolicy says what Do does when the work returns an error. There is no
-// choice that is right for every work; pick one deliberately (the seed's
-// "design note").
-type ErrorPolicy int
-
-const (
-	// SaveError (the default) saves the error's message as the key's outcome,
-	// as Stripe's API v1 saves 500s: every retry gets the same error back and
-	// the work never runs again for this key. It is the only policy that is
-	// safe when the work is not idempotent downstream and may have had an
-	// effect before failing. The client needs a new key to try again.
-	SaveError ErrorPolicy = iota
-
-	// ReleaseOnError deletes the claim, so a retry with the same key runs the
-	// work again. Safe only when the work failed before any effect, or is
-	// idempotent downstream (it passes its own key on, like the seed's
-	// charge:<orderId>); otherwise it re-creates the double charge.
-	ReleaseOnError
-
-	// KeepOnError abandons the claim with its last checkpoint: the next
-	// request with the key takes it over at once and resumes from the
-	// checkpoint, with a greater fencing token. For multi-step work that
-	// saves recovery points with Claim.Checkpoint.
-	KeepOnError
-)
-
-// OnError sets Do's error policy (default SaveError). Claim and Run ignore it.
-//
-// Whatever the policy, a work whose context was cancelled (the caller gave
-// up, the claim was lost) is abandoned, not saved: "context canceled" is not
-// the operation's outcome, and the next request resumes it.
-func OnError(p ErrorPolicy) ClaimOption {
-	return func(c *claimConfig) error {
-		if p < SaveError || p > KeepOnError {
-			return fmt.Errorf("%w: unknown error policy %d", ErrInvalidArgument, p)
-		}
-		c.onError = p
-		return nil
-	}
-}
-
 // Work is the non-idempotent operation behind a key, for Do. ctx is
 // cancelled when the caller's context ends or the claim is lost, and
 // carries the fencing token (fencing.FromContext); c gives the token, the
@@ -89,10 +48,10 @@ type Result struct {
 // have been fenced downstream), ErrUnavailable when etcd did not answer; the
 // store then keeps trying to save it in the background while the key stays
 // claimed.
-func (s *Store) Do(ctx context.Context, key Key, params []byte, work Work, opts ...ClaimOption) (Result, error) {
+func (s *Store) Do(ctx context.Context, key Key, params []byte, work Work, opts ...RunOption) (Result, error) {
 	var cfg claimConfig
 	for _, o := range opts {
-		if err := o(&cfg); err != nil {
+		if err := o.applyRun(&cfg); err != nil {
 			return Result{}, fmt.Errorf("do %s: %w", key, err)
 		}
 	}
@@ -107,10 +66,10 @@ func (s *Store) Do(ctx context.Context, key Key, params []byte, work Work, opts 
 		switch {
 		case werr == nil:
 			return Outcome{Body: body}, EndSave
-		case ctx.Err() != nil || c.Err() != nil || cfg.onError == KeepOnError:
+		case ctx.Err() != nil || c.Err() != nil:
 			return Outcome{}, EndAbandon
-		case cfg.onError == ReleaseOnError:
-			return Outcome{}, EndRelease
+		case cfg.onError != EndSave:
+			return Outcome{}, cfg.onError
 		}
 		return Outcome{Err: werr.Error()}, EndSave
 	}, opts...)
@@ -124,18 +83,6 @@ func (s *Store) Do(ctx context.Context, key Key, params []byte, work Work, opts 
 	}
 	return res, err
 }
-
-// End says how Run ends a work's claim.
-type End int
-
-const (
-	// EndSave completes the claim with the work's Outcome, to be replayed.
-	EndSave End = iota
-	// EndRelease deletes the claim: a retry runs the work again.
-	EndRelease
-	// EndAbandon leaves the claim, with its checkpoint, to the next request.
-	EndAbandon
-)
 
 // RunWork is the general form of a work, for Run: it returns the outcome
 // and how its claim must end.
@@ -161,14 +108,14 @@ type RunWork func(ctx context.Context, c *Claim) (Outcome, End)
 // process meanwhile, and Close waits for it). An outcome too large to save
 // is replaced by a saved error saying so: the work ran, and a retry must
 // learn that rather than run it again.
-func (s *Store) Run(ctx context.Context, key Key, fp Fingerprint, work RunWork, opts ...ClaimOption) (Result, error) {
+func (s *Store) Run(ctx context.Context, key Key, fp Fingerprint, work RunWork, opts ...RunOption) (Result, error) {
 	var cfg claimConfig
 	for _, o := range opts {
-		if err := o(&cfg); err != nil {
+		if err := o.applyRun(&cfg); err != nil {
 			return Result{}, fmt.Errorf("run %s: %w", key, err)
 		}
 	}
-	c, done, err := s.Claim(ctx, key, fp, opts...)
+	c, done, err := s.claim(ctx, key, fp, &cfg)
 	if err != nil {
 		return Result{}, err
 	}
@@ -189,19 +136,13 @@ func (s *Store) Run(ctx context.Context, key Key, fp Fingerprint, work RunWork, 
 // run calls work with the claim's context. A panic is recovered and
 // returned, with the end that policy gives a failed work; the outcome then
 // saves the panic's message.
-func (s *Store) run(ctx context.Context, c *Claim, work RunWork, policy ErrorPolicy) (out Outcome, end End, panicked any) {
+func (s *Store) run(ctx context.Context, c *Claim, work RunWork, onError End) (out Outcome, end End, panicked any) {
 	wctx, cancel := c.Context(ctx)
 	defer cancel()
 	defer func() {
 		if r := recover(); r != nil {
 			panicked = r
-			out, end = Outcome{Err: fmt.Sprintf("the work panicked: %v", r)}, EndSave
-			switch policy {
-			case KeepOnError:
-				end = EndAbandon
-			case ReleaseOnError:
-				end = EndRelease
-			}
+			out, end = Outcome{Err: fmt.Sprintf("the work panicked: %v", r)}, onError
 		}
 	}()
 	out, end = work(wctx, c)

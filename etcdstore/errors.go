@@ -115,7 +115,7 @@ func (e *ConflictError) Error() string {
 func (e *ConflictError) Is(target error) bool { return target == ErrConflict }
 
 // SavedError is what Do returns when it replays an outcome that saved a
-// failure of the work (policy SaveError). Message is the text of the first
+// failure of the work (policy EndSave). Message is the text of the first
 // attempt's error; the original error value cannot be replayed.
 type SavedError struct {
 	Message string

@@ -27,7 +27,7 @@ const (
 
 // Outcome is the result of a key's work, saved once and replayed to every
 // retry. Status and Header are for HTTP-shaped results and may be left zero;
-// Err is set when the work's failure itself was saved (policy SaveError).
+// Err is set when the work's failure itself was saved (policy EndSave).
 type Outcome struct {
 	Status int
 	Header map[string][]string

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -75,176 +74,6 @@ type Store struct {
 	wg      sync.WaitGroup
 }
 
-// Option configures a Store.
-type Option func(*config) error
-
-type config struct {
-	prefix         string
-	retention      time.Duration
-	bucketWidth    time.Duration
-	sessionTTL     time.Duration
-	maxRecord      int
-	retryAfter     time.Duration
-	endTimeout     time.Duration
-	requestTimeout time.Duration
-	cacheBytes     int64
-	claimPath      ClaimPath
-	keysPerLease   int64
-	log            *slog.Logger
-}
-
-// WithPrefix sets the etcd key prefix under which the store keeps everything
-// (default "/idem/"). It must end in "/". Stores with different prefixes are
-// independent.
-func WithPrefix(p string) Option {
-	return func(c *config) error {
-		if p == "" || !strings.HasSuffix(p, "/") {
-			return fmt.Errorf("%w: prefix %q must be non-empty and end in /", ErrInvalidArgument, p)
-		}
-		c.prefix = p
-		return nil
-	}
-}
-
-// WithRetention sets how long a key is kept after its last write (default
-// 24 h). Clients must stop retrying well inside it: after retention the same
-// key starts a new operation. Whole seconds, at least 1 s.
-func WithRetention(d time.Duration) Option {
-	return func(c *config) error { c.retention = d; return nil }
-}
-
-// WithBucketWidth sets the width of a retention bucket (default 1 h, or the
-// retention when that is shorter). Every record written in one bucket shares
-// one lease, kept for retention plus at most one bucket width.
-func WithBucketWidth(d time.Duration) Option {
-	return func(c *config) error { c.bucketWidth = d; return nil }
-}
-
-// WithSessionTTL sets the TTL of the process's session lease (default 10 s,
-// at least 2 s). A process that cannot renew it for this long is considered
-// dead and its claims may be taken over: longer survives longer network
-// hiccups, shorter recovers crashed work sooner.
-func WithSessionTTL(d time.Duration) Option {
-	return func(c *config) error { c.sessionTTL = d; return nil }
-}
-
-// WithMaxRecordSize caps the size of a saved outcome plus checkpoint
-// (default 1 MiB, at most 1.25 MiB). Larger writes fail with ErrTooLarge.
-func WithMaxRecordSize(n int) Option {
-	return func(c *config) error {
-		if n < 1024 || n > maxRecordSizeLimit {
-			return fmt.Errorf("%w: max record size %d must be between 1 KiB and %d", ErrInvalidArgument, n, maxRecordSizeLimit)
-		}
-		c.maxRecord = n
-		return nil
-	}
-}
-
-// WithRetryAfter sets the retry hint of a ConflictError (default 1 s).
-func WithRetryAfter(d time.Duration) Option {
-	return func(c *config) error {
-		if d <= 0 {
-			return fmt.Errorf("%w: retry-after %v must be positive", ErrInvalidArgument, d)
-		}
-		c.retryAfter = d
-		return nil
-	}
-}
-
-// WithEndTimeout bounds the final write of Do (complete, release or abandon)
-// when the caller's context has already ended (default 10 s): a finished
-// work's outcome is saved even if its caller gave up.
-func WithEndTimeout(d time.Duration) Option {
-	return func(c *config) error {
-		if d <= 0 {
-			return fmt.Errorf("%w: end timeout %v must be positive", ErrInvalidArgument, d)
-		}
-		c.endTimeout = d
-		return nil
-	}
-}
-
-// WithRequestTimeout bounds every etcd request the store makes (default
-// 5 s; 0 means none, only the caller's context): when etcd cannot be
-// reached, calls fail with ErrUnavailable instead of waiting as long as the
-// caller does. Waiting on a Watch (Wait, WithWait) is not bounded by it.
-// Across data centres, set it above a few round trips plus an election.
-func WithRequestTimeout(d time.Duration) Option {
-	return func(c *config) error {
-		if d < 0 {
-			return fmt.Errorf("%w: request timeout %v must not be negative", ErrInvalidArgument, d)
-		}
-		c.requestTimeout = d
-		return nil
-	}
-}
-
-// WithKeysPerLease sets how many records this process attaches to one
-// retention lease before its bucket moves on to a fresh lease (default
-// lease.DefaultMaxUses, 20000). etcd deletes a lease's keys in one raft entry
-// when it expires and applies nothing else meanwhile: measured on one
-// member, a lease of a million keys stalled every request for 6 s.
-func WithKeysPerLease(n int64) Option {
-	return func(c *config) error {
-		if n < 1 {
-			return fmt.Errorf("%w: keys per lease %d must be at least 1", ErrInvalidArgument, n)
-		}
-		c.keysPerLease = n
-		return nil
-	}
-}
-
-// WithCache keeps up to bytes of done records in memory, fed and
-// invalidated by an etcd Watch of every record, so that a replay needs no
-// etcd round trip at all (default: no cache). A record evicted from
-// another process may be replayed from the cache until its deletion
-// reaches the watch, typically milliseconds; Evict through this store
-// invalidates it at once.
-func WithCache(bytes int64) Option {
-	return func(c *config) error {
-		if bytes < 0 {
-			return fmt.Errorf("%w: cache size %d must not be negative", ErrInvalidArgument, bytes)
-		}
-		c.cacheBytes = bytes
-		return nil
-	}
-}
-
-// ClaimPath says how Claim looks for an existing record.
-type ClaimPath int
-
-const (
-	// ClaimPathAdaptive (the default) reads first while a noticeable share
-	// of recent claims found a record, and writes first otherwise.
-	ClaimPathAdaptive ClaimPath = iota
-	// ClaimPathWriteFirst always sends the claim Txn first: one round trip
-	// for a new key, but a replay then costs a raft write (a Txn with a Put
-	// in either branch is a write even when its Else runs).
-	ClaimPathWriteFirst
-	// ClaimPathReadFirst always reads first, with a serializable Get: a
-	// replay is never a raft write, and a new key costs that read more.
-	ClaimPathReadFirst
-)
-
-// WithClaimPath sets the claim path (default ClaimPathAdaptive). A
-// serializable read is used only to find a done record, which never changes
-// until it is deleted; every other decision is made by the linearizable
-// claim Txn.
-func WithClaimPath(p ClaimPath) Option {
-	return func(c *config) error {
-		if p < ClaimPathAdaptive || p > ClaimPathReadFirst {
-			return fmt.Errorf("%w: unknown claim path %d", ErrInvalidArgument, p)
-		}
-		c.claimPath = p
-		return nil
-	}
-}
-
-// WithLogger sets the logger for session events (default: discard).
-func WithLogger(l *slog.Logger) Option {
-	return func(c *config) error { c.log = l; return nil }
-}
-
 // New returns a Store on client and starts its session: it grants the
 // session lease and writes the owner key, so ctx bounds those two calls.
 // The Store does not close client.
@@ -263,7 +92,7 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 		requestTimeout: DefaultRequestTimeout,
 	}
 	for _, o := range opts {
-		if err := o(&c); err != nil {
+		if err := o.apply(&c); err != nil {
 			return nil, fmt.Errorf("new store: %w", err)
 		}
 	}

@@ -371,13 +371,13 @@ func TestReleaseLetsRetryRunAgain(t *testing.T) {
 		}
 		return []byte("charged"), nil
 	}
-	if _, err := s.Do(ctx, key, nil, work, OnError(ReleaseOnError)); !errors.Is(err, fail) {
+	if _, err := s.Do(ctx, key, nil, work, OnError(EndRelease)); !errors.Is(err, fail) {
 		t.Fatalf("first Do = %v; want the work's error", err)
 	}
 	if _, err := s.Get(ctx, key); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("after release, Get = %v; want ErrNotFound", err)
 	}
-	res, err := s.Do(ctx, key, nil, work, OnError(ReleaseOnError))
+	res, err := s.Do(ctx, key, nil, work, OnError(EndRelease))
 	if err != nil || string(res.Body) != "charged" || runs.Load() != 2 {
 		t.Fatalf("retry = %+v, %v, runs %d; want charged after 2 runs", res, err, runs.Load())
 	}
@@ -418,7 +418,7 @@ func TestKeepOnErrorResumesFromCheckpoint(t *testing.T) {
 			return nil, err
 		}
 		return nil, errors.New("smtp down")
-	}, OnError(KeepOnError))
+	}, OnError(EndAbandon))
 	if err == nil {
 		t.Fatal("want the work's error")
 	}
@@ -457,7 +457,7 @@ func TestCancelledWorkIsAbandonedNotSaved(t *testing.T) {
 
 // A work that panics may have acted before it did: by default the panic is
 // saved as the key's outcome (a retry must not run it again); with
-// KeepOnError the claim is abandoned for the next request to resume. Either
+// EndAbandon the claim is abandoned for the next request to resume. Either
 // way the claim ends and the panic continues.
 func TestPanickingWorkEndsAsItsErrorPolicy(t *testing.T) {
 	cli := client(t)
@@ -465,11 +465,11 @@ func TestPanickingWorkEndsAsItsErrorPolicy(t *testing.T) {
 	ctx := testCtx(t)
 	for _, tc := range []struct {
 		key  string
-		opts []ClaimOption
+		opts []RunOption
 		want func(*Record) bool
 	}{
 		{"saved", nil, func(r *Record) bool { return r.State == Done && strings.Contains(r.Outcome.Err, "boom") }},
-		{"kept", []ClaimOption{OnError(KeepOnError)}, func(r *Record) bool { return r.State == InFlight && r.Owner == "" }},
+		{"kept", []RunOption{OnError(EndAbandon)}, func(r *Record) bool { return r.State == InFlight && r.Owner == "" }},
 	} {
 		key := Key{ID: tc.key}
 		func() {

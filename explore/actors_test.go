@@ -71,19 +71,19 @@ func (w *world) doWorker(a *actor, p *process) {
 	for op := 0; op < 2; op++ {
 		key := storeKeys[w.rng.IntN(len(storeKeys))]
 		odd := w.rng.IntN(10) == 0
-		policy := []etcdstore.ErrorPolicy{etcdstore.SaveError, etcdstore.ReleaseOnError, etcdstore.KeepOnError}[w.rng.IntN(3)]
+		policy := []etcdstore.End{etcdstore.EndSave, etcdstore.EndRelease, etcdstore.EndAbandon}[w.rng.IntN(3)]
 		fail := w.rng.IntN(6) == 0 // the work fails, after its effects
 		checkpoint := w.rng.IntN(2) == 0
-		// ReleaseOnError promises that a failed work had no effect (it
+		// EndRelease promises that a failed work had no effect (it
 		// lets a retry run the work again): this work then fails before
 		// its first effect, and saves no checkpoint whose failure could
 		// fail it after one.
-		early := policy == etcdstore.ReleaseOnError
+		early := policy == etcdstore.EndRelease
 		checkpoint = checkpoint && !early
 		// A slow worker does not notice that its claim was lost: its late
 		// effects must be refused by the fenced sink.
 		deaf := w.rng.IntN(3) == 0
-		opts := []etcdstore.ClaimOption{etcdstore.OnError(policy)}
+		opts := []etcdstore.RunOption{etcdstore.OnError(policy)}
 		if w.rng.IntN(3) == 0 {
 			opts = append(opts, etcdstore.WithDeadline(time.Duration(5+w.rng.IntN(20))*time.Second))
 		}
@@ -96,10 +96,10 @@ func (w *world) doWorker(a *actor, p *process) {
 				start := lastStep(c.LastCheckpoint())
 				w.log(event{kind: evGrant, key: key, token: token, attempt: c.Attempt(), proc: p.name, actor: a.name, tookOver: c.TookOver(), step: start, via: "do"})
 				// The hold ends when the work gives the claim up (Do abandons
-				// a failed work under KeepOnError, or a cancelled one);
+				// a failed work under EndAbandon, or a cancelled one);
 				// otherwise once its end is written.
 				abandon := func(err error) ([]byte, error) {
-					if policy == etcdstore.KeepOnError || ctx.Err() != nil {
+					if policy == etcdstore.EndAbandon || ctx.Err() != nil {
 						w.log(event{kind: evHoldEnd, key: key, token: token, actor: a.name})
 					}
 					return nil, err

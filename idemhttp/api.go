@@ -106,8 +106,8 @@ func NewAPI(cfg APIConfig) (*API, error) {
 	}
 	a := &API{cfg: cfg, mux: http.NewServeMux(), claims: make(map[heldKey]*etcdstore.Claim)}
 	handlers := map[string]http.HandlerFunc{
-		"claim": a.claim, "complete": a.end("complete"), "checkpoint": a.end("checkpoint"),
-		"renew": a.end("renew"), "release": a.end("release"), "abandon": a.end("abandon"), "get": a.get,
+		"claim": a.claim, "complete": a.complete, "checkpoint": a.checkpoint,
+		"renew": a.renew, "release": a.release, "abandon": a.abandon, "get": a.get,
 	}
 	for _, rt := range apiRoutes {
 		a.mux.HandleFunc(rt.Method+" "+rt.Pattern, handlers[rt.Op])
@@ -140,7 +140,7 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if m := a.cfg.Metrics; m != nil {
 		outcome := rw.outcome
 		if outcome == "" {
-			outcome = OutcomeError
+			outcome = labelError
 		}
 		m.Requests.WithLabelValues(outcome).Inc()
 		m.Duration.WithLabelValues(outcome).Observe(time.Since(start).Seconds())
@@ -194,18 +194,55 @@ type ClaimResponse struct {
 	Outcome    *OutcomeJSON `json:"outcome,omitempty"`
 }
 
-// EndRequest is the body of complete, checkpoint, renew, release, abandon.
-type EndRequest struct {
-	Handle     HandleJSON   `json:"handle"`
-	Outcome    *OutcomeJSON `json:"outcome,omitempty"`    // complete
-	Checkpoint []byte       `json:"checkpoint,omitempty"` // checkpoint
-	ExtendMS   int64        `json:"extend_ms,omitempty"`  // renew; checkpoint (optional)
+// CompleteRequest is the body of POST /v1/complete.
+type CompleteRequest struct {
+	Handle  HandleJSON   `json:"handle"`
+	Outcome *OutcomeJSON `json:"outcome"`
 }
 
-// EndResponse is the answer to complete, checkpoint, renew, release, abandon.
-type EndResponse struct {
+// CheckpointRequest is the body of POST /v1/checkpoint. ExtendMS, when
+// set, also moves the deadline to that far from now.
+type CheckpointRequest struct {
+	Handle     HandleJSON `json:"handle"`
+	Checkpoint []byte     `json:"checkpoint,omitempty"`
+	ExtendMS   int64      `json:"extend_ms,omitempty"`
+}
+
+// RenewRequest is the body of POST /v1/renew: the deadline moves to
+// ExtendMS from now.
+type RenewRequest struct {
+	Handle   HandleJSON `json:"handle"`
+	ExtendMS int64      `json:"extend_ms"`
+}
+
+// HandleRequest is the body of POST /v1/release and /v1/abandon.
+type HandleRequest struct {
+	Handle HandleJSON `json:"handle"`
+}
+
+// HandleResponse is the answer to complete, checkpoint, renew, release and
+// abandon: the key's state after the call, and the new handle while the
+// claim is held.
+type HandleResponse struct {
 	State  string      `json:"state"` // "done", "claimed", "released" or "abandoned"
 	Handle *HandleJSON `json:"handle,omitempty"`
+}
+
+// RecordView is how the API (and idem's admin commands) show a record.
+func RecordView(rec *etcdstore.Record) RecordJSON {
+	out := RecordJSON{
+		Key: rec.Key.ID, State: string(rec.State), Token: int64(rec.Token), Fingerprint: rec.Fingerprint.String(),
+		Created: rec.Created.UTC(), Expires: rec.Expires.UTC(), Takeovers: rec.Takeovers,
+		Abandoned: rec.State == etcdstore.InFlight && rec.Owner == "", Checkpoint: rec.Checkpoint,
+	}
+	if !rec.Deadline.IsZero() {
+		d := rec.Deadline.UTC()
+		out.Deadline = &d
+	}
+	if rec.Outcome != nil {
+		out.Outcome = outcomeJSON(rec.Outcome)
+	}
+	return out
 }
 
 // RecordJSON is the answer to GET /v1/keys/{key}.
@@ -264,12 +301,12 @@ func (a *API) claim(w http.ResponseWriter, r *http.Request) {
 	if held := a.held(key, req.Attempt); held != nil {
 		if held.Fingerprint() != fp {
 			a.problem(w, ProblemFor(&etcdstore.MismatchError{Key: key}))
-			a.outcomeIs(w, OutcomeMismatch)
+			a.labelIs(w, labelMismatch)
 			return
 		}
 		// The same attempt claims again: its first reply was lost. Answer
 		// with the claim as it stands.
-		a.outcomeIs(w, OutcomeClaimed)
+		a.labelIs(w, labelClaimed)
 		writeJSON(w, http.StatusCreated, claimResponse(held))
 		return
 	}
@@ -278,19 +315,18 @@ func (a *API) claim(w http.ResponseWriter, r *http.Request) {
 		if wait > 0 && errors.Is(err, context.DeadlineExceeded) && r.Context().Err() == nil {
 			err = &etcdstore.ConflictError{Key: key, RetryAfter: time.Second}
 		}
-		a.problem(w, ProblemFor(err))
-		a.outcome(w, err)
+		a.fail(w, err)
 		return
 	}
 	if done != nil {
-		a.outcomeIs(w, OutcomeReplayed)
+		a.labelIs(w, labelReplayed)
 		writeJSON(w, http.StatusOK, ClaimResponse{State: "done", Token: int64(done.Token), Outcome: outcomeJSON(done.Outcome)})
 		return
 	}
 	a.hold(c)
-	a.outcomeIs(w, OutcomeClaimed)
+	a.labelIs(w, labelClaimed)
 	if c.TookOver() {
-		a.outcomeIs(w, OutcomeTakeover)
+		a.labelIs(w, labelTakeover)
 	}
 	writeJSON(w, http.StatusCreated, claimResponse(c))
 }
@@ -332,99 +368,132 @@ func (a *API) hold(c *etcdstore.Claim) {
 	}()
 }
 
-func (a *API) end(op string) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		var req EndRequest
-		tenant, ok := a.decode(w, r, &req)
-		if !ok {
-			return
+func (a *API) complete(w http.ResponseWriter, r *http.Request) {
+	var req CompleteRequest
+	a.withClaim(w, r, &req, &req.Handle, func() *Problem {
+		if req.Outcome == nil {
+			p := NewProblem(http.StatusBadRequest, KindInvalidRequest, "complete needs an outcome")
+			return &p
 		}
-		h := etcdstore.Handle{
-			Key:      etcdstore.Key{Tenant: tenant, ID: req.Handle.Key},
-			Attempt:  req.Handle.Attempt,
-			Token:    fencing.Token(req.Handle.Token),
-			Revision: req.Handle.Revision,
-		}
-		if err := h.Key.Validate(); err != nil {
-			a.problem(w, ProblemFor(err))
-			return
-		}
-		if op == "complete" && req.Outcome == nil {
-			a.problem(w, NewProblem(http.StatusBadRequest, KindInvalidRequest, "complete needs an outcome"))
-			return
-		}
-		if op == "renew" && req.ExtendMS <= 0 {
-			a.problem(w, NewProblem(http.StatusBadRequest, KindInvalidRequest, "renew needs extend_ms > 0"))
-			return
-		}
-		extend := time.Duration(req.ExtendMS) * time.Millisecond
-		if extend < 0 || extend > a.cfg.MaxDeadline {
-			a.problem(w, NewProblem(http.StatusBadRequest, KindInvalidRequest,
-				fmt.Sprintf("extend_ms must be between 0 and %d", a.cfg.MaxDeadline.Milliseconds())))
-			return
-		}
-		c, err := a.claimFor(r.Context(), h)
-		if err != nil {
-			if errors.Is(err, etcdstore.ErrFenced) {
-				if state := a.settled(r.Context(), op, h, req.Outcome); state != "" {
-					// The worker's earlier call landed and its reply was lost:
-					// say what it did, not that the claim is lost.
-					a.outcomeIs(w, OutcomeClaimed)
-					writeJSON(w, http.StatusOK, EndResponse{State: state})
-					return
-				}
-			}
-			a.problem(w, ProblemFor(err))
-			a.outcome(w, err)
-			return
-		}
-		var state string
-		switch op {
-		case "complete":
-			err, state = c.Complete(r.Context(), etcdstore.Outcome{
-				Status: req.Outcome.Status, Header: req.Outcome.Headers, Body: req.Outcome.Body, Err: req.Outcome.Error,
-			}), "done"
-		case "checkpoint":
-			state = "claimed"
-			if err = c.Checkpoint(r.Context(), req.Checkpoint); err == nil && extend > 0 {
-				err = c.Renew(r.Context(), extend)
-			}
-		case "renew":
-			err, state = c.Renew(r.Context(), extend), "claimed"
-		case "release":
-			err, state = c.Release(r.Context()), "released"
-		case "abandon":
-			err, state = c.Abandon(r.Context()), "abandoned"
-		}
-		if err != nil {
-			a.problem(w, ProblemFor(err))
-			a.outcome(w, err)
-			return
-		}
-		resp := EndResponse{State: state}
-		if state == "claimed" {
-			resp.Handle = handleJSON(c.Handle())
-		}
-		a.outcomeIs(w, OutcomeClaimed)
-		writeJSON(w, http.StatusOK, resp)
-	}
+		return nil
+	}, func(ctx context.Context, c *etcdstore.Claim) (string, error) {
+		o := req.Outcome
+		return "done", c.Complete(ctx, etcdstore.Outcome{Status: o.Status, Header: o.Headers, Body: o.Body, Err: o.Error})
+	}, func(rec *etcdstore.Record) bool {
+		return rec.State == etcdstore.Done && sameOutcome(rec.Outcome, req.Outcome)
+	})
 }
 
-// settled reports the state a complete or an abandon of h already left
-// the key in ("done", "abandoned"), when the record shows that this very
-// claim did it: a retry after a lost reply. Otherwise it returns "".
-func (a *API) settled(ctx context.Context, op string, h etcdstore.Handle, out *OutcomeJSON) string {
-	rec, err := a.cfg.Store.Get(ctx, h.Key)
-	if err != nil || rec.Token != h.Token || rec.Attempt != h.Attempt {
-		return ""
+func (a *API) checkpoint(w http.ResponseWriter, r *http.Request) {
+	var req CheckpointRequest
+	a.withClaim(w, r, &req, &req.Handle, func() *Problem { return a.checkExtend(req.ExtendMS, false) },
+		func(ctx context.Context, c *etcdstore.Claim) (string, error) {
+			err := c.Checkpoint(ctx, req.Checkpoint)
+			if err == nil && req.ExtendMS > 0 {
+				err = c.Renew(ctx, time.Duration(req.ExtendMS)*time.Millisecond)
+			}
+			return "claimed", err
+		}, nil)
+}
+
+func (a *API) renew(w http.ResponseWriter, r *http.Request) {
+	var req RenewRequest
+	a.withClaim(w, r, &req, &req.Handle, func() *Problem { return a.checkExtend(req.ExtendMS, true) },
+		func(ctx context.Context, c *etcdstore.Claim) (string, error) {
+			return "claimed", c.Renew(ctx, time.Duration(req.ExtendMS)*time.Millisecond)
+		}, nil)
+}
+
+func (a *API) release(w http.ResponseWriter, r *http.Request) {
+	var req HandleRequest
+	a.withClaim(w, r, &req, &req.Handle, nil, func(ctx context.Context, c *etcdstore.Claim) (string, error) {
+		if c.TookOver() {
+			return "abandoned", c.Release(ctx) // a claim that took over is kept for the next owner
+		}
+		return "released", c.Release(ctx)
+	}, nil)
+}
+
+func (a *API) abandon(w http.ResponseWriter, r *http.Request) {
+	var req HandleRequest
+	a.withClaim(w, r, &req, &req.Handle, nil, func(ctx context.Context, c *etcdstore.Claim) (string, error) {
+		return "abandoned", c.Abandon(ctx)
+	}, func(rec *etcdstore.Record) bool {
+		return rec.State == etcdstore.InFlight && rec.Owner == ""
+	})
+}
+
+// checkExtend validates extend_ms: required for renew, optional for
+// checkpoint, and never past MaxDeadline.
+func (a *API) checkExtend(ms int64, required bool) *Problem {
+	if required && ms <= 0 {
+		p := NewProblem(http.StatusBadRequest, KindInvalidRequest, "renew needs extend_ms > 0")
+		return &p
 	}
+	if ms < 0 || time.Duration(ms)*time.Millisecond > a.cfg.MaxDeadline {
+		p := NewProblem(http.StatusBadRequest, KindInvalidRequest,
+			fmt.Sprintf("extend_ms must be between 0 and %d", a.cfg.MaxDeadline.Milliseconds()))
+		return &p
+	}
+	return nil
+}
+
+// withClaim serves one call on a claim's handle: it decodes req (whose
+// handle is hj), runs check, finds the claim and runs op on it. When the
+// claim is no longer the handle's and landed reports that the record shows
+// this very claim already did what op does (a retry after a lost reply),
+// the call is answered with that state instead of a conflict.
+func (a *API) withClaim(w http.ResponseWriter, r *http.Request, req any, hj *HandleJSON, check func() *Problem,
+	op func(context.Context, *etcdstore.Claim) (string, error), landed func(*etcdstore.Record) bool) {
+	tenant, ok := a.decode(w, r, req)
+	if !ok {
+		return
+	}
+	h := etcdstore.Handle{Key: etcdstore.Key{Tenant: tenant, ID: hj.Key}, Attempt: hj.Attempt, Token: fencing.Token(hj.Token), Revision: hj.Revision}
+	if err := h.Key.Validate(); err != nil {
+		a.problem(w, ProblemFor(err))
+		return
+	}
+	if check != nil {
+		if p := check(); p != nil {
+			a.problem(w, *p)
+			return
+		}
+	}
+	c, err := a.claimFor(r.Context(), h)
+	if err != nil && errors.Is(err, etcdstore.ErrFenced) && landed != nil {
+		if rec, gerr := a.cfg.Store.Get(r.Context(), h.Key); gerr == nil && rec.Token == h.Token && rec.Attempt == h.Attempt && landed(rec) {
+			a.labelIs(w, labelClaimed)
+			writeJSON(w, http.StatusOK, HandleResponse{State: stateOf(rec)})
+			return
+		}
+	}
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	state, err := op(r.Context(), c)
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	resp := HandleResponse{State: state}
+	if state == "claimed" {
+		resp.Handle = handleJSON(c.Handle())
+	}
+	a.labelIs(w, labelClaimed)
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// stateOf names a record's state as the API's answers do.
+func stateOf(rec *etcdstore.Record) string {
 	switch {
-	case op == "complete" && rec.State == etcdstore.Done && out != nil && sameOutcome(rec.Outcome, out):
+	case rec.State == etcdstore.Done:
 		return "done"
-	case op == "abandon" && rec.State == etcdstore.InFlight && rec.Owner == "":
+	case rec.Owner == "":
 		return "abandoned"
 	}
-	return ""
+	return "claimed"
 }
 
 // sameOutcome reports whether a saved outcome is the one a request carries.
@@ -486,19 +555,8 @@ func (a *API) get(w http.ResponseWriter, r *http.Request) {
 		a.problem(w, ProblemFor(err))
 		return
 	}
-	out := RecordJSON{
-		Key: rec.Key.ID, State: string(rec.State), Token: int64(rec.Token), Fingerprint: rec.Fingerprint.String(),
-		Created: rec.Created.UTC(), Expires: rec.Expires.UTC(), Takeovers: rec.Takeovers,
-		Abandoned: rec.State == etcdstore.InFlight && rec.Owner == "", Checkpoint: rec.Checkpoint,
-	}
-	if !rec.Deadline.IsZero() {
-		d := rec.Deadline.UTC()
-		out.Deadline = &d
-	}
-	if rec.Outcome != nil {
-		out.Outcome = outcomeJSON(rec.Outcome)
-	}
-	a.outcomeIs(w, OutcomePassthrough)
+	out := RecordView(rec)
+	a.labelIs(w, labelPassthrough)
 	writeJSON(w, http.StatusOK, out)
 }
 
@@ -533,30 +591,24 @@ func (a *API) decode(w http.ResponseWriter, r *http.Request, v any) (string, boo
 	return tenant, true
 }
 
+// problem answers a refusal made before any store call.
 func (a *API) problem(w http.ResponseWriter, p Problem) {
 	if sw, ok := w.(*statusWriter); ok && sw.outcome == "" {
-		sw.outcome = OutcomeInvalid
-		if p.Status >= 500 {
-			sw.outcome = OutcomeUnavailable
-		}
+		sw.outcome = labelInvalid
 	}
 	p.Write(w)
 }
 
-func (a *API) outcome(w http.ResponseWriter, err error) {
-	switch {
-	case errors.Is(err, etcdstore.ErrConflict):
-		a.outcomeIs(w, OutcomeConflict)
-	case errors.Is(err, etcdstore.ErrMismatch):
-		a.outcomeIs(w, OutcomeMismatch)
-	case errors.Is(err, etcdstore.ErrFenced), errors.Is(err, etcdstore.ErrClaimEnded):
-		a.outcomeIs(w, OutcomeFenced)
-	}
+// fail answers a call the store refused, or could not serve.
+func (a *API) fail(w http.ResponseWriter, err error) {
+	p := ProblemFor(err)
+	a.labelIs(w, labelOf(p))
+	p.Write(w)
 }
 
-func (a *API) outcomeIs(w http.ResponseWriter, outcome string) {
+func (a *API) labelIs(w http.ResponseWriter, label string) {
 	if sw, ok := w.(*statusWriter); ok {
-		sw.outcome = outcome
+		sw.outcome = label
 	}
 }
 

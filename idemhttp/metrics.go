@@ -4,20 +4,21 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Outcomes of a request at the edge, the values of the "outcome" label.
+// The values of the "outcome" label of the edge's metrics: what happened to
+// a request. docs/CLI.md lists them.
 const (
-	OutcomeClaimed         = "claimed"          // a new key: the handler ran
-	OutcomeTakeover        = "takeover"         // a stale claim was taken over: the handler ran
-	OutcomeReplayed        = "replayed"         // a saved response was replayed
-	OutcomeConflict        = "conflict"         // 409: in flight elsewhere
-	OutcomeMismatch        = "mismatch"         // 422
-	OutcomeFenced          = "fenced"           // the handler ran but its claim was taken over
-	OutcomeInvalid         = "invalid"          // 400/403/413 before any claim
-	OutcomeUnavailable     = "unavailable"      // 503: etcd unreachable
-	OutcomeUpstream        = "upstream_err"     // 502: the request never reached the upstream (released)
-	OutcomeUpstreamUnknown = "upstream_unknown" // 502/504: the upstream may have acted; its answer was lost
-	OutcomePassthrough     = "passthrough"      // no key, or a method that is not claimed
-	OutcomeError           = "error"            // anything else
+	labelClaimed         = "claimed"          // a new key: the handler ran
+	labelTakeover        = "takeover"         // a stale claim was taken over: the handler ran
+	labelReplayed        = "replayed"         // a saved response was replayed
+	labelConflict        = "conflict"         // 409: in flight elsewhere
+	labelMismatch        = "mismatch"         // 422
+	labelFenced          = "fenced"           // the handler ran but its claim was taken over
+	labelInvalid         = "invalid"          // 400/403/413 before any claim
+	labelUnavailable     = "unavailable"      // 503: etcd unreachable
+	labelUpstream        = "upstream_err"     // 502: the request never reached the upstream (released)
+	labelUpstreamUnknown = "upstream_unknown" // 502/504: the upstream may have acted; its answer was lost
+	labelPassthrough     = "passthrough"      // no key, or a method that is not claimed
+	labelError           = "error"            // anything else
 )
 
 // Metrics are the edge's Prometheus metrics. Labels never include keys,
@@ -50,4 +51,22 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reg.MustRegister(m.Requests, m.Duration, m.Waits)
 	}
 	return m
+}
+
+// labelOf is the metrics label of a request answered with problem p.
+func labelOf(p Problem) string {
+	switch p.Type {
+	case ProblemTypePrefix + KindConflict:
+		return labelConflict
+	case ProblemTypePrefix + KindMismatch:
+		return labelMismatch
+	case ProblemTypePrefix + KindFenced:
+		return labelFenced
+	case ProblemTypePrefix + KindUnavailable:
+		return labelUnavailable
+	}
+	if p.Status < 500 {
+		return labelInvalid
+	}
+	return labelError
 }

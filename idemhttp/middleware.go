@@ -158,7 +158,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	r.Header.Del(fencing.Header)
 	if !slices.Contains(m.cfg.Methods, r.Method) {
 		next.ServeHTTP(w, r)
-		return OutcomePassthrough
+		return labelPassthrough
 	}
 	id, err := keyFromHeader(r.Header)
 	if err != nil {
@@ -170,7 +170,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 				"this route requires an Idempotency-Key header: generate one per operation and send it on every retry"))
 		}
 		next.ServeHTTP(w, r)
-		return OutcomePassthrough
+		return labelPassthrough
 	}
 	if forged {
 		return m.refuse(w, r, NewProblem(http.StatusBadRequest, KindInvalidRequest,
@@ -182,7 +182,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	w.Header().Set(HeaderRetention, strconv.Itoa(int(m.cfg.Store.Retention().Seconds())))
 
-	var opts []etcdstore.ClaimOption
+	var opts []etcdstore.RunOption
 	if m.cfg.ClaimDeadline > 0 {
 		opts = append(opts, etcdstore.WithDeadline(m.cfg.ClaimDeadline))
 	}
@@ -205,7 +205,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		_, werr := m.cfg.Store.Wait(wctx, req.key)
 		cancel()
 		if r.Context().Err() != nil {
-			return OutcomeError
+			return labelError
 		}
 		if werr != nil && !errors.Is(werr, etcdstore.ErrNotFound) && !errors.Is(werr, context.DeadlineExceeded) {
 			return m.fail(w, req, werr)
@@ -257,14 +257,14 @@ func (m *Middleware) parse(w http.ResponseWriter, r *http.Request, id string) (*
 // or runs next, saves its response and sends it. It returns the outcome, or
 // an error from the claim (conflict, mismatch, unavailable...) for the
 // caller to answer.
-func (m *Middleware) run(w http.ResponseWriter, req *request, next http.Handler, opts []etcdstore.ClaimOption) (string, error) {
+func (m *Middleware) run(w http.ResponseWriter, req *request, next http.Handler, opts []etcdstore.RunOption) (string, error) {
 	r := req.r
 	var rec *recorder
 	var ans answer
-	outcome := OutcomeClaimed
+	outcome := labelClaimed
 	res, err := m.cfg.Store.Run(r.Context(), req.key, req.fp, func(_ context.Context, c *etcdstore.Claim) (etcdstore.Outcome, etcdstore.End) {
 		if c.TookOver() {
-			outcome = OutcomeTakeover
+			outcome = labelTakeover
 		}
 		// Once forwarded, the request runs to its end, even if its client
 		// hangs up or the claim is lost meanwhile: cutting it short would
@@ -288,8 +288,8 @@ func (m *Middleware) run(w http.ResponseWriter, req *request, next http.Handler,
 			return "", err
 		}
 		writeOutcome(w, res.Outcome, true)
-		m.log(req, OutcomeReplayed, res.Token, res.Status)
-		return OutcomeReplayed, nil
+		m.log(req, labelReplayed, res.Token, res.Status)
+		return labelReplayed, nil
 	}
 	if ans.abort {
 		// Part of the response is already with the client and the rest is
@@ -303,16 +303,16 @@ func (m *Middleware) run(w http.ResponseWriter, req *request, next http.Handler,
 	case errors.Is(err, etcdstore.ErrFenced) || errors.Is(err, etcdstore.ErrClaimEnded):
 		// Another owner took the key over while this one ran: the first
 		// saved outcome is theirs, and every client must see that one.
-		m.log(req, OutcomeFenced, res.Token, rec.status)
+		m.log(req, labelFenced, res.Token, rec.status)
 		if rec.overflow {
-			return OutcomeFenced, nil
+			return labelFenced, nil
 		}
 		if cur, gerr := m.cfg.Store.Get(r.Context(), req.key); gerr == nil && cur.State == etcdstore.Done && cur.Fingerprint == req.fp {
 			writeOutcome(w, *cur.Outcome, true)
-			return OutcomeFenced, nil
+			return labelFenced, nil
 		}
 		ProblemFor(err).Write(w)
-		return OutcomeFenced, nil
+		return labelFenced, nil
 	case errors.Is(err, etcdstore.ErrUnavailable) && !rec.overflow:
 		// The handler answered, but its answer is not saved yet (the store
 		// keeps trying in the background). Acknowledging it now could let a
@@ -322,8 +322,8 @@ func (m *Middleware) run(w http.ResponseWriter, req *request, next http.Handler,
 			"the request ran but its response could not be saved yet; retry with the same key to get it")
 		p.RetryAfter = 1
 		p.Write(w)
-		m.log(req, OutcomeUnavailable, res.Token, p.Status)
-		return OutcomeUnavailable, nil
+		m.log(req, labelUnavailable, res.Token, p.Status)
+		return labelUnavailable, nil
 	case err != nil && !errors.Is(err, etcdstore.ErrUnavailable):
 		m.cfg.Logger.Error("idem: ending a claim", "key", req.logKey, "err", m.redact(req, err))
 	}
@@ -409,7 +409,7 @@ func (m *Middleware) decide(rec *recorder, aborted bool) answer {
 	case rec.noResp != nil && neverSent(rec.noResp):
 		p := NewProblem(http.StatusBadGateway, KindUpstreamUnavailable,
 			"the request did not reach the upstream: "+rec.noResp.Error()+"; retry with the same key")
-		return answer{end: etcdstore.EndRelease, problem: &p, label: OutcomeUpstream}
+		return answer{end: etcdstore.EndRelease, problem: &p, label: labelUpstream}
 	case rec.noResp != nil:
 		status := http.StatusBadGateway
 		if isTimeout(rec.noResp) {
@@ -436,7 +436,7 @@ func (m *Middleware) unknownOutcome(status int, why string) answer {
 		detail = why + "; the upstream may have acted; the key was not kept, so a retry with it reaches the upstream again"
 	}
 	p := NewProblem(status, KindUpstreamUnknown, detail)
-	a := answer{out: problemOutcome(p), end: end, label: OutcomeUpstreamUnknown, unknown: why}
+	a := answer{out: problemOutcome(p), end: end, label: labelUpstreamUnknown, unknown: why}
 	if end != etcdstore.EndSave {
 		a.problem = &p
 	}
@@ -474,21 +474,11 @@ func isTimeout(err error) bool {
 // fail answers a request whose claim failed.
 func (m *Middleware) fail(w http.ResponseWriter, req *request, err error) string {
 	if req.r.Context().Err() != nil {
-		return OutcomeError // the client is gone; nothing to answer
+		return labelError // the client is gone; nothing to answer
 	}
 	p := ProblemFor(err)
 	p.Write(w)
-	outcome := OutcomeError
-	switch p.Type {
-	case ProblemTypePrefix + KindConflict:
-		outcome = OutcomeConflict
-	case ProblemTypePrefix + KindMismatch:
-		outcome = OutcomeMismatch
-	case ProblemTypePrefix + KindUnavailable:
-		outcome = OutcomeUnavailable
-	case ProblemTypePrefix + KindInvalidJSON, ProblemTypePrefix + KindInvalidKey, ProblemTypePrefix + KindRequestTooLarge:
-		outcome = OutcomeInvalid
-	}
+	outcome := labelOf(p)
 	m.cfg.Logger.Info("idem: refused", "key", req.logKey, "outcome", outcome, "status", p.Status, "err", m.redact(req, err))
 	return outcome
 }
@@ -506,7 +496,7 @@ func (m *Middleware) redact(req *request, err error) string {
 func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, p Problem) string {
 	p.Write(w)
 	m.cfg.Logger.Info("idem: refused", "method", r.Method, "status", p.Status, "type", p.Type, "detail", p.Detail)
-	return OutcomeInvalid
+	return labelInvalid
 }
 
 func (m *Middleware) log(req *request, outcome string, token fencing.Token, status int) {

@@ -277,18 +277,9 @@ type recordView struct {
 }
 
 func view(r *etcdstore.Record) recordView {
-	v := recordView{Tenant: r.Key.Tenant, Owner: r.Owner, Attempt: r.Attempt, RecordJSON: idemhttp.RecordJSON{
-		Key: r.Key.ID, State: string(r.State), Token: int64(r.Token), Fingerprint: r.Fingerprint.String(),
-		Created: r.Created.UTC(), Expires: r.Expires.UTC(), Takeovers: r.Takeovers,
-		Abandoned: r.State == etcdstore.InFlight && r.Owner == "", Checkpoint: r.Checkpoint,
-	}}
-	if !r.Deadline.IsZero() {
-		d := r.Deadline.UTC()
-		v.Deadline = &d
-	}
-	if o := r.Outcome; o != nil {
-		v.Outcome = &idemhttp.OutcomeJSON{Status: o.Status, Headers: o.Header, Body: o.Body, Error: o.Err}
-		v.bodyBytes = o.Body
+	v := recordView{Tenant: r.Key.Tenant, Owner: r.Owner, Attempt: r.Attempt, RecordJSON: idemhttp.RecordView(r)}
+	if r.Outcome != nil {
+		v.bodyBytes = r.Outcome.Body
 	}
 	return v
 }

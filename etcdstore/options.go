@@ -1,0 +1,336 @@
+package etcdstore
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+)
+
+// Option configures a Store (New). WithPrefix and WithRequestTimeout are
+// AdminOptions too: they configure an Admin (NewAdmin) as well.
+type Option interface{ apply(*config) error }
+
+// AdminOption configures an Admin (NewAdmin), and a Store alike.
+type AdminOption interface {
+	Option
+	admin()
+}
+
+type option func(*config) error
+
+func (o option) apply(c *config) error { return o(c) }
+
+type adminOption func(*config) error
+
+func (o adminOption) apply(c *config) error { return o(c) }
+func (adminOption) admin()                  {}
+
+type config struct {
+	prefix         string
+	retention      time.Duration
+	bucketWidth    time.Duration
+	sessionTTL     time.Duration
+	maxRecord      int
+	retryAfter     time.Duration
+	endTimeout     time.Duration
+	requestTimeout time.Duration
+	cacheBytes     int64
+	claimPath      ClaimPath
+	keysPerLease   int64
+	log            *slog.Logger
+}
+
+// WithPrefix sets the etcd key prefix under which the store keeps everything
+// (default "/idem/"). It must end in "/". Stores with different prefixes are
+// independent.
+func WithPrefix(p string) AdminOption {
+	return adminOption(func(c *config) error {
+		if p == "" || !strings.HasSuffix(p, "/") {
+			return fmt.Errorf("%w: prefix %q must be non-empty and end in /", ErrInvalidArgument, p)
+		}
+		c.prefix = p
+		return nil
+	})
+}
+
+// WithRetention sets how long a key is kept after its last write (default
+// 24 h). Clients must stop retrying well inside it: after retention the same
+// key starts a new operation. Whole seconds, at least 1 s.
+func WithRetention(d time.Duration) Option {
+	return option(func(c *config) error { c.retention = d; return nil })
+}
+
+// WithBucketWidth sets the width of a retention bucket (default 1 h, or the
+// retention when that is shorter). Every record written in one bucket shares
+// one lease, kept for retention plus at most one bucket width.
+func WithBucketWidth(d time.Duration) Option {
+	return option(func(c *config) error { c.bucketWidth = d; return nil })
+}
+
+// WithSessionTTL sets the TTL of the process's session lease (default 10 s,
+// at least 2 s). A process that cannot renew it for this long is considered
+// dead and its claims may be taken over: longer survives longer network
+// hiccups, shorter recovers crashed work sooner.
+func WithSessionTTL(d time.Duration) Option {
+	return option(func(c *config) error { c.sessionTTL = d; return nil })
+}
+
+// WithMaxRecordSize caps the size of a saved outcome plus checkpoint
+// (default 1 MiB, at most 1.25 MiB). Larger writes fail with ErrTooLarge.
+func WithMaxRecordSize(n int) Option {
+	return option(func(c *config) error {
+		if n < 1024 || n > maxRecordSizeLimit {
+			return fmt.Errorf("%w: max record size %d must be between 1 KiB and %d", ErrInvalidArgument, n, maxRecordSizeLimit)
+		}
+		c.maxRecord = n
+		return nil
+	})
+}
+
+// WithRetryAfter sets the retry hint of a ConflictError (default 1 s).
+func WithRetryAfter(d time.Duration) Option {
+	return option(func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: retry-after %v must be positive", ErrInvalidArgument, d)
+		}
+		c.retryAfter = d
+		return nil
+	})
+}
+
+// WithEndTimeout bounds the final write of Do (complete, release or abandon)
+// when the caller's context has already ended (default 10 s): a finished
+// work's outcome is saved even if its caller gave up.
+func WithEndTimeout(d time.Duration) Option {
+	return option(func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: end timeout %v must be positive", ErrInvalidArgument, d)
+		}
+		c.endTimeout = d
+		return nil
+	})
+}
+
+// WithRequestTimeout bounds every etcd request the store makes (default
+// 5 s; 0 means none, only the caller's context): when etcd cannot be
+// reached, calls fail with ErrUnavailable instead of waiting as long as the
+// caller does. Waiting on a Watch (Wait, WithWait) is not bounded by it.
+// Across data centres, set it above a few round trips plus an election.
+func WithRequestTimeout(d time.Duration) AdminOption {
+	return adminOption(func(c *config) error {
+		if d < 0 {
+			return fmt.Errorf("%w: request timeout %v must not be negative", ErrInvalidArgument, d)
+		}
+		c.requestTimeout = d
+		return nil
+	})
+}
+
+// WithKeysPerLease sets how many records this process attaches to one
+// retention lease before its bucket moves on to a fresh lease (default
+// lease.DefaultMaxUses, 20000). etcd deletes a lease's keys in one raft entry
+// when it expires and applies nothing else meanwhile: measured on one
+// member, a lease of a million keys stalled every request for 6 s.
+func WithKeysPerLease(n int64) Option {
+	return option(func(c *config) error {
+		if n < 1 {
+			return fmt.Errorf("%w: keys per lease %d must be at least 1", ErrInvalidArgument, n)
+		}
+		c.keysPerLease = n
+		return nil
+	})
+}
+
+// WithCache keeps up to bytes of done records in memory, fed and
+// invalidated by an etcd Watch of every record, so that a replay needs no
+// etcd round trip at all (default: no cache). A record evicted from
+// another process may be replayed from the cache until its deletion
+// reaches the watch, typically milliseconds; Evict through this store
+// invalidates it at once.
+func WithCache(bytes int64) Option {
+	return option(func(c *config) error {
+		if bytes < 0 {
+			return fmt.Errorf("%w: cache size %d must not be negative", ErrInvalidArgument, bytes)
+		}
+		c.cacheBytes = bytes
+		return nil
+	})
+}
+
+// ClaimPath says how Claim looks for an existing record.
+type ClaimPath int
+
+const (
+	// ClaimPathAdaptive (the default) reads first while a noticeable share
+	// of recent claims found a record, and writes first otherwise.
+	ClaimPathAdaptive ClaimPath = iota
+	// ClaimPathWriteFirst always sends the claim Txn first: one round trip
+	// for a new key, but a replay then costs a raft write (a Txn with a Put
+	// in either branch is a write even when its Else runs).
+	ClaimPathWriteFirst
+	// ClaimPathReadFirst always reads first, with a serializable Get: a
+	// replay is never a raft write, and a new key costs that read more.
+	ClaimPathReadFirst
+)
+
+// WithClaimPath sets the claim path (default ClaimPathAdaptive). A
+// serializable read is used only to find a done record, which never changes
+// until it is deleted; every other decision is made by the linearizable
+// claim Txn.
+func WithClaimPath(p ClaimPath) Option {
+	return option(func(c *config) error {
+		if p < ClaimPathAdaptive || p > ClaimPathReadFirst {
+			return fmt.Errorf("%w: unknown claim path %d", ErrInvalidArgument, p)
+		}
+		c.claimPath = p
+		return nil
+	})
+}
+
+// WithLogger sets the logger for session events (default: discard).
+func WithLogger(l *slog.Logger) Option {
+	return option(func(c *config) error { c.log = l; return nil })
+}
+
+// RunOption configures Do and Run. Every ClaimOption is one; OnError is
+// one only.
+type RunOption interface{ applyRun(*claimConfig) error }
+
+// ClaimOption configures Claim, and Do and Run alike.
+type ClaimOption interface {
+	RunOption
+	claim()
+}
+
+type claimOption func(*claimConfig) error
+
+func (o claimOption) applyRun(c *claimConfig) error { return o(c) }
+func (claimOption) claim()                          {}
+
+type runOption func(*claimConfig) error
+
+func (o runOption) applyRun(c *claimConfig) error { return o(c) }
+
+type claimConfig struct {
+	attempt   string
+	deadline  time.Duration
+	wait      bool
+	onError   End
+	noSession bool
+}
+
+// MaxAttemptLen is the longest attempt id.
+const MaxAttemptLen = 64
+
+// WithAttempt sets the attempt id of a claim (default: a new random UUID).
+// A caller that got an error from Claim (a timeout, a reset connection: the
+// claim may or may not have been written) and retries with the same attempt
+// id is recognised as the owner of the claim it may have made, instead of
+// conflicting with itself. Never share an attempt id between two attempts
+// that may run at once. 1 to 64 bytes of visible ASCII.
+func WithAttempt(id string) ClaimOption {
+	return claimOption(func(c *claimConfig) error {
+		if err := validateID(id); err != nil || len(id) > MaxAttemptLen {
+			return fmt.Errorf("%w: attempt id %q must be 1 to %d bytes of visible ASCII", ErrInvalidArgument, id, MaxAttemptLen)
+		}
+		c.attempt = id
+		return nil
+	})
+}
+
+// WithDeadline gives the claim a deadline d from now: past it, the claim is
+// stale even if its owner is alive, another caller may take it over, and the
+// claim's context is cancelled with cause ErrDeadline. The deadline must
+// outlast any honest run of the work (at least the request deadline plus the
+// downstream timeout), or live work is taken over by
+// design. Deadlines compare wall clocks of different machines: allow for
+// skew. Without a deadline only the owner's death makes a claim stale.
+func WithDeadline(d time.Duration) ClaimOption {
+	return claimOption(func(c *claimConfig) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: deadline %v must be positive", ErrInvalidArgument, d)
+		}
+		c.deadline = d
+		return nil
+	})
+}
+
+// WithoutSession ties the claim's liveness to its deadline alone, not to
+// this process's session: the claim is stale only once its deadline passes,
+// and it survives this process. It is for claims held on behalf of a remote
+// worker (idem's HTTP worker API), whose liveness is its renewals (Renew).
+// It requires WithDeadline.
+func WithoutSession() ClaimOption {
+	return claimOption(func(c *claimConfig) error { c.noSession = true; return nil })
+}
+
+// deadlineOwner is the owner of claims made WithoutSession. It is never an
+// owner key, and it cannot collide with a session's owner id (a UUID).
+const deadlineOwner = "~deadline"
+
+// WithWait makes Claim and Do wait, on an etcd Watch, while a live owner runs
+// the key, instead of returning a ConflictError at once. The wait ends when
+// the key is done (its outcome is returned), released or stale (the caller
+// claims it), or ctx ends.
+func WithWait() ClaimOption {
+	return claimOption(func(c *claimConfig) error { c.wait = true; return nil })
+}
+
+// End says how a claim whose work ran ends: what Run does with a work's
+// result, and what Do does when the work fails (OnError). There is no
+// choice that is right for every work; pick one deliberately.
+type End int
+
+const (
+	// EndSave completes the claim with the outcome, replayed to every
+	// retry. For a failed work (OnError's default) the error's message is
+	// saved, as Stripe's API v1 saves 500s: every retry gets the same error
+	// back and the work never runs again for this key. It is the only choice
+	// that is safe when the work is not idempotent downstream and may have
+	// had an effect before failing. The client needs a new key to try
+	// again.
+	EndSave End = iota
+
+	// EndRelease deletes the claim, so a retry with the same key runs the
+	// work again. Safe only when the work failed before any effect, or is
+	// idempotent downstream (it passes its own key on, such as
+	// charge:<orderId>); otherwise it brings the double charge back. A claim
+	// that took the key over is abandoned instead (Claim.Release).
+	EndRelease
+
+	// EndAbandon leaves the claim in flight, with its last checkpoint and
+	// no owner: the next request with the key takes it over at once and
+	// resumes from the checkpoint, with a greater fencing token (Brandur
+	// Leach's recovery points). For multi-step work that saves recovery
+	// points with Claim.Checkpoint.
+	EndAbandon
+)
+
+func (e End) String() string {
+	switch e {
+	case EndSave:
+		return "save"
+	case EndRelease:
+		return "release"
+	case EndAbandon:
+		return "abandon"
+	}
+	return fmt.Sprintf("End(%d)", int(e))
+}
+
+// OnError sets how Do and Run end a claim whose work fails (Do: returns an
+// error; Run and Do: panics). Default EndSave.
+//
+// Whatever is set, a Do work whose context was cancelled (the caller gave
+// up, the claim was lost) is abandoned, not saved: "context canceled" is not
+// the operation's outcome, and the next request resumes it.
+func OnError(e End) RunOption {
+	return runOption(func(c *claimConfig) error {
+		if e < EndSave || e > EndAbandon {
+			return fmt.Errorf("%w: unknown end %d", ErrInvalidArgument, e)
+		}
+		c.onError = e
+		return nil
+	})
+}
