@@ -14,6 +14,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 
 	"github.com/idem-dev/idem/fencing"
+	"github.com/idem-dev/idem/internal/canonjson"
 )
 
 // State is a record's state.
@@ -234,16 +235,16 @@ func (r *Record) pastDeadline(now time.Time) bool {
 // twice per operation.
 func appendMeta(b []byte, m *meta) []byte {
 	b = append(b, `{"s":`...)
-	b = appendJSONString(b, string(m.State))
+	b = canonjson.AppendString(b, string(m.State))
 	b = append(b, `,"fp":`...)
-	b = appendJSONString(b, m.FP)
+	b = canonjson.AppendString(b, m.FP)
 	if m.Owner != "" {
 		b = append(b, `,"o":`...)
-		b = appendJSONString(b, m.Owner)
+		b = canonjson.AppendString(b, m.Owner)
 	}
 	if m.Attempt != "" {
 		b = append(b, `,"a":`...)
-		b = appendJSONString(b, m.Attempt)
+		b = canonjson.AppendString(b, m.Attempt)
 	}
 	if m.Token != 0 {
 		b = strconv.AppendInt(append(b, `,"t":`...), m.Token, 10)
@@ -275,7 +276,7 @@ func appendMeta(b []byte, m *meta) []byte {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = append(appendJSONString(b, k), ':', '[')
+			b = append(canonjson.AppendString(b, k), ':', '[')
 			for j, v := range m.Header[k] {
 				if j > 0 {
 					b = append(b, ',')
@@ -290,7 +291,7 @@ func appendMeta(b []byte, m *meta) []byte {
 	}
 	if m.Err != "" {
 		b = append(b, `,"e":`...)
-		b = appendJSONString(b, m.Err)
+		b = canonjson.AppendString(b, m.Err)
 	}
 	return append(b, '}')
 }

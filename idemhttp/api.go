@@ -638,14 +638,10 @@ func requestFingerprint(req ClaimRequest) (etcdstore.Fingerprint, error) {
 		copy(fp[:], b)
 		return fp, nil
 	}
-	c, err := etcdstore.CanonicalJSON(req.Params)
 	if len(req.Params) == 0 {
-		c, err = []byte("null"), nil // no params: all such claims agree
+		return etcdstore.FingerprintOf([]byte("null")) // no params: all such claims agree
 	}
-	if err != nil {
-		return fp, err
-	}
-	return etcdstore.FingerprintOf(c)
+	return etcdstore.FingerprintOf(req.Params)
 }
 
 func handleJSON(h etcdstore.Handle) *HandleJSON {

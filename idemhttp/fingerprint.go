@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/canonjson"
 )
 
 // Fingerprint fingerprints a request: method, path, query (its raw pairs
@@ -21,9 +22,9 @@ import (
 // round trip, malformed) is an error wrapping etcdstore.ErrInvalidParams.
 func Fingerprint(r *http.Request, body []byte, headers []string) (etcdstore.Fingerprint, error) {
 	if isJSON(r.Header.Get("Content-Type")) && len(body) > 0 {
-		c, err := etcdstore.CanonicalJSON(body)
+		c, err := canonjson.Canonical(body)
 		if err != nil {
-			return etcdstore.Fingerprint{}, fmt.Errorf("request body: %w", err)
+			return etcdstore.Fingerprint{}, fmt.Errorf("request body: %w: %w", etcdstore.ErrInvalidParams, err)
 		}
 		body = c
 	}

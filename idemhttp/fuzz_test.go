@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/canonjson"
 )
 
 // FuzzKeyAndTenantHeaders parses an Idempotency-Key header and a tenant
@@ -101,10 +102,10 @@ func FuzzRequestFingerprint(f *testing.F) {
 			return
 		}
 		// The canonical body is the same request.
-		canon, err := etcdstore.CanonicalJSON(body)
+		canon, err := canonjson.Canonical(body)
 		if len(body) > 0 {
 			if err != nil {
-				t.Fatalf("Fingerprint accepted %q that CanonicalJSON refuses: %v", body, err)
+				t.Fatalf("Fingerprint accepted %q that canonjson refuses: %v", body, err)
 			}
 			if fp2, err := Fingerprint(mk(method), canon, nil); err != nil || fp2 != fp {
 				t.Fatalf("%q and its canonical form %q fingerprint differently (%v)", body, canon, err)
