@@ -1,10 +1,9 @@
 package etcdstore
 
 import (
-	"bytes"
 	"container/list"
 	"context"
-	"encoding/binary"
+
 	"sync"
 	"time"
 
@@ -135,18 +134,6 @@ func (c *doneCache) clear() {
 	c.tombs = make(map[string]int64)
 	c.size = 0
 }
-
-// isDone reports whether an encoded record is done, without decoding it:
-// the encoder always writes the state first.
-func isDone(v []byte) bool {
-	if len(v) < 2 || v[0] != recordVersion {
-		return false
-	}
-	_, w := binary.Uvarint(v[1:])
-	return w > 0 && bytes.HasPrefix(v[1+w:], doneMetaPrefix)
-}
-
-var doneMetaPrefix = []byte(`{"s":"done"`)
 
 // CacheStats reports the done-record cache.
 type CacheStats struct {

@@ -1,0 +1,366 @@
+package etcdstore
+
+import (
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/idem-dev/idem/fencing"
+)
+
+// A record in etcd is laid out as one byte of version, a uvarint length,
+// the metadata, then the outcome's body, raw (no encoding tax on large
+// responses).
+//
+// Version 2, written since idem 0.2, encodes the metadata in protobuf's wire
+// format (written by hand with protowire: no generated code), one field per
+// Record field. A reader skips fields it does not know, so a field added
+// later is read as absent by older processes. Version 1, a JSON object, is
+// still read: records written before an upgrade stay readable until their
+// retention ends. Any other version is never overwritten (ErrCorrupt).
+const (
+	recordV1      = 1
+	recordVersion = 2
+)
+
+// The metadata fields. Numbers are never reused.
+const (
+	fState      protowire.Number = 1  // varint: 1 in flight, 2 done
+	fFP         protowire.Number = 2  // bytes: SHA-256
+	fOwner      protowire.Number = 3  // bytes; absent: abandoned
+	fAttempt    protowire.Number = 4  // bytes
+	fToken      protowire.Number = 5  // varint; absent: the revision of this write
+	fCreated    protowire.Number = 6  // varint, unix ms
+	fExpires    protowire.Number = 7  // varint, unix ms
+	fDeadline   protowire.Number = 8  // varint, unix ms; absent: none
+	fCheckpoint protowire.Number = 9  // bytes
+	fTakeovers  protowire.Number = 10 // varint
+	fStatus     protowire.Number = 11 // varint
+	fHeader     protowire.Number = 12 // bytes, repeated: one header value, {1: name, 2: value}
+	fErr        protowire.Number = 13 // bytes
+)
+
+// encode lays r out. token 0 means "the revision of this write", which is
+// how a claim or takeover names a token it cannot know in advance.
+func encode(r *Record, token fencing.Token) []byte {
+	m := make([]byte, 0, 128+len(r.Checkpoint))
+	state := uint64(1)
+	if r.State == Done {
+		state = 2
+	}
+	m = appendVarint(m, fState, state)
+	m = appendBytes(m, fFP, r.Fingerprint[:])
+	m = appendString(m, fOwner, r.Owner)
+	m = appendString(m, fAttempt, r.Attempt)
+	m = appendVarint(m, fToken, uint64(token))
+	m = appendTime(m, fCreated, r.Created)
+	m = appendTime(m, fExpires, r.Expires)
+	m = appendTime(m, fDeadline, r.Deadline)
+	m = appendBytes(m, fCheckpoint, r.Checkpoint)
+	m = appendVarint(m, fTakeovers, uint64(r.Takeovers))
+	var body []byte
+	if o := r.Outcome; o != nil {
+		m = appendVarint(m, fStatus, uint64(o.Status))
+		names := make([]string, 0, len(o.Header))
+		for k := range o.Header {
+			names = append(names, k)
+		}
+		sort.Strings(names)
+		for _, k := range names {
+			for _, v := range o.Header[k] {
+				h := protowire.AppendTag(nil, 1, protowire.BytesType)
+				h = protowire.AppendString(h, k)
+				h = protowire.AppendTag(h, 2, protowire.BytesType)
+				h = protowire.AppendString(h, v)
+				m = appendBytes(m, fHeader, h)
+			}
+		}
+		m = appendString(m, fErr, o.Err)
+		body = o.Body
+	}
+	buf := make([]byte, 0, 1+binary.MaxVarintLen64+len(m)+len(body))
+	buf = append(buf, recordVersion)
+	buf = binary.AppendUvarint(buf, uint64(len(m)))
+	buf = append(buf, m...)
+	return append(buf, body...)
+}
+
+// appendTime appends a time as unix milliseconds; the zero time is absent.
+func appendTime(b []byte, n protowire.Number, t time.Time) []byte {
+	if t.IsZero() {
+		return b
+	}
+	return protowire.AppendVarint(protowire.AppendTag(b, n, protowire.VarintType), uint64(t.UnixMilli()))
+}
+
+// appendVarint, appendBytes and appendString append a field, leaving out
+// zero values (absent reads as zero).
+func appendVarint(b []byte, n protowire.Number, v uint64) []byte {
+	if v == 0 {
+		return b
+	}
+	return protowire.AppendVarint(protowire.AppendTag(b, n, protowire.VarintType), v)
+}
+
+func appendBytes(b []byte, n protowire.Number, v []byte) []byte {
+	if len(v) == 0 {
+		return b
+	}
+	return protowire.AppendBytes(protowire.AppendTag(b, n, protowire.BytesType), v)
+}
+
+func appendString(b []byte, n protowire.Number, v string) []byte {
+	if v == "" {
+		return b
+	}
+	return protowire.AppendString(protowire.AppendTag(b, n, protowire.BytesType), v)
+}
+
+// The range of times a record may hold: years 1 to 9999.
+const (
+	minMillis = -62135596800000
+	maxMillis = 253402300799999
+)
+
+// fromMillis reads a time written by appendTime.
+func fromMillis(v uint64) (time.Time, error) {
+	ms := int64(v)
+	if ms <= minMillis || ms > maxMillis { // the zero time is written as absent
+		return time.Time{}, fmt.Errorf("time %d out of range", ms)
+	}
+	return time.UnixMilli(ms), nil
+}
+
+// split returns a record's version, metadata and body.
+func split(v []byte) (byte, []byte, []byte, bool) {
+	if len(v) < 2 {
+		return 0, nil, nil, false
+	}
+	n, w := binary.Uvarint(v[1:])
+	if w <= 0 || n > uint64(len(v)-1-w) {
+		return 0, nil, nil, false
+	}
+	return v[0], v[1+w : 1+w+int(n)], v[1+w+int(n):], true
+}
+
+// DecodeRecord reads the record of key k from its etcd key-value, for tools
+// that read idem's records from etcd directly (a watch of the prefix, a
+// backup). An unknown version or a malformed record is an error wrapping
+// ErrCorrupt.
+func DecodeRecord(k Key, kv *mvccpb.KeyValue) (*Record, error) { return decode(k, kv) }
+
+// decode reads a record from its etcd key-value.
+func decode(k Key, kv *mvccpb.KeyValue) (*Record, error) {
+	version, m, body, ok := split(kv.Value)
+	if !ok {
+		return nil, fmt.Errorf("record %s: %w: bad layout", k, ErrCorrupt)
+	}
+	r := &Record{Key: k, Revision: kv.ModRevision, Lease: kv.Lease}
+	var err error
+	switch version {
+	case recordVersion:
+		err = r.decodeV2(m)
+	case recordV1:
+		err = r.decodeV1(m)
+	default:
+		err = fmt.Errorf("unknown version %d", version)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("record %s: %w: %v", k, ErrCorrupt, err)
+	}
+	if r.Token == 0 {
+		r.Token = fencing.Token(kv.ModRevision)
+	}
+	switch r.State {
+	case InFlight:
+		if len(body) != 0 || r.Outcome != nil {
+			return nil, fmt.Errorf("record %s: %w: in-flight record with an outcome", k, ErrCorrupt)
+		}
+	case Done:
+		if r.Outcome == nil {
+			r.Outcome = &Outcome{}
+		}
+		if len(body) > 0 {
+			r.Outcome.Body = body
+		}
+	default:
+		return nil, fmt.Errorf("record %s: %w: no state", k, ErrCorrupt)
+	}
+	return r, nil
+}
+
+func (r *Record) decodeV2(m []byte) error {
+	var err error
+	fp := false
+	outcome := func() *Outcome {
+		if r.Outcome == nil {
+			r.Outcome = &Outcome{}
+		}
+		return r.Outcome
+	}
+	for len(m) > 0 {
+		num, typ, n := protowire.ConsumeTag(m)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		m = m[n:]
+		var v uint64
+		var b []byte
+		switch typ {
+		case protowire.VarintType:
+			v, n = protowire.ConsumeVarint(m)
+		case protowire.BytesType:
+			b, n = protowire.ConsumeBytes(m)
+		default:
+			n = protowire.ConsumeFieldValue(num, typ, m)
+		}
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		m = m[n:]
+		switch num {
+		case fState:
+			switch v {
+			case 1:
+				r.State = InFlight
+			case 2:
+				r.State = Done
+			default:
+				return fmt.Errorf("state %d", v)
+			}
+		case fFP:
+			if len(b) != len(r.Fingerprint) {
+				return fmt.Errorf("fingerprint of %d bytes", len(b))
+			}
+			copy(r.Fingerprint[:], b)
+			fp = true
+		case fOwner:
+			r.Owner = string(b)
+		case fAttempt:
+			r.Attempt = string(b)
+		case fToken:
+			r.Token = fencing.Token(v)
+		case fCreated:
+			r.Created, err = fromMillis(v)
+		case fExpires:
+			r.Expires, err = fromMillis(v)
+		case fDeadline:
+			r.Deadline, err = fromMillis(v)
+		case fCheckpoint:
+			r.Checkpoint = b
+		case fTakeovers:
+			r.Takeovers = int(v)
+		case fStatus:
+			outcome().Status = int(v)
+		case fHeader:
+			name, value, err := decodeHeader(b)
+			if err != nil {
+				return err
+			}
+			o := outcome()
+			if o.Header == nil {
+				o.Header = make(map[string][]string)
+			}
+			o.Header[name] = append(o.Header[name], value)
+		case fErr:
+			outcome().Err = string(b)
+		}
+		// Unknown fields are skipped: a later version may add some.
+		if err != nil {
+			return err
+		}
+	}
+	if !fp {
+		return fmt.Errorf("no fingerprint")
+	}
+	return nil
+}
+
+func decodeHeader(b []byte) (name, value string, err error) {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 || typ != protowire.BytesType {
+			return "", "", fmt.Errorf("bad header")
+		}
+		v, m := protowire.ConsumeBytes(b[n:])
+		if m < 0 {
+			return "", "", fmt.Errorf("bad header")
+		}
+		switch num {
+		case 1:
+			name = string(v)
+		case 2:
+			value = string(v)
+		}
+		b = b[n+m:]
+	}
+	return name, value, nil
+}
+
+// metaV1 is the JSON metadata of a version 1 record.
+type metaV1 struct {
+	State      State               `json:"s"`
+	FP         string              `json:"fp"`
+	Owner      string              `json:"o,omitempty"`
+	Attempt    string              `json:"a,omitempty"`
+	Token      int64               `json:"t,omitempty"`
+	Created    int64               `json:"c"`
+	Expires    int64               `json:"x"`
+	Deadline   int64               `json:"d,omitempty"`
+	Checkpoint []byte              `json:"cp,omitempty"`
+	Takeovers  int                 `json:"n,omitempty"`
+	Status     int                 `json:"st,omitempty"`
+	Header     map[string][][]byte `json:"hb,omitempty"`
+	Err        string              `json:"e,omitempty"`
+}
+
+func (r *Record) decodeV1(js []byte) error {
+	var m metaV1
+	if err := json.Unmarshal(js, &m); err != nil {
+		return err
+	}
+	fp, err := hex.DecodeString(m.FP)
+	if err != nil || len(fp) != len(r.Fingerprint) {
+		return fmt.Errorf("bad fingerprint")
+	}
+	copy(r.Fingerprint[:], fp)
+	r.State, r.Owner, r.Attempt, r.Token = m.State, m.Owner, m.Attempt, fencing.Token(m.Token)
+	r.Created, r.Expires = time.UnixMilli(m.Created), time.UnixMilli(m.Expires)
+	if m.Deadline != 0 {
+		r.Deadline = time.UnixMilli(m.Deadline)
+	}
+	r.Checkpoint, r.Takeovers = m.Checkpoint, m.Takeovers
+	if m.State == Done {
+		r.Outcome = &Outcome{Status: m.Status, Err: m.Err}
+		for k, bs := range m.Header {
+			if r.Outcome.Header == nil {
+				r.Outcome.Header = make(map[string][]string, len(m.Header))
+			}
+			for _, b := range bs {
+				r.Outcome.Header[k] = append(r.Outcome.Header[k], string(b))
+			}
+		}
+	}
+	return nil
+}
+
+// isDone reports whether an encoded record is done, without decoding it:
+// the state is the metadata's first field.
+func isDone(v []byte) bool {
+	version, m, _, ok := split(v)
+	switch {
+	case !ok:
+		return false
+	case version == recordVersion:
+		return len(m) >= 2 && m[0] == byte(fState)<<3 && m[1] == 2
+	case version == recordV1:
+		return len(m) >= 11 && string(m[:11]) == `{"s":"done"`
+	}
+	return false
+}
