@@ -344,3 +344,25 @@ func TestEvictIsNotUndoneByALaggingWatch(t *testing.T) {
 	}
 	release.Do(free)
 }
+
+// An outcome too large to save is replaced by a saved error, and the key is
+// not left claimed.
+func TestRunOutcomeTooLargeIsNotLeftHeld(t *testing.T) {
+	s := newStore(t, client(t), testPrefix(t), WithMaxRecordSize(4096))
+	ctx := testCtx(t)
+	runs := 0
+	work := func(context.Context, *Claim) (Outcome, End) {
+		runs++
+		return Outcome{Body: make([]byte, 8192)}, EndSave
+	}
+	if _, err := s.Run(ctx, Key{ID: "k"}, fpOf(t, "p"), work); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("Run = %v; want ErrTooLarge", err)
+	}
+	if s.Running() != 0 {
+		t.Fatalf("Running = %d; want the claim ended", s.Running())
+	}
+	res, err := s.Run(ctx, Key{ID: "k"}, fpOf(t, "p"), work)
+	if err != nil || !res.Replayed || res.Err == "" || runs != 1 {
+		t.Fatalf("retry = %+v, %v (runs %d); want the saved error, no second run", res, err, runs)
+	}
+}

@@ -437,7 +437,7 @@ func (s *Store) readOnly(ctx context.Context, c *Claim, werr error) (*Record, er
 func (s *Store) writeRecord(ctx context.Context, k Key, owner string, cmps []cond, rec *Record, token fencing.Token, extra ...clientv3.Op) (casResult, error) {
 	val := encode(rec, token)
 	for refreshed := false; ; refreshed = true {
-		id, err := s.buckets.For(ctx, s.now(), s.try)
+		id, err := s.buckets.For(ctx, s.now())
 		if err != nil {
 			return casResult{}, err
 		}

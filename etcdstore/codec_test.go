@@ -1,6 +1,7 @@
 package etcdstore
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"reflect"
@@ -139,4 +140,19 @@ func normal(r *Record) *Record {
 		c.Outcome = &o
 	}
 	return &c
+}
+
+// Header values that are not UTF-8 replay byte for byte.
+func TestHeaderBytesReplayExactly(t *testing.T) {
+	s := newStore(t, client(t), testPrefix(t))
+	ctx := testCtx(t)
+	hdr := map[string][]string{"Content-Disposition": {"attachment; filename=\"caf\xe9.txt\""}}
+	work := func(context.Context, *Claim) (Outcome, End) { return Outcome{Status: 200, Header: hdr}, EndSave }
+	if _, err := s.Run(ctx, Key{ID: "k"}, fpOf(t, "p"), work); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Run(ctx, Key{ID: "k"}, fpOf(t, "p"), work)
+	if err != nil || !res.Replayed || res.Header["Content-Disposition"][0] != hdr["Content-Disposition"][0] {
+		t.Fatalf("replayed header = %q, %v; want %q", res.Header["Content-Disposition"], err, hdr["Content-Disposition"][0])
+	}
 }

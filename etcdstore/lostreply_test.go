@@ -178,3 +178,18 @@ func TestAmbiguousClaimIsAbandonedForOthers(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// An Abandon whose reply was lost landed: it is not reported as a failure.
+func TestLostAbandonReplyIsRecognised(t *testing.T) {
+	var lose atomic.Int32
+	s := newStore(t, lossyClient(t, &lose), testPrefix(t))
+	ctx := testCtx(t)
+	c, _, err := s.Claim(ctx, Key{ID: "k"}, fpOf(t, "p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lose.Store(1)
+	if err := c.Abandon(ctx); err != nil {
+		t.Fatalf("Abandon after a lost reply = %v; want nil", err)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idem-dev/idem/internal/etcdcluster"
+	"github.com/idem-dev/idem/internal/etcdtest"
 )
 
 // One single-member cluster for the whole package (each member preallocates
@@ -23,43 +24,28 @@ var (
 
 	threeOnce sync.Once
 	three     *etcdcluster.Cluster
+	threeDir  string
 	threeErr  error
-	tmpDir    string
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(runTests(m))
-}
-
-func runTests(m *testing.M) int {
-	var err error
-	tmpDir, err = os.MkdirTemp("", "etcdstore-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+	code := etcdtest.Main(m, 1, etcdcluster.Options{}, &single)
+	if three != nil {
+		three.Close()
 	}
-	defer os.RemoveAll(tmpDir)
-	single, err = etcdcluster.New(tmpDir+"/single", 1, etcdcluster.Options{})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "start etcd:", err)
-		return 1
+	if threeDir != "" {
+		os.RemoveAll(threeDir)
 	}
-	defer single.Close()
-	// Examples connect like a user would: through an endpoint list.
-	os.Setenv("IDEM_TEST_ETCD_ENDPOINTS", strings.Join(single.Endpoints(), ","))
-	defer func() {
-		if three != nil {
-			three.Close()
-		}
-	}()
-	return m.Run()
+	os.Exit(code)
 }
 
 // threeMembers returns the shared three-member cluster.
 func threeMembers(t testing.TB) *etcdcluster.Cluster {
 	t.Helper()
 	threeOnce.Do(func() {
-		three, threeErr = etcdcluster.New(tmpDir+"/three", 3, etcdcluster.Options{})
+		if threeDir, threeErr = os.MkdirTemp("", "etcdstore-three-"); threeErr == nil {
+			three, threeErr = etcdcluster.New(threeDir, 3, etcdcluster.Options{})
+		}
 	})
 	if threeErr != nil {
 		t.Fatalf("start three-member cluster: %v", threeErr)

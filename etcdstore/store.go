@@ -144,6 +144,7 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 		bg:            newBackground(hooks, c.log),
 		afterFunc:     afterFunc,
 	}
+	b.Request = s.try
 	s.wg.Add(1)
 	go s.superviseSession(sess)
 	if c.cacheBytes > 0 {

@@ -1,8 +1,10 @@
 package etcdstore
 
 import (
+	"context"
 	"errors"
 	"testing"
+	"time"
 )
 
 // waitAsync starts Wait in a goroutine and returns once it is blocked on its
@@ -89,5 +91,41 @@ func TestWaitEndsWhenReleasedOrStale(t *testing.T) {
 	}
 	if _, err := waiter.Wait(ctx, Key{ID: "never-claimed"}); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Wait of an unknown key = %v; want ErrNotFound", err)
+	}
+}
+
+// A wait on a record whose last write was compacted away blocks on its
+// watch until something changes; it does not return at once (and so spin,
+// re-reading, in its callers' loops).
+func TestWaitAfterCompaction(t *testing.T) {
+	cli := client(t)
+	prefix := testPrefix(t)
+	owner, waiter := newStore(t, cli, prefix), newStore(t, cli, prefix)
+	ctx := testCtx(t)
+	c, _, err := owner.Claim(ctx, Key{ID: "k"}, fpOf(t, "p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release(ctx)
+	// Move the revision on and compact past the record's last write.
+	for i := 0; i < 3; i++ {
+		if _, err := cli.Put(ctx, prefix+"../other", "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cli.Compact(ctx, revision(t, cli)); err != nil {
+		t.Fatal(err)
+	}
+	cur, rev, err := waiter.get(ctx, Key{ID: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, ownerRev, _ := waiter.ownerAlive(ctx, cur.Owner)
+	// Nothing changes: the wait must last until its context ends.
+	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	got, _, err := waiter.awaitChange(wctx, Key{ID: "k"}, cur, rev, ownerRev)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("awaitChange on an unchanged, compacted record = %+v, %v; want it to block until its context ends", got, err)
 	}
 }

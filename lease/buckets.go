@@ -24,6 +24,11 @@ type Buckets struct {
 	width     time.Duration
 	maxUses   int64 // writes on one lease before the bucket rolls to the next
 
+	// Request, when set, prepares the context of each etcd request For
+	// makes (a timeout, say). It is not called when the bucket's lease is
+	// already known. Set it before the Buckets are used.
+	Request func(context.Context) (context.Context, context.CancelFunc)
+
 	mu      sync.Mutex
 	buckets map[int64]*bucket // the current lease of each bucket
 }
@@ -75,19 +80,12 @@ func NewBuckets(client *clientv3.Client, prefix string, retention, width time.Du
 // to a fresh one (at least 1). Call it before the Buckets are used.
 func (b *Buckets) SetMaxUses(n int64) { b.maxUses = max(1, n) }
 
-// Retention returns the minimum time a record attached to a lease from For
-// is kept.
-func (b *Buckets) Retention() time.Duration { return b.retention }
-
 // For returns the lease to attach a record written at now to. The lease
 // expires no earlier than now + retention (on the etcd leader's clock, see the
 // package documentation). The first call in a bucket costs up to three etcd
 // round trips (grant, claim the bucket key, and revoke when another process
 // won); later calls in the same bucket are served from memory.
-//
-// bound, when given, prepares the context of each etcd request (a timeout,
-// say); it is not called when the bucket's lease is already known.
-func (b *Buckets) For(ctx context.Context, now time.Time, bound ...func(context.Context) (context.Context, context.CancelFunc)) (clientv3.LeaseID, error) {
+func (b *Buckets) For(ctx context.Context, now time.Time) (clientv3.LeaseID, error) {
 	idx := now.UnixNano() / int64(b.width)
 	b.mu.Lock()
 	bk, ok := b.buckets[idx]
@@ -112,8 +110,8 @@ func (b *Buckets) For(ctx context.Context, now time.Time, bound ...func(context.
 	b.mu.Unlock()
 	if fresh {
 		rctx, cancel := ctx, context.CancelFunc(func() {})
-		if len(bound) > 0 {
-			rctx, cancel = bound[0](ctx)
+		if b.Request != nil {
+			rctx, cancel = b.Request(ctx)
 		}
 		bk.id, bk.err = b.resolve(rctx, idx, bk.shard, now)
 		cancel()

@@ -143,7 +143,7 @@ func TestSessionOwnerKeyLivesWithTheSession(t *testing.T) {
 	if s.Owner() == s2.Owner() {
 		t.Fatal("two sessions share an owner id")
 	}
-	resp, err := cli.Get(ctx, s.Key())
+	resp, err := cli.Get(ctx, "/t/owners/"+s.Owner())
 	if err != nil || len(resp.Kvs) != 1 || clientv3.LeaseID(resp.Kvs[0].Lease) != s.Lease() {
 		t.Fatalf("owner key = %v, %v; want it on the session lease", resp, err)
 	}
@@ -151,7 +151,7 @@ func TestSessionOwnerKeyLivesWithTheSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-s.Done()
-	resp, err = cli.Get(ctx, s.Key())
+	resp, err = cli.Get(ctx, "/t/owners/"+s.Owner())
 	if err != nil || len(resp.Kvs) != 0 {
 		t.Fatalf("owner key after Close = %v, %v; want it deleted at once", resp.Kvs, err)
 	}

@@ -150,14 +150,8 @@ func minTime(a, b time.Time) time.Time {
 // Owner returns the owner id: unique to this session, never reused.
 func (s *Session) Owner() string { return s.owner }
 
-// Key returns the owner key, which exists exactly while the session lives.
-func (s *Session) Key() string { return s.key }
-
 // Lease returns the session's lease.
 func (s *Session) Lease() clientv3.LeaseID { return s.id }
-
-// TTL returns the session lease's TTL.
-func (s *Session) TTL() time.Duration { return s.ttl }
 
 // Done returns a channel that is closed when the lease is no longer renewed:
 // it expired, was revoked, could not be renewed within its TTL, or the

@@ -52,26 +52,38 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 }
 
 // listFlag is a comma-separated list that may also be repeated. The first
-// value given replaces the default; later ones add to it.
+// value given replaces the default; later ones add to it. Register it with
+// fs.Var(list(&l), ...): the value that tracks whether it was set lives
+// with the flag, so flag sets parsed at once (tests run commands in
+// parallel) share nothing.
 type listFlag []string
 
-func (l *listFlag) String() string { return strings.Join(*l, ",") }
-func (l *listFlag) Set(s string) error {
-	if !listSet[l] {
-		*l = nil
-		listSet[l] = true
+// listValue is the flag.Value of a listFlag.
+type listValue struct {
+	l   *listFlag
+	set bool
+}
+
+func list(l *listFlag) *listValue { return &listValue{l: l} }
+
+func (v *listValue) String() string {
+	if v == nil || v.l == nil {
+		return ""
 	}
-	for _, v := range strings.Split(s, ",") {
-		if v = strings.TrimSpace(v); v != "" {
-			*l = append(*l, v)
+	return strings.Join(*v.l, ",")
+}
+
+func (v *listValue) Set(s string) error {
+	if !v.set {
+		*v.l, v.set = nil, true
+	}
+	for _, x := range strings.Split(s, ",") {
+		if x = strings.TrimSpace(x); x != "" {
+			*v.l = append(*v.l, x)
 		}
 	}
 	return nil
 }
-
-// listSet remembers which lists were set, so a default is replaced, not
-// extended. Flags are parsed once per command, on one goroutine.
-var listSet = map[*listFlag]bool{}
 
 // etcdFlags are the connection flags, named as etcdctl names them.
 type etcdFlags struct {
@@ -91,7 +103,7 @@ func (e *etcdFlags) register(fs *flag.FlagSet, defaultEndpoints []string) {
 	if len(defaultEndpoints) == 0 {
 		usage += " (none: start an embedded etcd)"
 	}
-	fs.Var(&e.endpoints, "endpoints", usage)
+	fs.Var(list(&e.endpoints), "endpoints", usage)
 	fs.StringVar(&e.cacert, "cacert", "", "verify etcd's certificate with this CA bundle")
 	fs.StringVar(&e.cert, "cert", "", "client certificate for etcd (mTLS)")
 	fs.StringVar(&e.key, "key", "", "client certificate key for etcd (mTLS)")

@@ -102,11 +102,11 @@ func TestCLIDocNamesEveryFlag(t *testing.T) {
 func TestListFlagReplacesItsDefault(t *testing.T) {
 	l := listFlag{"POST", "PATCH"}
 	fs := flag.NewFlagSet("x", flag.ContinueOnError)
-	fs.Var(&l, "methods", "")
+	fs.Var(list(&l), "methods", "")
 	if err := fs.Parse([]string{"--methods", "PUT", "--methods", "DELETE,POST"}); err != nil {
 		t.Fatal(err)
 	}
-	if got := l.String(); got != "PUT,DELETE,POST" {
+	if got := strings.Join(l, ","); got != "PUT,DELETE,POST" {
 		t.Fatalf("methods = %s; want PUT,DELETE,POST (the default replaced, then extended)", got)
 	}
 }

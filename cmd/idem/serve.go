@@ -110,18 +110,18 @@ func (c *serveConfig) flags(stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.upstream, "upstream", "", "upstream URL: run as a reverse proxy (sidecar) in front of it")
 	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", 30*time.Second, "how long to wait for the upstream's response headers")
 	c.methods = listFlag{"POST", "PATCH"}
-	fs.Var(&c.methods, "methods", "methods whose keyed requests are claimed, comma-separated")
-	fs.Var(&c.requireKey, "require-key", "path prefixes whose claimed methods must carry an Idempotency-Key (400 otherwise); repeatable")
-	fs.Var(&c.release5xx, "release-5xx", "path prefixes where a 5xx response releases the key (retry runs again) instead of being saved; repeatable")
+	fs.Var(list(&c.methods), "methods", "methods whose keyed requests are claimed, comma-separated")
+	fs.Var(list(&c.requireKey), "require-key", "path prefixes whose claimed methods must carry an Idempotency-Key (400 otherwise); repeatable")
+	fs.Var(list(&c.release5xx), "release-5xx", "path prefixes where a 5xx response releases the key (retry runs again) instead of being saved; repeatable")
 	fs.StringVar(&c.onUnknownOutcome, "on-unknown-outcome", "save", "when the upstream may have acted but no whole answer came back (timeout, broken connection, cut-off body): save (a 502/504 problem, replayed to every retry), release or abandon (the retry reaches the upstream again: only for upstreams that dedupe by key or check the fencing token); a request that never reached the upstream is always released")
-	fs.Var(&c.fingerprintHeaders, "fingerprint-headers", "request headers that are part of the fingerprint, comma-separated")
+	fs.Var(list(&c.fingerprintHeaders), "fingerprint-headers", "request headers that are part of the fingerprint, comma-separated")
 	fs.Int64Var(&c.maxRequestBody, "max-request-body", idemhttp.DefaultMaxRequestBody, "largest request body with a key, bytes (413 past it)")
 	fs.IntVar(&c.maxResponseBody, "max-response-body", idemhttp.DefaultMaxResponseBody, "largest response body saved for replay, bytes")
 	fs.DurationVar(&c.maxWait, "max-wait", idemhttp.DefaultMaxWait, "cap on Prefer: wait=N")
 	fs.DurationVar(&c.claimDeadline, "claim-deadline", 0, "deadline of a proxied claim (0: none; only the owner's death makes it stale)")
 	fs.DurationVar(&c.apiDeadline, "api-deadline", idemhttp.DefaultAPIDeadline, "default deadline of a claim made through the JSON API")
 	fs.StringVar(&c.tenantHeader, "tenant-header", "", "request header naming the tenant, honoured only from --trusted-proxies")
-	fs.Var(&c.trustedProxies, "trusted-proxies", "CIDRs of authenticating proxies whose --tenant-header is trusted")
+	fs.Var(list(&c.trustedProxies), "trusted-proxies", "CIDRs of authenticating proxies whose --tenant-header is trusted")
 	fs.StringVar(&c.tlsCertFile, "tls-cert-file", "", "serve --listen over TLS with this certificate (PEM; reloaded when it changes)")
 	fs.StringVar(&c.tlsKeyFile, "tls-key-file", "", "key of --tls-cert-file")
 	fs.StringVar(&c.tlsClientCAFile, "tls-client-ca-file", "", "require client certificates on --listen signed by this CA; the tenant is the certificate's common name")
@@ -313,30 +313,55 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := c.load(); err != nil {
 		return err
 	}
-	log := c.logger(stderr)
+	srv, err := newServer(ctx, &c, c.logger(stderr))
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	return srv.Run(ctx)
+}
 
-	// etcd: embedded, or the cluster given.
-	var etcd *embed.Etcd
-	if len(c.etcd.endpoints) == 0 {
-		e, err := c.startEmbedded(ctx)
+// server is a running idem serve: its etcd (embedded or a client of the
+// given cluster), its store, and its two listeners. newServer starts every
+// part; Run serves until its context ends, then shuts down in order; Close
+// releases whatever is still held, and may be called more than once.
+type server struct {
+	cfg *serveConfig
+	log *slog.Logger
+
+	etcd  *embed.Etcd // nil with --endpoints
+	cli   *clientv3.Client
+	store *etcdstore.Store
+
+	main, admin     *http.Server
+	mainLn, adminLn net.Listener
+
+	draining atomic.Bool
+	inflight sync.WaitGroup
+	closed   bool
+}
+
+// newServer starts etcd (embedded unless --endpoints), the store, and the
+// listeners. On error nothing is left running.
+func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server, err error) {
+	s := &server{cfg: c, log: log}
+	defer func() {
 		if err != nil {
-			return err
+			s.Close()
 		}
-		etcd = e
-		defer func() {
-			etcd.Close()
-			log.Info("embedded etcd stopped")
-		}()
+	}()
+	if len(c.etcd.endpoints) == 0 {
+		if s.etcd, err = c.startEmbedded(ctx); err != nil {
+			return nil, err
+		}
 		c.etcd.endpoints = listFlag{c.embeddedClientURL}
 		log.Info("embedded etcd started", "data_dir", c.dataDir, "client_url", c.embeddedClientURL)
 	}
-	cli, err := c.etcd.client()
-	if err != nil {
-		return fmt.Errorf("etcd client: %w", err)
+	if s.cli, err = c.etcd.client(); err != nil {
+		return nil, fmt.Errorf("etcd client: %w", err)
 	}
-	defer cli.Close()
 	sctx, cancel := context.WithTimeout(ctx, c.etcd.dialTimeout+c.sessionTTL)
-	store, err := etcdstore.New(sctx, cli,
+	s.store, err = etcdstore.New(sctx, s.cli,
 		etcdstore.WithPrefix(c.etcd.prefix),
 		etcdstore.WithRetention(c.retention),
 		etcdstore.WithBucketWidth(min(c.bucketWidth, c.retention)),
@@ -348,43 +373,35 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	)
 	cancel()
 	if err != nil {
-		return fmt.Errorf("idem store on %s: %w", strings.Join(c.etcd.endpoints, ","), c.etcd.explain(err))
+		return nil, fmt.Errorf("idem store on %s: %w", strings.Join(c.etcd.endpoints, ","), c.etcd.explain(err))
 	}
-	storeClosed := false
-	defer func() {
-		if !storeClosed {
-			store.Close()
-		}
-	}()
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "idem_claims_running", Help: "Claims this process holds and has not ended.",
-	}, func() float64 { return float64(store.Running()) }))
+	}, func() float64 { return float64(s.store.Running()) }))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "idem_session_live", Help: "1 while this process has a live etcd session.",
 	}, func() float64 {
-		if store.Live() {
+		if s.store.Live() {
 			return 1
 		}
 		return 0
 	}))
-	metrics := idemhttp.NewMetrics(reg)
-
-	edge, err := c.edge(store, metrics, log)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "idem_final_writes_pending", Help: "Final writes (outcomes of finished work) etcd has not acknowledged yet; retried in the background.",
+	}, func() float64 { return float64(s.store.Pending()) }))
+	edge, err := c.edge(s.store, idemhttp.NewMetrics(reg), log)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	var draining atomic.Bool
-	var inflight sync.WaitGroup
-	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		inflight.Add(1)
-		defer inflight.Done()
-		edge.ServeHTTP(w, r)
-	})
-	main := &http.Server{
-		Handler:           counted,
+	s.main = &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			s.inflight.Add(1)
+			defer s.inflight.Done()
+			edge.ServeHTTP(w, r)
+		}),
 		TLSConfig:         c.mainTLS,
 		ReadHeaderTimeout: c.readHeaderTimeout, // slowloris
 		ReadTimeout:       c.readTimeout,
@@ -392,70 +409,103 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	admin := &http.Server{
-		Handler:           c.adminMux(cli, store, reg, &draining),
+	s.admin = &http.Server{
+		Handler:           c.adminMux(s.cli, s.store, reg, &s.draining),
 		TLSConfig:         c.adminTLS,
 		ReadHeaderTimeout: c.readHeaderTimeout,
 		ReadTimeout:       c.readTimeout,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	mainLn, err := net.Listen("tcp", c.listen)
-	if err != nil {
-		return fmt.Errorf("--listen: %w", err)
+	if s.mainLn, err = net.Listen("tcp", c.listen); err != nil {
+		return nil, fmt.Errorf("--listen: %w", err)
 	}
-	adminLn, err := net.Listen("tcp", c.adminListen)
-	if err != nil {
-		mainLn.Close()
-		return fmt.Errorf("--admin-listen: %w", err)
+	if s.adminLn, err = net.Listen("tcp", c.adminListen); err != nil {
+		return nil, fmt.Errorf("--admin-listen: %w", err)
 	}
+	return s, nil
+}
+
+// Run serves until ctx ends (or a listener or the embedded etcd fails),
+// then shuts down: it stops taking requests, lets in-flight ones finish
+// within --shutdown-grace (their claims are completed, released or
+// abandoned by the middleware), closes the store (which waits for pending
+// final writes, then revokes the session so that other processes may take
+// over anything left at once), and stops the embedded etcd.
+func (s *server) Run(ctx context.Context) error {
+	c := s.cfg
 	mode := "api"
 	if c.upstream != "" {
 		mode = "proxy"
 	}
-	log.Info("idem listening", "listen", mainLn.Addr().String(), "admin", adminLn.Addr().String(),
-		"mode", mode, "tls", c.mainTLS != nil, "admin_tls", c.adminTLS != nil, "upstream", c.upstream, "etcd", strings.Join(c.etcd.endpoints, ","), "owner", store.Owner())
-
+	s.log.Info("idem listening", "listen", s.mainLn.Addr().String(), "admin", s.adminLn.Addr().String(),
+		"mode", mode, "tls", c.mainTLS != nil, "admin_tls", c.adminTLS != nil, "upstream", c.upstream,
+		"etcd", strings.Join(c.etcd.endpoints, ","), "owner", s.store.Owner())
 	errc := make(chan error, 2)
-	go func() { errc <- serveOn(main, mainLn) }()
-	go func() { errc <- serveOn(admin, adminLn) }()
+	go func() { errc <- serveOn(s.main, s.mainLn) }()
+	go func() { errc <- serveOn(s.admin, s.adminLn) }()
 	var etcdErr <-chan error
-	if etcd != nil {
-		etcdErr = etcd.Err()
+	if s.etcd != nil {
+		etcdErr = s.etcd.Err()
 	}
 	select {
 	case <-ctx.Done():
-		log.Info("shutting down", "grace", c.shutdownGrace.String())
+		s.log.Info("shutting down", "grace", c.shutdownGrace.String())
 	case err := <-errc:
 		return fmt.Errorf("http server: %w", err)
 	case err := <-etcdErr:
 		return fmt.Errorf("embedded etcd: %w", err)
 	}
-
-	// Stop taking requests, let in-flight ones finish (their claims are
-	// completed, released or abandoned by the middleware), then close the
-	// session so other processes can take over anything left at once.
-	draining.Store(true)
-	grace, cancelGrace := context.WithTimeout(context.Background(), c.shutdownGrace)
-	defer cancelGrace()
-	if err := main.Shutdown(grace); err != nil {
-		log.Warn("grace period over; closing remaining connections", "err", err)
-		main.Close() // cancels the remaining requests' contexts
+	s.draining.Store(true)
+	grace, cancel := context.WithTimeout(context.Background(), c.shutdownGrace)
+	defer cancel()
+	if err := s.main.Shutdown(grace); err != nil {
+		s.log.Warn("grace period over; closing remaining connections", "err", err)
+		s.main.Close() // cancels the remaining requests' contexts
 	}
 	done := make(chan struct{})
-	go func() { inflight.Wait(); close(done) }()
+	go func() { s.inflight.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(etcdstore.DefaultEndTimeout):
-		log.Warn("requests still running after the grace period; their claims will be taken over")
+		s.log.Warn("requests still running after the grace period; their claims will be taken over")
 	}
-	storeClosed = true
-	if err := store.Close(); err != nil {
-		log.Warn("closing the session", "err", err)
+	return s.Close()
+}
+
+// Close releases what the server holds, in order: the listeners, the
+// store (its pending final writes, then its session), the etcd client,
+// the embedded etcd.
+func (s *server) Close() error {
+	if s.closed {
+		return nil
 	}
-	adminCtx, cancelAdmin := context.WithTimeout(context.Background(), time.Second)
-	defer cancelAdmin()
-	admin.Shutdown(adminCtx)
-	log.Info("idem stopped")
+	s.closed = true
+	if s.main != nil {
+		s.main.Close()
+	} else if s.mainLn != nil {
+		s.mainLn.Close()
+	}
+	var err error
+	if s.store != nil {
+		if err = s.store.Close(); err != nil {
+			s.log.Warn("closing the session", "err", err)
+		}
+	}
+	if s.admin != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		s.admin.Shutdown(ctx)
+		cancel()
+	} else if s.adminLn != nil {
+		s.adminLn.Close()
+	}
+	if s.cli != nil {
+		s.cli.Close()
+	}
+	if s.etcd != nil {
+		s.etcd.Close()
+		s.log.Info("embedded etcd stopped")
+	}
+	s.log.Info("idem stopped")
 	return nil
 }
 

@@ -5,6 +5,7 @@ package etcdtest
 import (
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/idem-dev/idem/internal/etcdcluster"
@@ -21,6 +22,10 @@ func Start(t testing.TB, n int, opts etcdcluster.Options) *etcdcluster.Cluster {
 	t.Cleanup(c.Close)
 	return c
 }
+
+// EndpointsEnv names the environment variable in which Main puts the
+// shared cluster's endpoints, for Example functions.
+const EndpointsEnv = "IDEM_TEST_ETCD_ENDPOINTS"
 
 // Main is a TestMain body for a package whose tests share one cluster: it
 // starts an n-member cluster in a temporary directory, hands it to use, runs
@@ -41,5 +46,7 @@ func Main(m *testing.M, n int, opts etcdcluster.Options, cluster **etcdcluster.C
 	}
 	defer c.Close()
 	*cluster = c
+	// Examples connect as a user would, through an endpoint list.
+	os.Setenv(EndpointsEnv, strings.Join(c.Endpoints(), ","))
 	return m.Run()
 }

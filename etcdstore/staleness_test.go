@@ -1,10 +1,8 @@
 package etcdstore
 
 import (
-	"context"
 	"errors"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -65,36 +63,6 @@ func TestOwnClaimPastDeadlineIsTakenOver(t *testing.T) {
 	c.Release(ctx)
 }
 
-// An Abandon whose reply was lost landed: it is not reported as a failure.
-func TestLostAbandonReplyIsRecognised(t *testing.T) {
-	var lose atomic.Int32
-	s := newStore(t, lossyClient(t, &lose), testPrefix(t))
-	ctx := testCtx(t)
-	c, _, err := s.Claim(ctx, Key{ID: "k"}, fpOf(t, "p"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	lose.Store(1)
-	if err := c.Abandon(ctx); err != nil {
-		t.Fatalf("Abandon after a lost reply = %v; want nil", err)
-	}
-}
-
-// Header values that are not UTF-8 replay byte for byte.
-func TestHeaderBytesReplayExactly(t *testing.T) {
-	s := newStore(t, client(t), testPrefix(t))
-	ctx := testCtx(t)
-	hdr := map[string][]string{"Content-Disposition": {"attachment; filename=\"caf\xe9.txt\""}}
-	work := func(context.Context, *Claim) (Outcome, End) { return Outcome{Status: 200, Header: hdr}, EndSave }
-	if _, err := s.Run(ctx, Key{ID: "k"}, fpOf(t, "p"), work); err != nil {
-		t.Fatal(err)
-	}
-	res, err := s.Run(ctx, Key{ID: "k"}, fpOf(t, "p"), work)
-	if err != nil || !res.Replayed || res.Header["Content-Disposition"][0] != hdr["Content-Disposition"][0] {
-		t.Fatalf("replayed header = %q, %v; want %q", res.Header["Content-Disposition"], err, hdr["Content-Disposition"][0])
-	}
-}
-
 // Attempt ids are scoped by key: two keys may use the same one at once.
 func TestSameAttemptOnTwoKeys(t *testing.T) {
 	s := newStore(t, client(t), testPrefix(t))
@@ -115,28 +83,6 @@ func TestSameAttemptOnTwoKeys(t *testing.T) {
 	wg.Wait()
 	if errs[0] != nil || errs[1] != nil {
 		t.Fatalf("claims of two keys with one attempt id: %v; want both", errs)
-	}
-}
-
-// An outcome too large to save is replaced by a saved error, and the key is
-// not left claimed.
-func TestRunOutcomeTooLargeIsNotLeftHeld(t *testing.T) {
-	s := newStore(t, client(t), testPrefix(t), WithMaxRecordSize(4096))
-	ctx := testCtx(t)
-	runs := 0
-	work := func(context.Context, *Claim) (Outcome, End) {
-		runs++
-		return Outcome{Body: make([]byte, 8192)}, EndSave
-	}
-	if _, err := s.Run(ctx, Key{ID: "k"}, fpOf(t, "p"), work); !errors.Is(err, ErrTooLarge) {
-		t.Fatalf("Run = %v; want ErrTooLarge", err)
-	}
-	if s.Running() != 0 {
-		t.Fatalf("Running = %d; want the claim ended", s.Running())
-	}
-	res, err := s.Run(ctx, Key{ID: "k"}, fpOf(t, "p"), work)
-	if err != nil || !res.Replayed || res.Err == "" || runs != 1 {
-		t.Fatalf("retry = %+v, %v (runs %d); want the saved error, no second run", res, err, runs)
 	}
 }
 
@@ -170,40 +116,4 @@ func TestClaimWithoutSession(t *testing.T) {
 		t.Fatalf("claim after the deadline = %v; want a takeover", err)
 	}
 	n.Release(ctx)
-}
-
-// A wait on a record whose last write was compacted away blocks on its
-// watch until something changes; it does not return at once (and so spin,
-// re-reading, in its callers' loops).
-func TestWaitAfterCompaction(t *testing.T) {
-	cli := client(t)
-	prefix := testPrefix(t)
-	owner, waiter := newStore(t, cli, prefix), newStore(t, cli, prefix)
-	ctx := testCtx(t)
-	c, _, err := owner.Claim(ctx, Key{ID: "k"}, fpOf(t, "p"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Release(ctx)
-	// Move the revision on and compact past the record's last write.
-	for i := 0; i < 3; i++ {
-		if _, err := cli.Put(ctx, prefix+"../other", "x"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := cli.Compact(ctx, revision(t, cli)); err != nil {
-		t.Fatal(err)
-	}
-	cur, rev, err := waiter.get(ctx, Key{ID: "k"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, ownerRev, _ := waiter.ownerAlive(ctx, cur.Owner)
-	// Nothing changes: the wait must last until its context ends.
-	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer cancel()
-	got, _, err := waiter.awaitChange(wctx, Key{ID: "k"}, cur, rev, ownerRev)
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("awaitChange on an unchanged, compacted record = %+v, %v; want it to block until its context ends", got, err)
-	}
 }
