@@ -81,4 +81,3 @@ func (r *Record) expired(now time.Time) bool { return !now.Before(r.Expires) }
 func (r *Record) pastDeadline(now time.Time) bool {
 	return !r.Deadline.IsZero() && !now.Before(r.Deadline)
 }
-
