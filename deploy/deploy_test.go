@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -445,7 +446,7 @@ func TestContainerBuild(t *testing.T) {
 	}
 	out := filepath.Join(t.TempDir(), "idem")
 	cmd := exec.Command("go", "build", "-C", "..", "-trimpath", "-o", out, "./cmd/idem")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+runtime.GOARCH)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+runtime.GOARCH, "GOWORK=off")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("static build: %v\n%s", err, b)
 	}
@@ -458,6 +459,17 @@ func TestContainerBuild(t *testing.T) {
 		if p.Type == elf.PT_INTERP {
 			t.Fatal("the binary needs a dynamic loader: it would not run on distroless/static")
 		}
+	}
+	// The image's defaults (its IDEM_* variables) are ones the binary
+	// accepts: serve reads its environment before -h stops it.
+	env := regexp.MustCompile(`IDEM_[A-Z_]+=[^\s\\]+`).FindAllString(string(df), -1)
+	if len(env) < 3 {
+		t.Fatalf("the Dockerfile sets %v; want the listen addresses and the data dir", env)
+	}
+	run := exec.Command(out, "serve", "-h")
+	run.Env = append(os.Environ(), env...)
+	if b, err := run.CombinedOutput(); err != nil {
+		t.Fatalf("idem serve with the image's environment %v: %v\n%s", env, err, b)
 	}
 }
 

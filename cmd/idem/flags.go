@@ -43,10 +43,13 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 		return err
 	}
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err}
 	}
 	if fs.NArg() > 0 && fs.Name() == "serve" {
-		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+		return usageError{fmt.Errorf("unexpected arguments: %q", fs.Args())}
 	}
 	return nil
 }

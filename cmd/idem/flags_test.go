@@ -62,8 +62,11 @@ func TestCommands(t *testing.T) {
 	if _, err := runCmd(t); !errors.Is(err, errUsage) || exitCode(err) != 2 {
 		t.Fatalf("no command = %v (exit %d); want a usage error", err, exitCode(err))
 	}
-	if out, err := runCmd(t, "frobnicate"); err == nil || !strings.Contains(out, "usage") {
-		t.Fatalf("unknown command = %q, %v", out, err)
+	if out, err := runCmd(t, "frobnicate"); exitCode(err) != 2 || !strings.Contains(out, "usage") {
+		t.Fatalf("unknown command = %q, %v (exit %d); want usage, exit 2", out, err, exitCode(err))
+	}
+	if _, err := runCmd(t, "serve", "--no-such-flag"); exitCode(err) != 2 {
+		t.Fatalf("unknown flag = %v (exit %d); want exit 2", err, exitCode(err))
 	}
 	if out, err := runCmd(t, "version"); err != nil || !strings.HasPrefix(out, "idem ") {
 		t.Fatalf("version = %q, %v", out, err)
@@ -77,8 +80,11 @@ func TestCommands(t *testing.T) {
 	if _, err := runCmd(t, "ls", "--tenant", "a/b"); exitCode(err) != 2 {
 		t.Fatalf("ls --tenant a/b = %v; want a usage error", err)
 	}
-	if _, err := runCmd(t, "serve", "-h"); !errors.Is(err, flag.ErrHelp) {
-		t.Fatalf("serve -h = %v; want flag.ErrHelp", err)
+	// Help asked for is not an error: exit 0, as idem --help.
+	for _, args := range [][]string{{"--help"}, {"serve", "-h"}, {"serve", "--help"}, {"get", "-h"}, {"ls", "-h"}, {"evict", "-h"}, {"status", "-h"}, {"echo", "-h"}} {
+		if _, err := runCmd(t, args...); exitCode(err) != 0 {
+			t.Errorf("idem %s = %v (exit %d); want exit 0", strings.Join(args, " "), err, exitCode(err))
+		}
 	}
 }
 

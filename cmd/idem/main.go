@@ -29,12 +29,10 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
-	if err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "idem:", err)
-		}
-		os.Exit(exitCode(err))
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintln(os.Stderr, "idem:", err)
 	}
+	os.Exit(exitCode(err))
 }
 
 const usage = `usage: idem COMMAND [flags]
@@ -79,15 +77,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 	fmt.Fprint(stderr, usage)
-	return fmt.Errorf("unknown command %q", cmd)
+	return usageError{fmt.Errorf("unknown command %q", cmd)}
 }
 
 // errUsage is a usage error: exit code 2.
 var errUsage = errors.New("usage")
 
+// exitCode is the process's exit status for err: 0 after -h (help was
+// asked for), 2 for a usage error (no or an unknown command, a bad flag or
+// argument), 1 for anything else.
 func exitCode(err error) int {
 	var ue usageError
-	if errors.Is(err, errUsage) || errors.Is(err, flag.ErrHelp) || errors.As(err, &ue) {
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage), errors.As(err, &ue):
 		return 2
 	}
 	return 1
