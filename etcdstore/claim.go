@@ -436,6 +436,9 @@ func (s *Store) readOnly(ctx context.Context, c *Claim, werr error) (*Record, er
 // of this write), refreshing the lease once if etcd no longer knows it.
 func (s *Store) writeRecord(ctx context.Context, k Key, owner string, cmps []cond, rec *Record, token fencing.Token, extra ...clientv3.Op) (casResult, error) {
 	val := encode(rec, token)
+	if s.format == recordV1 {
+		val = encodeV1(rec, token)
+	}
 	for refreshed := false; ; refreshed = true {
 		id, err := s.buckets.For(ctx, s.now())
 		if err != nil {

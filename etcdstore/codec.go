@@ -46,6 +46,31 @@ const (
 	fErr        protowire.Number = 13 // bytes
 )
 
+// encodeV1 lays r out in format 1, for WithRecordFormat(1): the format
+// idem 0.1 reads.
+func encodeV1(r *Record, token fencing.Token) []byte {
+	m := metaV1{State: r.State, FP: r.Fingerprint.String(), Owner: r.Owner, Attempt: r.Attempt, Token: int64(token),
+		Created: r.Created.UnixMilli(), Expires: r.Expires.UnixMilli(), Checkpoint: r.Checkpoint, Takeovers: r.Takeovers}
+	if !r.Deadline.IsZero() {
+		m.Deadline = r.Deadline.UnixMilli()
+	}
+	var body []byte
+	if o := r.Outcome; o != nil {
+		m.Status, m.Err, body = o.Status, o.Err, o.Body
+		for k, vs := range o.Header {
+			if m.Header == nil {
+				m.Header = make(map[string][][]byte, len(o.Header))
+			}
+			for _, v := range vs {
+				m.Header[k] = append(m.Header[k], []byte(v))
+			}
+		}
+	}
+	js, _ := json.Marshal(&m) // cannot fail: plain values only
+	buf := binary.AppendUvarint([]byte{recordV1}, uint64(len(js)))
+	return append(append(buf, js...), body...)
+}
+
 // encode lays r out. token 0 means "the revision of this write", which is
 // how a claim or takeover names a token it cannot know in advance.
 func encode(r *Record, token fencing.Token) []byte {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"reflect"
 	"testing"
 	"time"
@@ -154,5 +155,31 @@ func TestHeaderBytesReplayExactly(t *testing.T) {
 	res, err := s.Run(ctx, Key{ID: "k"}, fpOf(t, "p"), work)
 	if err != nil || !res.Replayed || res.Header["Content-Disposition"][0] != hdr["Content-Disposition"][0] {
 		t.Fatalf("replayed header = %q, %v; want %q", res.Header["Content-Disposition"], err, hdr["Content-Disposition"][0])
+	}
+}
+
+// A store told to write format 1 (while a deployment upgrades from idem
+// 0.1) writes records a format-1 reader decodes, and reads them back.
+func TestWriteFormat1(t *testing.T) {
+	cli := client(t)
+	s := newStore(t, cli, testPrefix(t), WithRecordFormat(1))
+	ctx := testCtx(t)
+	key := Key{ID: "k"}
+	if _, err := s.Do(ctx, key, []byte(`{"a":1}`), func(context.Context, *Claim) ([]byte, error) { return []byte("v1"), nil }); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := cli.Get(ctx, s.ks.record(key))
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("%v %v", resp, err)
+	}
+	if v := resp.Kvs[0].Value; v[0] != recordV1 || !isDone(v) {
+		t.Fatalf("record written in format %d; want 1, done", v[0])
+	}
+	res, err := s.Do(ctx, key, []byte(`{"a":1}`), nil)
+	if err != nil || !res.Replayed || string(res.Body) != "v1" {
+		t.Fatalf("replay = %q %v %v", res.Body, res.Replayed, err)
+	}
+	if _, err := New(ctx, cli, WithRecordFormat(3)); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("format 3 = %v; want ErrInvalidArgument", err)
 	}
 }

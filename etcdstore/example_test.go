@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/fencing"
 )
 
 // endpoints returns the test cluster's endpoints (set by TestMain); in your
@@ -109,4 +110,29 @@ func ExampleFingerprintOf() {
 	c, _ := etcdstore.FingerprintOf([]byte(`{"currency":"eur","amount":101}`))
 	fmt.Println(a == b, a == c)
 	// Output: true false
+}
+
+// The README's "library in ten lines", compiled with the tests (not run:
+// it needs an etcd on 127.0.0.1:2379). docs_test in cmd/idem checks that
+// the README shows exactly this body.
+func Example_library() {
+	ctx := context.Background()
+	cli, _ := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:2379"}})
+	store, _ := etcdstore.New(ctx, cli) // defaults: prefix /idem/, 24 h retention
+	defer store.Close()
+
+	key := etcdstore.Key{Tenant: "acme", ID: "8e03978e-40d5-43e8-bc93-6894a57f9324"} // from Idempotency-Key
+	res, err := store.Do(ctx, key, []byte(`{"amount":100}`), func(ctx context.Context, c *etcdstore.Claim) ([]byte, error) {
+		return charge(ctx, 100, c.Token()) // runs at most once per key; pass the token downstream
+	})
+	// res.Body is the first answer, replayed to every retry (res.Replayed).
+	// errors.Is(err, etcdstore.ErrMismatch): same key, other params (422, never retry).
+	// errors.Is(err, etcdstore.ErrConflict): still in flight (409, retry later with the same key).
+	_, _ = res, err
+}
+
+// charge stands for a non-idempotent downstream call that checks the
+// fencing token.
+func charge(_ context.Context, amount int, token fencing.Token) ([]byte, error) {
+	return []byte(fmt.Sprintf(`{"charged":%d,"fence":%d}`, amount, token)), nil
 }

@@ -38,6 +38,7 @@ type config struct {
 	cacheBytes     int64
 	claimPath      ClaimPath
 	keysPerLease   int64
+	format         byte
 	log            *slog.Logger
 }
 
@@ -184,6 +185,20 @@ func WithClaimPath(p ClaimPath) Option {
 			return fmt.Errorf("%w: unknown claim path %d", ErrInvalidArgument, p)
 		}
 		c.claimPath = p
+		return nil
+	})
+}
+
+// WithRecordFormat sets the format of the records the store writes
+// (default 2; every format is read). Format 1 is what idem 0.1 reads: while
+// a deployment upgrades from 0.1, run the new processes with format 1, and
+// switch to 2 once no 0.1 process is left.
+func WithRecordFormat(n int) Option {
+	return option(func(c *config) error {
+		if n != recordV1 && n != recordVersion {
+			return fmt.Errorf("%w: record format %d: must be 1 or 2", ErrInvalidArgument, n)
+		}
+		c.format = byte(n)
 		return nil
 	})
 }

@@ -51,6 +51,7 @@ type Store struct {
 	maxRecord  int
 	retryAfter time.Duration
 	endTimeout time.Duration
+	format     byte // of the records written
 	log        *slog.Logger
 
 	// Attempt ids: a random prefix per store and a counter, unique without
@@ -90,6 +91,7 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 		endTimeout: DefaultEndTimeout,
 
 		requestTimeout: DefaultRequestTimeout,
+		format:         recordVersion,
 	}
 	for _, o := range opts {
 		if err := o.apply(&c); err != nil {
@@ -132,6 +134,7 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 		maxRecord:  c.maxRecord,
 		retryAfter: c.retryAfter,
 		endTimeout: c.endTimeout,
+		format:     c.format,
 		log:        c.log,
 		claimPath:  c.claimPath,
 		// Attempt ids need only be unique within this process (recognition
