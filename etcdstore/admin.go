@@ -259,17 +259,17 @@ type Stats struct {
 	Expired  int64 // of the scanned records: past retention, awaiting their lease
 	Scanned  int64 // records whose state was read; < Records when the scan was capped
 	Owners   int64 // live sessions (idem processes)
-	Buckets  int64 // live retention buckets (one lease each)
+	Leases   int64 // live retention leases (each bucket has one or more)
 }
 
-// Stats counts records, live sessions and retention buckets, reading the
+// Stats counts records, live sessions and retention leases, reading the
 // state of at most maxScan records (0: all) in pages of 1000.
 func (a *Admin) Stats(ctx context.Context, maxScan int64) (Stats, error) {
 	var st Stats
 	for _, c := range []struct {
 		prefix string
 		n      *int64
-	}{{a.ks.records(), &st.Records}, {a.ks.owners(), &st.Owners}, {a.ks.buckets(), &st.Buckets}} {
+	}{{a.ks.records(), &st.Records}, {a.ks.owners(), &st.Owners}, {a.ks.buckets(), &st.Leases}} {
 		var resp *clientv3.GetResponse
 		err := a.page(ctx, func(ctx context.Context) (err error) {
 			resp, err = a.client.Get(ctx, c.prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())

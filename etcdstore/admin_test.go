@@ -31,7 +31,7 @@ func TestAdminWithoutSession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Records != 2 || st.Done != 1 || st.InFlight != 1 || st.Scanned != 2 || st.Owners != 1 || st.Buckets != 1 {
+	if st.Records != 2 || st.Done != 1 || st.InFlight != 1 || st.Scanned != 2 || st.Owners != 1 || st.Leases != 1 {
 		t.Fatalf("Stats = %+v; want 2 records (1 done, 1 in flight), 1 owner, 1 bucket", st)
 	}
 	if after := revision(t, cli); after != before {

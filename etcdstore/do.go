@@ -191,7 +191,7 @@ func (s *Store) end(ctx context.Context, c *Claim, end End, out Outcome) error {
 			return err
 		}
 	}
-	s.log.Error("idem: a claim could not be ended; giving it up in this process", "key", c.key.String(), "err", err)
+	s.log.Error("idem: a claim could not be ended; giving it up in this process", "key", c.key.Digest(), "err", c.key.redact(err))
 	c.giveUp(err)
 	return err
 }
@@ -217,14 +217,14 @@ func (s *Store) finishLater(c *Claim, op string, finish func(context.Context) er
 			return false
 		}
 		if errors.Is(err, ErrUnavailable) {
-			s.log.Error("idem: gave up a final write at close; the key will be taken over", "key", c.key.String(), "err", err)
+			s.log.Error("idem: gave up a final write at close; the key will be taken over", "key", c.key.Digest(), "err", c.key.redact(err))
 		} else {
-			s.log.Info("idem: ended a claim after retries", "key", c.key.String(), "err", err)
+			s.log.Info("idem: ended a claim after retries", "key", c.key.Digest(), "err", c.key.redact(err))
 		}
 		return true
 	})
 	if !ok {
-		s.log.Error("idem: a final write failed after close; the key will be taken over", "key", c.key.String())
+		s.log.Error("idem: a final write failed after close; the key will be taken over", "key", c.key.Digest())
 	}
 }
 
@@ -276,7 +276,7 @@ func (s *Store) abandonOnce(ctx context.Context, k Key, owner, attempt string) b
 	c.won(rec, nil)
 	err = c.Abandon(ctx)
 	if err == nil {
-		s.log.Info("idem: abandoned a claim whose write had an unknown outcome", "key", k.String())
+		s.log.Info("idem: abandoned a claim whose write had an unknown outcome", "key", k.Digest())
 	}
 	return !errors.Is(err, ErrUnavailable)
 }

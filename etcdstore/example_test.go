@@ -123,7 +123,7 @@ func Example_library() {
 
 	key := etcdstore.Key{Tenant: "acme", ID: "8e03978e-40d5-43e8-bc93-6894a57f9324"} // from Idempotency-Key
 	res, err := store.Do(ctx, key, []byte(`{"amount":100}`), func(ctx context.Context, c *etcdstore.Claim) ([]byte, error) {
-		return charge(ctx, 100, c.Token()) // runs at most once per key; pass the token downstream
+		return charge(ctx, 100, c.Token()) // runs once per key (again only after a takeover); pass the token downstream
 	})
 	// res.Body is the first answer, replayed to every retry (res.Replayed).
 	// errors.Is(err, etcdstore.ErrMismatch): same key, other params (422, never retry).

@@ -1,6 +1,8 @@
 package etcdstore
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"strconv"
 	"strings"
@@ -121,4 +123,22 @@ func (ks keyspace) parseRecord(etcdKey string) (Key, bool) {
 		return Key{}, false
 	}
 	return Key{Tenant: tenant, ID: id}, true
+}
+
+// Digest returns a short, stable name of the key for logs, that does not
+// reveal it: the first 8 bytes of the SHA-256 of the tenant-qualified key
+// (k.String()), in hex. idem's logs name keys this way unless told to log
+// them in clear, so the same key has the same digest in every process's
+// log.
+func (k Key) Digest() string {
+	sum := sha256.Sum256([]byte(k.String()))
+	return hex.EncodeToString(sum[:8])
+}
+
+// redact returns err's text with k replaced by its digest.
+func (k Key) redact(err error) string {
+	if err == nil {
+		return ""
+	}
+	return strings.ReplaceAll(err.Error(), k.String(), "key#"+k.Digest())
 }

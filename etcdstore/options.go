@@ -128,9 +128,11 @@ func WithRequestTimeout(d time.Duration) AdminOption {
 	})
 }
 
-// WithKeysPerLease sets how many records this process attaches to one
-// retention lease before its bucket moves on to a fresh lease (default
-// lease.DefaultMaxUses, 20000). etcd deletes a lease's keys in one raft entry
+// WithKeysPerLease sets how many writes (claims, checkpoints, completes...)
+// this process attaches to one retention lease before its bucket moves on
+// to a fresh lease (default lease.DefaultMaxUses, 20000). Processes count
+// apart, so one lease holds the records of at most that many writes per
+// process. etcd deletes a lease's keys in one raft entry
 // when it expires and applies nothing else meanwhile: measured on one
 // member, a lease of a million keys stalled every request for 6 s.
 func WithKeysPerLease(n int64) Option {

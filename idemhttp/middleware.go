@@ -3,9 +3,7 @@ package idemhttp
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -245,10 +243,9 @@ func (m *Middleware) parse(w http.ResponseWriter, r *http.Request, id string) (*
 		p := ProblemFor(err)
 		return nil, &p
 	}
-	logKey := key.String()
-	if !m.cfg.LogKeys {
-		sum := sha256.Sum256([]byte(logKey))
-		logKey = hex.EncodeToString(sum[:8])
+	logKey := key.Digest()
+	if m.cfg.LogKeys {
+		logKey = key.String()
 	}
 	return &request{r: r, key: key, fp: fp, body: body, logKey: logKey}, nil
 }

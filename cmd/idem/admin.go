@@ -208,8 +208,8 @@ func adminStatus(ctx context.Context, args []string, stdout, stderr io.Writer) (
 		fmt.Fprintln(stdout)
 		tw = tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		k := rep.Keys
-		fmt.Fprintln(tw, "KEYS\tIN FLIGHT\tDONE\tEXPIRED\tSCANNED\tSESSIONS\tBUCKETS")
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%d\n", k.Records, k.InFlight, k.Done, k.Expired, k.Scanned, k.Owners, k.Buckets)
+		fmt.Fprintln(tw, "KEYS\tIN FLIGHT\tDONE\tEXPIRED\tSCANNED\tSESSIONS\tLEASES")
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%d\n", k.Records, k.InFlight, k.Done, k.Expired, k.Scanned, k.Owners, k.Leases)
 		return tw.Flush()
 	}
 	for _, m := range rep.Members {
@@ -220,8 +220,8 @@ func adminStatus(ctx context.Context, args []string, stdout, stderr io.Writer) (
 		fmt.Fprintln(stdout, line)
 	}
 	k := rep.Keys
-	fmt.Fprintf(stdout, "keys=%d in_flight=%d done=%d expired=%d scanned=%d sessions=%d buckets=%d\n",
-		k.Records, k.InFlight, k.Done, k.Expired, k.Scanned, k.Owners, k.Buckets)
+	fmt.Fprintf(stdout, "keys=%d in_flight=%d done=%d expired=%d scanned=%d sessions=%d leases=%d\n",
+		k.Records, k.InFlight, k.Done, k.Expired, k.Scanned, k.Owners, k.Leases)
 	return nil
 }
 

@@ -35,7 +35,7 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	fs.VisitAll(func(f *flag.Flag) {
 		if v, ok := os.LookupEnv(envName(f.Name)); ok && err == nil {
 			if e := fs.Set(f.Name, v); e != nil {
-				err = fmt.Errorf("environment %s=%q: %w", envName(f.Name), v, e)
+				err = usageError{fmt.Errorf("environment %s=%q: %w", envName(f.Name), v, e)}
 			}
 		}
 	})

@@ -137,7 +137,7 @@ func (c *serveConfig) flags(stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&c.sessionTTL, "session-ttl", etcdstore.DefaultSessionTTL, "TTL of this process's liveness lease: its claims are taken over this long after it dies")
 	fs.DurationVar(&c.requestTimeout, "request-timeout", etcdstore.DefaultRequestTimeout, "bound on each etcd request; past it a request gets 503 (raise across data centres)")
 	fs.Int64Var(&c.cacheSize, "cache-size", 0, "bytes of done records kept in memory, fed by an etcd Watch, so replays need no etcd round trip (0: no cache; worth it when retries are frequent)")
-	fs.Int64Var(&c.keysPerLease, "keys-per-lease", 20000, "records per retention lease before a bucket rolls to a fresh lease (a lease's expiry deletes its keys in one raft entry)")
+	fs.Int64Var(&c.keysPerLease, "keys-per-lease", 20000, "writes this process attaches to one retention lease before its bucket rolls to a fresh lease (a lease's expiry deletes its keys in one raft entry)")
 	fs.IntVar(&c.recordFormat, "record-format", 2, "format of the records written (every format is read): 1 while upgrading from idem 0.1, then 2")
 	fs.StringVar(&c.dataDir, "data-dir", "idem-data", "data directory of the embedded etcd (without --endpoints)")
 	fs.StringVar(&c.embeddedClientURL, "embedded-client-url", "http://127.0.0.1:2379", "client URL of the embedded etcd")
@@ -310,7 +310,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if err := c.validate(); err != nil {
-		return err
+		return usageError{err}
 	}
 	if err := c.load(); err != nil {
 		return err
