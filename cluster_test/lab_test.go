@@ -36,7 +36,7 @@ type labRow struct {
 	charges, doubled int
 }
 
-// TestLab reproduces the seed's lab table (lesson 4, "npm run l4"):
+// TestLab reproduces the classic lab of idempotency keys against a flaky network:
 //
 //	go test ./cluster_test -run TestLab -v -args -lab.seed=1
 //
@@ -150,7 +150,7 @@ func labStore(t *testing.T, cli *clientv3.Client, prefix string) *etcdstore.Stor
 // labUnderFaults runs the same-key version concurrently, through clients
 // pinned to each member of a 3-member cluster, while the leader is killed
 // and a member is partitioned. The work passes its own key downstream
-// (charge:<order>), as the seed's fix for takeovers says.
+// (charge:<order>), as a work that passes its own key on does.
 func labUnderFaults(t *testing.T) labRow {
 	e := newEnv(t, 3, etcdcluster.Options{})
 	for _, p := range []int{0, 1, 2, -1} {

@@ -23,8 +23,8 @@
 //     with different parameters gets ErrMismatch and never a replay.
 //   - A claim's reply that was lost (timeout, reset connection) does not
 //     strand the key: a retry with the same attempt id recognises its own
-//     claim, and a claim of this process that nobody here runs any more is
-//     taken over at once by the next request.
+//     claim, and a claim of this process (without a deadline) that nobody
+//     here runs any more is taken over at once by the next request.
 //
 // # What it does not guarantee
 //
@@ -34,7 +34,7 @@
 //     but whatever it did outside etcd, it did. Exactly-once effects need the
 //     work itself to be fenced or idempotent downstream: send Claim.Token
 //     with every downstream write and have the downstream refuse lower tokens
-//     (package fencing), or pass the key on (the seed's charge:<orderId>).
+//     (package fencing), or pass your own key on (charge:<orderId>).
 //     Effects that live in etcd can commit in Complete's own Txn, and are
 //     then exactly-once.
 //   - An error wrapping ErrUnavailable leaves the outcome of that write
@@ -51,7 +51,7 @@
 // # Data in etcd
 //
 // Under a prefix (default "/idem/"): a record per key at k/<tenant>/<id> on a
-// shared retention lease (one lease per hour bucket, never one per key), an
+// shared retention lease (a few per hour bucket, never one per key), an
 // owner key per process at o/<owner> on its session lease, and a key per
 // retention bucket at l/... naming the bucket's lease. See
 // docs/ARCHITECTURE.md for each transaction.

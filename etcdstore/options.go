@@ -100,9 +100,11 @@ func WithRetryAfter(d time.Duration) Option {
 	})
 }
 
-// WithEndTimeout bounds the final write of Do (complete, release or abandon)
-// when the caller's context has already ended (default 10 s): a finished
-// work's outcome is saved even if its caller gave up.
+// WithEndTimeout bounds the final write of Do and Run (complete, release or
+// abandon), which is made even if the caller's context has ended (default
+// 10 s): a finished work's outcome is saved even if its caller gave up. It
+// also bounds each background retry of such a write, and how long Close
+// waits for those.
 func WithEndTimeout(d time.Duration) Option {
 	return option(func(c *config) error {
 		if d <= 0 {
@@ -240,7 +242,8 @@ type claimConfig struct {
 // MaxAttemptLen is the longest attempt id.
 const MaxAttemptLen = 64
 
-// WithAttempt sets the attempt id of a claim (default: a new random UUID).
+// WithAttempt sets the attempt id of a claim (default: a per-store random
+// prefix and a counter, unique within the process).
 // A caller that got an error from Claim (a timeout, a reset connection: the
 // claim may or may not have been written) and retries with the same attempt
 // id is recognised as the owner of the claim it may have made, instead of

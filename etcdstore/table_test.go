@@ -10,7 +10,8 @@ import (
 	"time"
 )
 
-// The seed's decision table, one row per test, in its order.
+// The decision table, one row per test, in its order: new key, fingerprint
+// differs, done, in flight under a live owner, in flight and stale.
 
 func TestNewKeyRunsWorkAndSavesOutcome(t *testing.T) {
 	cli := client(t)
@@ -383,7 +384,7 @@ func TestReleaseLetsRetryRunAgain(t *testing.T) {
 	}
 }
 
-func TestSaveErrorReplaysTheError(t *testing.T) {
+func TestSavedErrorIsReplayed(t *testing.T) {
 	cli := client(t)
 	s := newStore(t, cli, testPrefix(t))
 	ctx := testCtx(t)
@@ -406,7 +407,7 @@ func TestSaveErrorReplaysTheError(t *testing.T) {
 	}
 }
 
-func TestKeepOnErrorResumesFromCheckpoint(t *testing.T) {
+func TestAbandonOnErrorResumesFromCheckpoint(t *testing.T) {
 	cli := client(t)
 	prefix := testPrefix(t)
 	a, b := newStore(t, cli, prefix), newStore(t, cli, prefix)
@@ -459,7 +460,7 @@ func TestCancelledWorkIsAbandonedNotSaved(t *testing.T) {
 // saved as the key's outcome (a retry must not run it again); with
 // EndAbandon the claim is abandoned for the next request to resume. Either
 // way the claim ends and the panic continues.
-func TestPanickingWorkEndsAsItsErrorPolicy(t *testing.T) {
+func TestPanickingWorkEndsAsOnErrorSays(t *testing.T) {
 	cli := client(t)
 	s := newStore(t, cli, testPrefix(t))
 	ctx := testCtx(t)

@@ -64,10 +64,11 @@ type APIConfig struct {
 // renew, complete, release, abandon, get and wait, under /v1/. It is
 // documented in api/openapi.yaml.
 //
-// A claim made through the API is held by this idem process's session and
-// has a deadline, renewed by the worker (renew, or checkpoint with
-// extend_ms): a worker that dies stops renewing and the key is taken over
-// after the deadline. Every call after claim carries the claim's handle,
+// A claim made through the API is not tied to any idem process's session:
+// only its deadline, renewed by the worker (renew, or checkpoint with
+// extend_ms), keeps it. A worker that dies stops renewing and the key is
+// taken over after the deadline; the idem process that made the claim may
+// restart meanwhile. Every call after claim carries the claim's handle,
 // so it may reach any idem process of the deployment.
 type API struct {
 	cfg APIConfig

@@ -9,18 +9,26 @@
 // every retry with Idempotent-Replayed: true. It answers for itself:
 //
 //	400  a missing (where required), malformed or repeated key; a bad tenant;
-//	     a JSON body with no canonical form
+//	     a JSON body with no canonical form; a client-sent Idempotency-Fence
+//	401  authentication is on and the request proves no identity
 //	403  a tenant header from an untrusted source
-//	409  the key is in flight (with Retry-After), unless the client sent
-//	     "Prefer: wait=N", which waits on an etcd Watch instead
+//	409  the key is in flight (conflict, with Retry-After), unless the client
+//	     sent "Prefer: wait=N", which waits on an etcd Watch instead; or the
+//	     request's claim was taken over while it ran (fenced)
 //	413  a request body over the limit
 //	422  the key was first used with other parameters
-//	502  the handler got no response from its upstream (NoResponse)
-//	503  etcd cannot be reached (with Retry-After)
+//	500  the first response could not be saved (response-not-saved); any
+//	     other failure (internal)
+//	502  the request never reached the handler's upstream (released), or
+//	     reached it and its answer was lost (saved: upstream-outcome-unknown)
+//	503  etcd cannot be reached, or the response is not saved yet (with
+//	     Retry-After)
+//	504  the upstream did not answer in time (saved: upstream-outcome-unknown)
 //
 // Every error body is application/problem+json (RFC 9457) with a type of
 // urn:idem:problem:<kind>. The fingerprint covers method, path, query, body
-// (canonical JSON when the content type is JSON) and chosen headers.
+// (canonical JSON when the content type is JSON), its media type and chosen
+// headers.
 //
 // What it guarantees, and what it does not, is etcdstore's: the handler runs
 // at most once per key while a live claim exists, a response once saved is

@@ -98,8 +98,10 @@ func (p Problem) Body() []byte {
 	return append(b, '\n')
 }
 
-// ProblemFor maps a store error to its HTTP problem. This is the only place
-// where store errors become statuses.
+// ProblemFor maps a store error to its HTTP problem: every store error
+// becomes a status here. (The middleware also answers, itself, 503 for a
+// response it could not save yet, and the worker API a conflict for a wait
+// that ended with the key still in flight.)
 func ProblemFor(err error) Problem {
 	var ce *etcdstore.ConflictError
 	switch {

@@ -15,7 +15,7 @@ import (
 // 1.5 election timeouts by the server.
 const MinTTL = 2 * time.Second
 
-// Buckets hands out shared retention leases, one per time bucket. It is safe
+// Buckets hands out shared retention leases, one or more per time bucket. It is safe
 // for concurrent use. It starts no goroutines.
 type Buckets struct {
 	client    *clientv3.Client
@@ -82,9 +82,10 @@ func (b *Buckets) SetMaxUses(n int64) { b.maxUses = max(1, n) }
 
 // For returns the lease to attach a record written at now to. The lease
 // expires no earlier than now + retention (on the etcd leader's clock, see the
-// package documentation). The first call in a bucket costs up to three etcd
-// round trips (grant, claim the bucket key, and revoke when another process
-// won); later calls in the same bucket are served from memory.
+// package documentation). The first call in a bucket costs up to four etcd
+// round trips (look the bucket key up, grant, claim the bucket key, and
+// revoke when another process won); later calls in the same bucket are
+// served from memory.
 func (b *Buckets) For(ctx context.Context, now time.Time) (clientv3.LeaseID, error) {
 	idx := now.UnixNano() / int64(b.width)
 	b.mu.Lock()

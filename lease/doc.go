@@ -2,9 +2,9 @@
 //
 // Buckets hands out retention leases. Time is cut into buckets (one hour by
 // default); every record written during a bucket, by any process, is attached
-// to that bucket's lease, whose TTL keeps the record for at least the
-// retention. A day of traffic therefore uses a couple of dozen leases, not one
-// per key: etcd revokes leases at a bounded rate (about 1000/s) and a lease per
+// to one of that bucket's leases, whose TTL keeps the record for at least the
+// retention. A quiet day therefore uses a couple of dozen leases (a busy one a
+// few more, below), not one per key: etcd revokes leases at a bounded rate (about 1000/s) and a lease per
 // key would both halve write throughput and stall the cluster when a day's
 // worth of keys expires at once. The lease of a bucket is found through a key
 // claimed with CreateRevision == 0, so concurrent processes agree on one lease.

@@ -64,7 +64,7 @@ func (m *mixer) request(ctx context.Context, retries float64, run func(context.C
 }
 
 // suiteMix: a realistic mix (50% retries) and fresh claims, idem against
-// the seed's PostgreSQL table when --pg is given.
+// a PostgreSQL table of keys when --pg is given.
 func suiteMix(ctx context.Context, b *bencher) ([]suiteReport, error) {
 	t, err := b.open(ctx, 1, etcdcluster.Options{})
 	if err != nil {
@@ -97,7 +97,7 @@ func suiteMix(ctx context.Context, b *bencher) ([]suiteReport, error) {
 		}
 		if pg != nil {
 			pm := &mixer{b: b, fresh: keys{prefix: fmt.Sprintf("mix-%v-", retries)}}
-			s = append(s, side{"postgresql seed table", func(ctx context.Context, w int) (string, error) {
+			s = append(s, side{"postgresql key table", func(ctx context.Context, w int) (string, error) {
 				return pm.request(ctx, retries, func(ctx context.Context, key string) (string, error) {
 					return pg.run(ctx, key, params, payload(b.cfg.payload))
 				})
@@ -112,7 +112,7 @@ func suiteMix(ctx context.Context, b *bencher) ([]suiteReport, error) {
 			return nil, err
 		}
 		defer pg.close()
-		notes = append(notes, "PostgreSQL: the seed's table (INSERT ... ON CONFLICT DO NOTHING claim, UPDATE ... WHERE locked_at = mine), "+pg.settings)
+		notes = append(notes, "PostgreSQL: a table of keys (INSERT ... ON CONFLICT DO NOTHING claim, UPDATE ... WHERE locked_at = mine), "+pg.settings)
 	} else {
 		notes = append(notes, "no --pg given: idem alone (bench/bench-pg.sh runs the comparison)")
 	}
@@ -152,7 +152,7 @@ func suiteMix(ctx context.Context, b *bencher) ([]suiteReport, error) {
 	return []suiteReport{rep}, nil
 }
 
-// pgSeed is the seed lesson's idempotency table on PostgreSQL.
+// pgSeed is an idempotency table of keys on PostgreSQL, as Brandur Leach describes it.
 type pgSeed struct {
 	pool     *pgxpool.Pool
 	settings string
@@ -193,7 +193,7 @@ CREATE TABLE idempotency_keys (
 
 func (p *pgSeed) close() { p.pool.Close() }
 
-// run is the seed's run(): claim by INSERT ... ON CONFLICT DO NOTHING, run
+// run claims by INSERT ... ON CONFLICT DO NOTHING, run
 // the work, save the response fenced on locked_at; or replay, or conflict.
 func (p *pgSeed) run(ctx context.Context, key string, params, resp []byte) (string, error) {
 	fp := strconv.FormatUint(hash(params), 16)
