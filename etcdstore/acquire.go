@@ -1,0 +1,281 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/idem-dev/idem/fencing"
+	"github.com/idem-dev/idem/lease"
+)
+
+// acquire runs the decision table until the claim is won, the key is found
+// done, or a definite refusal. It returns the done record for a replay, and
+// whether a claim write of its own had an unknown outcome (it may have
+// landed) when the claim was not won.
+func (s *Store) acquire(ctx context.Context, c *Claim, sess *lease.Session, cfg *claimConfig) (done *Record, uncertain bool, err error) {
+	done, err = s.decide(ctx, c, sess, cfg, &uncertain)
+	return done, uncertain, err
+}
+
+// decide is acquire's loop; it sets *uncertain when a claim write's outcome
+// is unknown.
+func (s *Store) decide(ctx context.Context, c *Claim, sess *lease.Session, cfg *claimConfig, uncertain *bool) (*Record, error) {
+	ekey := s.ks.record(c.key)
+	// A claim under a session is written only while the session's owner key
+	// exists, so a claim can never be made under a session that has ended.
+	checkOwner := sess.Owner()
+	if c.owner == deadlineOwner {
+		checkOwner = ""
+	}
+	var cur *Record   // nil: not read yet, or absent
+	var seenRev int64 // the revision at which cur was read
+	known := false    // whether cur reflects a read
+	tries := 0
+	for round := 0; round < 8; {
+		now := s.now()
+		var cmps []cond
+		var taken *Record // the record being replaced, for a takeover
+		if !known || cur == nil {
+			cmps = []cond{created(ekey, pb.Compare_EQUAL, 0)}
+		} else {
+			switch {
+			case cur.expired(now):
+				// Retention has passed: the key names a new operation. Replace
+				// the old record; the new token is still greater.
+			case cur.Fingerprint != c.fp:
+				return nil, &MismatchError{Key: c.key}
+			case cur.State == Done:
+				return cur, nil
+			case cur.Owner == "", // abandoned for the next claimant
+				cur.pastDeadline(now), // even our own: its holder may be gone
+				// Our orphan: nobody here runs it, and without a deadline it
+				// would hold the key until this process dies. A claim with a
+				// deadline may be renewed through another process (Attach),
+				// so only its deadline makes it stale.
+				cur.Owner == c.owner && cur.Deadline.IsZero() && !s.runningHere(c.key, cur.Attempt):
+				taken = cur
+			case cur.Owner == c.owner && cur.Attempt == c.attempt:
+				// Our own claim, written by an earlier try whose reply was lost.
+				c.won(cur, nil)
+				return nil, nil
+			default:
+				alive, ownerRev, err := s.ownerAlive(ctx, cur.Owner)
+				if err != nil {
+					return nil, unavailable("claim", c.key, err)
+				}
+				if alive {
+					if !cfg.wait {
+						return nil, s.conflict(c.key, cur, now)
+					}
+					next, rev, err := s.awaitChange(ctx, c.key, cur, seenRev, ownerRev)
+					if err != nil {
+						return nil, err
+					}
+					cur, seenRev = next, rev
+					continue
+				}
+				taken = cur
+				cmps = append(cmps, created(s.ks.owner(cur.Owner), pb.Compare_EQUAL, 0))
+			}
+			cmps = append(cmps, modified(ekey, cur.Revision))
+		}
+		round++
+
+		rec := &Record{
+			State:       InFlight,
+			Fingerprint: c.fp,
+			Owner:       c.owner,
+			Attempt:     c.attempt,
+			Created:     now,
+			Expires:     now.Add(s.retention),
+		}
+		if cfg.deadline > 0 {
+			rec.Deadline = toMillis(now.Add(cfg.deadline))
+		}
+		if taken != nil {
+			rec.Created = taken.Created
+			rec.Checkpoint = taken.Checkpoint
+			rec.Takeovers = taken.Takeovers + 1
+		}
+		res, err := s.writeRecord(ctx, c.key, checkOwner, cmps, rec, 0)
+		if errors.Is(err, rpctypes.ErrNoSpace) {
+			// etcd is over its quota and refuses any Txn with a Put, even
+			// when its Else would run. A done key can still be replayed.
+			return s.readOnly(ctx, c, err)
+		}
+		if err != nil {
+			if mayHaveLanded(err) {
+				*uncertain = true
+			}
+			if errors.Is(err, ErrCorrupt) || !retryable(ctx, err) || tries >= maxTries {
+				return nil, wrapEtcd("claim", c.key, err)
+			}
+			// Unknown outcome: read what is there and decide again. Our own
+			// claim is recognised by its owner and attempt id.
+			tries++
+			if !backoff(ctx, tries) {
+				return nil, wrapEtcd("claim", c.key, err)
+			}
+			known = false
+			continue
+		}
+		if res.ok {
+			rec.Revision, rec.Token = res.rev, fencing.Token(res.rev)
+			c.won(rec, taken)
+			s.observe(taken != nil)
+			return nil, nil
+		}
+		if res.ownerGone {
+			return nil, fmt.Errorf("claim %s: %w: %w", c.key, ErrUnavailable, ErrSessionLost)
+		}
+		cur, seenRev, known = res.cur, res.rev, true
+		if cur != nil && round == 1 {
+			s.observe(true)
+		}
+	}
+	return nil, s.conflict(c.key, cur, s.now())
+}
+
+// findDone looks for key's done record without a write: in the cache, or
+// with a serializable read when recent claims keep finding records. Done
+// records never change until deleted, so these can only be as old as the
+// cache's watch or the member's apply lag; anything else is decided by the
+// linearizable claim Txn. It returns the record to replay, a mismatch, or
+// nothing (and no error: the claim Txn decides then).
+func (s *Store) findDone(ctx context.Context, k Key, fp Fingerprint) (*Record, error) {
+	var rec *Record
+	if s.cache != nil {
+		if r := s.cache.get(s.ks.record(k), k); r != nil && !r.expired(s.now()) {
+			rec = r
+		}
+	}
+	if rec == nil && s.readFirst() {
+		if r, err := s.readDone(ctx, k); err == nil && r != nil {
+			s.observe(true)
+			rec = r
+		}
+	}
+	switch {
+	case rec == nil:
+		return nil, nil
+	case rec.Fingerprint != fp:
+		return nil, &MismatchError{Key: k}
+	}
+	return rec, nil
+}
+
+// readDone returns key's record when a serializable read finds it done and
+// retained, and nil otherwise.
+func (s *Store) readDone(ctx context.Context, k Key) (*Record, error) {
+	rctx, cancel := s.try(ctx)
+	defer cancel()
+	resp, err := s.client.Get(rctx, s.ks.record(k), clientv3.WithSerializable())
+	if err != nil || len(resp.Kvs) == 0 {
+		return nil, err
+	}
+	rec, err := decode(k, resp.Kvs[0])
+	if err != nil || rec.State != Done || rec.expired(s.now()) {
+		return nil, err
+	}
+	return rec, nil
+}
+
+// readOnly answers a claim from a read when etcd refuses writes: the saved
+// outcome of a done key, a mismatch, or the write's error.
+func (s *Store) readOnly(ctx context.Context, c *Claim, werr error) (*Record, error) {
+	cur, _, err := s.get(ctx, c.key)
+	switch {
+	case err != nil:
+		return nil, err
+	case cur == nil || cur.expired(s.now()):
+	case cur.Fingerprint != c.fp:
+		return nil, &MismatchError{Key: c.key}
+	case cur.State == Done:
+		return cur, nil
+	}
+	return nil, wrapEtcd("claim", c.key, werr)
+}
+
+// writeRecord puts rec on the current retention lease under cmps (and, when
+// owner is set, only while owner's key exists), with token (0: the revision
+// of this write), refreshing the lease once if etcd no longer knows it.
+func (s *Store) writeRecord(ctx context.Context, k Key, owner string, cmps []cond, rec *Record, token fencing.Token, extra ...clientv3.Op) (casResult, error) {
+	val := encode(rec, token)
+	if s.format == recordV1 {
+		val = encodeV1(rec, token)
+	}
+	for refreshed := false; ; refreshed = true {
+		id, err := s.buckets.For(ctx, s.now())
+		if err != nil {
+			return casResult{}, err
+		}
+		res, err := s.cas(ctx, k, owner, cmps, write{key: s.ks.record(k), value: val, lease: id}, extra)
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) && !refreshed {
+			s.buckets.Invalidate(id)
+			continue
+		}
+		return res, err
+	}
+}
+
+// won records a successful claim: rec is the record as this claim wrote it.
+func (c *Claim) won(rec *Record, previous *Record) {
+	c.rev = rec.Revision
+	c.token = rec.Token
+	c.created = rec.Created
+	c.deadline = rec.Deadline
+	c.takeovers = rec.Takeovers
+	c.previous = previous
+	c.checkpoint = rec.Checkpoint
+}
+
+// ownerAlive reports whether owner's liveness key exists, with a
+// linearizable read, and the revision of that read. A claim made
+// WithoutSession has no owner key and counts as alive.
+func (s *Store) ownerAlive(ctx context.Context, owner string) (bool, int64, error) {
+	if owner == deadlineOwner {
+		return true, 0, nil // only its deadline makes it stale
+	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	var resp *clientv3.GetResponse
+	err := s.retry(ctx, func(ctx context.Context) (err error) {
+		resp, err = s.client.Get(ctx, s.ks.owner(owner), clientv3.WithCountOnly())
+		return err
+	})
+	if err != nil {
+		return false, 0, err
+	}
+	return resp.Count > 0, resp.Header.Revision, nil
+}
+
+func (s *Store) conflict(k Key, cur *Record, now time.Time) error {
+	e := &ConflictError{Key: k, RetryAfter: s.retryAfter}
+	if cur != nil {
+		e.Token = cur.Token
+		if !cur.Deadline.IsZero() {
+			if d := cur.Deadline.Sub(now); d > 0 && d < e.RetryAfter {
+				e.RetryAfter = d
+			}
+		}
+	}
+	return e
+}
+
+// wrapEtcd adds context to an error from etcd, marking it ErrUnavailable
+// unless it is the store's own.
+func wrapEtcd(op string, k Key, err error) error {
+	if errors.Is(err, ErrCorrupt) {
+		return fmt.Errorf("%s %s: %w", op, k, err)
+	}
+	if errors.Is(err, rpctypes.ErrRequestTooLarge) || errors.Is(err, rpctypes.ErrTooManyOps) {
+		return fmt.Errorf("%s %s: %w: %w", op, k, ErrTooLarge, err)
+	}
+	return unavailable(op, k, err)
+}
