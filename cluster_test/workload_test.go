@@ -173,7 +173,7 @@ var seq atomic.Int64
 
 // attempt runs one Do of order on c and records it. It reports whether the
 // order got its outcome.
-func (e *env) attempt(c *client, order string, timeout time.Duration, opts ...etcdstore.ClaimOption) bool {
+func (e *env) attempt(c *client, order string, timeout time.Duration, opts ...etcdstore.RunOption) bool {
 	proposal := fmt.Sprintf("%s/p%d/%d", order, c.id, seq.Add(1))
 	call := e.hist.now()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
