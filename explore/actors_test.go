@@ -95,39 +95,34 @@ func (w *world) doWorker(a *actor, p *process) {
 				token = int64(c.Token())
 				start := lastStep(c.LastCheckpoint())
 				w.log(event{kind: evGrant, key: key, token: token, attempt: c.Attempt(), proc: p.name, actor: a.name, tookOver: c.TookOver(), step: start, via: "do"})
-				// The hold ends when the work gives the claim up (Do abandons
-				// a failed work under EndAbandon, or a cancelled one);
-				// otherwise once its end is written.
-				abandon := func(err error) ([]byte, error) {
-					if policy == etcdstore.EndAbandon || ctx.Err() != nil {
-						w.log(event{kind: evHoldEnd, key: key, token: token, actor: a.name})
-					}
-					return nil, err
-				}
+				// The hold ends when the work returns: it acts no more, and
+				// Do only writes how the claim ends (saved, released, or
+				// abandoned; a release of a claim that took the key over
+				// is an abandon, which frees the key at once). An outcome
+				// whose save is still pending keeps the key held: the
+				// check follows the background write for that.
+				defer w.log(event{kind: evHoldEnd, key: key, token: token, actor: a.name})
 				if fail && early {
 					return nil, errors.New("the work failed before its first effect")
 				}
 				for st := start + 1; st <= steps; st++ {
 					w.s.step(a)
 					if ctx.Err() != nil && !deaf {
-						return abandon(ctx.Err())
+						return nil, ctx.Err()
 					}
 					w.effect(key, st, token, a)
 					if checkpoint && st < steps {
 						w.s.step(a)
 						if err := c.Checkpoint(ctx, []byte(strconv.Itoa(st))); err != nil {
-							return abandon(err)
+							return nil, err
 						}
 					}
 				}
 				if fail {
-					return abandon(errors.New("the work failed after its effects"))
+					return nil, errors.New("the work failed after its effects")
 				}
 				return body(key, token), nil
 			}, opts...)
-			if token != 0 {
-				w.log(event{kind: evHoldEnd, key: key, token: token, actor: a.name})
-			}
 			w.result(a, key, res.Body, res.Replayed, err)
 			if err == nil || errors.Is(err, etcdstore.ErrMismatch) || !retryable(err) {
 				break
