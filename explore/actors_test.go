@@ -322,13 +322,13 @@ func (w *world) apiWorker(a *actor) {
 func (w *world) httpClient(a *actor) {
 	for op := 0; op < 2; op++ {
 		key := httpKeys[w.rng.IntN(len(httpKeys))]
-		behaviour := []string{"ok", "ok", "ok", "ok", "cut", "drop", "timeout", "refuse", "fail"}[w.rng.IntN(9)]
+		behaviour := []string{"ok", "ok", "ok", "ok", "cut", "drop", "timeout", "refuse", "fail", "busy"}[w.rng.IntN(10)]
 		for try := 0; try < 4; try++ {
 			w.s.step(a)
 			p := w.procs[w.rng.IntN(len(w.procs))]
 			status, out, replayed := w.send(a, p, key, behaviour)
 			w.log(event{kind: evResult, key: key, actor: a.name, status: status, body: out, replayed: replayed, via: "proxy"})
-			if status != 0 && status != http.StatusConflict && status != http.StatusServiceUnavailable &&
+			if status != 0 && status != http.StatusConflict && status != http.StatusServiceUnavailable && status != http.StatusTooManyRequests &&
 				!(status == http.StatusBadGateway && strings.Contains(out, idemhttp.KindUpstreamUnavailable)) {
 				break
 			}

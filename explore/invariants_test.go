@@ -324,7 +324,7 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 		if e.kind != evResult || e.err != "" || e.mismatch {
 			continue
 		}
-		if e.via == "proxy" && (e.status == 0 || e.status == 409 || e.status == 503 ||
+		if e.via == "proxy" && (e.status == 0 || e.status == 409 || e.status == 429 || e.status == 503 ||
 			e.status == 502 && strings.Contains(e.body, "upstream-unavailable")) {
 			continue // not an outcome: the client retries
 		}

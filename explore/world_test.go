@@ -387,6 +387,12 @@ func (w *world) upstream(rw http.ResponseWriter, r *http.Request) {
 	io.Copy(io.Discard, r.Body)
 	key := r.Header.Get(idemhttp.HeaderKey)
 	tok, _, _ := fencing.FromHeader(r.Header)
+	if r.Header.Get(hdrBehaviour) == "busy" {
+		// Too busy to take the request: no effect, try later.
+		rw.Header().Set("Retry-After", "1")
+		rw.WriteHeader(http.StatusTooManyRequests)
+		return
+	}
 	accepted := w.sink.apply(key, 1, int64(tok), "proxy")
 	w.log(event{kind: evEffect, key: key, step: 1, token: int64(tok), accepted: accepted, via: "proxy"})
 	body := fmt.Sprintf(`{"charge":%q,"token":%d}`, key, tok)

@@ -24,6 +24,10 @@ type ProxyOptions struct {
 	Transport http.RoundTripper
 	// Logger receives upstream errors (default: none).
 	Logger *slog.Logger
+	// ProblemDocs is the URL of the problem types, linked from the 502 the
+	// proxy answers for a request it passed through (default
+	// DefaultProblemDocs; "none": no Link).
+	ProblemDocs string
 }
 
 // noReplay stops net/http from sending a claimed request twice. Its
@@ -99,12 +103,16 @@ func ReverseProxy(upstream *url.URL, o ProxyOptions) (http.Handler, error) {
 			}
 		},
 		Transport: tr,
+		// httputil's own messages (a body cut off while it was copied) go
+		// to the same logger, not to the standard logger's stderr.
+		ErrorLog: slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			o.Logger.Warn("idem: upstream error", "method", r.Method, "err", err)
 			if NoResponse(w, err) {
 				return // the middleware answers and ends the claim
 			}
 			p := NewProblem(http.StatusBadGateway, KindUpstreamUnavailable, "no response from the upstream: "+err.Error())
+			p.Docs = problemDocs(o.ProblemDocs)
 			p.Write(w)
 		},
 	}
