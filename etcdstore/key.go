@@ -59,7 +59,9 @@ func validateID(id string) error {
 		return fmt.Errorf("%w: %d bytes, limit %d", ErrInvalidKey, len(id), MaxKeyLen)
 	}
 	for i := 0; i < len(id); i++ {
-		if c := id[i]; c < 0x21 || c > 0x7e {
+		if c := id[i]; c == ' ' {
+			return fmt.Errorf("%w: a space at offset %d: a key is visible ASCII (0x21-0x7e) without '/'", ErrInvalidKey, i)
+		} else if c < 0x21 || c > 0x7e {
 			return fmt.Errorf("%w: byte %#02x at offset %d is not visible ASCII", ErrInvalidKey, c, i)
 		} else if c == '/' {
 			return fmt.Errorf("%w: '/' at offset %d: a key is one path segment", ErrInvalidKey, i)

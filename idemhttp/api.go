@@ -54,7 +54,10 @@ type APIConfig struct {
 	Deadline, MaxDeadline time.Duration
 	// MaxWait caps waiting (default 60 s).
 	MaxWait time.Duration
-	Metrics *Metrics
+	// ProblemDocs is the URL problem answers link to (default
+	// DefaultProblemDocs; "none": no Link).
+	ProblemDocs string
+	Metrics     *Metrics
 }
 
 // API is idem's JSON API for workers in any language: claim, checkpoint,
@@ -102,6 +105,7 @@ func NewAPI(cfg APIConfig) (*API, error) {
 	if cfg.MaxWait <= 0 {
 		cfg.MaxWait = DefaultMaxWait
 	}
+	cfg.ProblemDocs = problemDocs(cfg.ProblemDocs)
 	a := &API{cfg: cfg, mux: http.NewServeMux(), claims: make(map[heldKey]*etcdstore.Claim)}
 	handlers := map[string]http.HandlerFunc{
 		"claim": a.claim, "complete": a.complete, "checkpoint": a.checkpoint,
@@ -122,11 +126,11 @@ func NewAPI(cfg APIConfig) (*API, error) {
 		}
 		if len(allow) > 0 {
 			w.Header().Set("Allow", strings.Join(allow, ", "))
-			NewProblem(http.StatusMethodNotAllowed, KindMethodNotAllowed,
-				fmt.Sprintf("%s %s: this route takes %s", r.Method, r.URL.Path, strings.Join(allow, " or "))).Write(w)
+			a.problem(w, NewProblem(http.StatusMethodNotAllowed, KindMethodNotAllowed,
+				fmt.Sprintf("%s %s: this route takes %s", r.Method, r.URL.Path, strings.Join(allow, " or "))))
 			return
 		}
-		NewProblem(http.StatusNotFound, KindNotFound, "no such API route: "+r.Method+" "+r.URL.Path).Write(w)
+		a.problem(w, NewProblem(http.StatusNotFound, KindNotFound, "no such API route: "+r.Method+" "+r.URL.Path))
 	})
 	return a, nil
 }
@@ -294,6 +298,7 @@ func (a *API) problem(w http.ResponseWriter, p Problem) {
 	if sw, ok := w.(*statusWriter); ok && sw.outcome == "" {
 		sw.outcome = labelInvalid
 	}
+	p.Docs = a.cfg.ProblemDocs
 	p.Write(w)
 }
 
@@ -301,6 +306,7 @@ func (a *API) problem(w http.ResponseWriter, p Problem) {
 func (a *API) fail(w http.ResponseWriter, err error) {
 	p := ProblemFor(err)
 	a.labelIs(w, labelOf(p))
+	p.Docs = a.cfg.ProblemDocs
 	p.Write(w)
 }
 

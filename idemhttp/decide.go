@@ -21,6 +21,9 @@ type answer struct {
 	label   string   // the metrics outcome, when not claimed/takeover
 	unknown string   // why the outcome is unknown, for the log
 	abort   bool     // a streamed response was cut off: break the client's connection
+	// live are the headers the handler's own answer is sent with to this
+	// request's client: out's, and those never saved (Set-Cookie).
+	live http.Header
 }
 
 // serveCatchingAbort runs next, and reports whether it aborted with
@@ -53,7 +56,7 @@ func (m *Middleware) decide(rec *recorder, aborted bool) answer {
 			detail = fmt.Sprintf("the request ran once, but its response (over the %d-byte limit, streamed as it came) was cut off and cannot be replayed; the upstream may have acted: reconcile before using a new key", m.cfg.MaxResponseBody)
 		}
 		p := NewProblem(http.StatusInternalServerError, KindResponseNotSaved, detail)
-		return answer{out: problemOutcome(p), end: etcdstore.EndSave, abort: aborted}
+		return answer{out: m.problemOutcome(p), end: etcdstore.EndSave, abort: aborted}
 	case aborted:
 		why := "the handler aborted before it answered"
 		if rec.status != 0 {
@@ -74,11 +77,9 @@ func (m *Middleware) decide(rec *recorder, aborted bool) answer {
 	if rec.status == 0 {
 		rec.status = http.StatusOK
 	}
-	out := etcdstore.Outcome{Status: rec.status, Header: savedHeaders(rec.header), Body: rec.body.Bytes()}
-	if rec.status >= 500 && m.cfg.Save5xx != nil && !m.cfg.Save5xx(rec.req) {
-		return answer{out: out, end: etcdstore.EndRelease}
-	}
-	return answer{out: out, end: etcdstore.EndSave}
+	live := liveHeaders(rec.header)
+	out := etcdstore.Outcome{Status: rec.status, Header: m.savedHeaders(live), Body: rec.body.Bytes()}
+	return answer{out: out, live: live, end: m.cfg.OnStatus(rec.req, rec.status, rec.header)}
 }
 
 // unknownOutcome is the answer to a request whose upstream may have acted
@@ -90,7 +91,7 @@ func (m *Middleware) unknownOutcome(status int, why string) answer {
 		detail = why + "; the upstream may have acted; the key was not kept, so a retry with it reaches the upstream again"
 	}
 	p := NewProblem(status, KindUpstreamUnknown, detail)
-	a := answer{out: problemOutcome(p), end: end, label: labelUpstreamUnknown, unknown: why}
+	a := answer{out: m.problemOutcome(p), end: end, label: labelUpstreamUnknown, unknown: why}
 	if end != etcdstore.EndSave {
 		a.problem = &p
 	}
@@ -98,8 +99,13 @@ func (m *Middleware) unknownOutcome(status int, why string) answer {
 }
 
 // problemOutcome is p as an outcome to save.
-func problemOutcome(p Problem) etcdstore.Outcome {
-	return etcdstore.Outcome{Status: p.Status, Header: map[string][]string{"Content-Type": {"application/problem+json"}}, Body: p.Body()}
+func (m *Middleware) problemOutcome(p Problem) etcdstore.Outcome {
+	h := map[string][]string{"Content-Type": {"application/problem+json"}}
+	p.Docs = m.cfg.ProblemDocs
+	if l := p.link(); l != "" {
+		h["Link"] = []string{l}
+	}
+	return etcdstore.Outcome{Status: p.Status, Header: h, Body: p.Body()}
 }
 
 // neverSent reports whether err, from a proxy's transport, proves that the

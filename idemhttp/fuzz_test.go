@@ -31,7 +31,7 @@ func FuzzKeyAndTenantHeaders(f *testing.F) {
 		if tenantHeader != "" {
 			r.Header["X-Tenant"] = []string{tenantHeader}
 		}
-		id, err := keyFromHeader(r.Header)
+		id, _, err := keyFromHeader(r.Header)
 		if err != nil {
 			if !errors.Is(err, ErrBadKeyHeader) {
 				t.Fatalf("key header %q: error %v is not ErrBadKeyHeader", keyHeader, err)
@@ -56,9 +56,12 @@ func FuzzKeyAndTenantHeaders(f *testing.F) {
 			t.Fatalf("tenant header %q became tenant %q", tenantHeader, tenant)
 		}
 		quoted := `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(id) + `"`
-		again, err := keyFromHeader(http.Header{HeaderKey: {quoted}})
+		again, err := ParseKey(quoted)
 		if err != nil || again != id {
 			t.Fatalf("key %q quoted as %q parses to %q, %v", id, quoted, again, err)
+		}
+		if canon, err := ParseKey(FormatKey(id)); err != nil || canon != id {
+			t.Fatalf("key %q forwarded as %q parses to %q, %v", id, FormatKey(id), canon, err)
 		}
 	})
 }

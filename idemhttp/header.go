@@ -25,26 +25,36 @@ const (
 var ErrBadKeyHeader = errors.New("bad Idempotency-Key header")
 
 // keyFromHeader returns the request's idempotency key, "" when there is none.
-// The key may be sent bare (as Stripe does) or as an RFC 8941 sf-string
-// ("..." with \" and \\ escapes), the form of the IETF Idempotency-Key
-// draft; both name the same key. A repeated header, or a list in one header,
-// is refused: which key would be meant?
-func keyFromHeader(h http.Header) (string, error) {
+// A repeated header, or a list in one header, is refused: which key would
+// be meant? See ParseKey for the forms of one key.
+func keyFromHeader(h http.Header) (string, bool, error) {
 	vs := h.Values(HeaderKey)
 	switch len(vs) {
 	case 0:
-		return "", nil
+		return "", false, nil
 	case 1:
 	default:
-		return "", fmt.Errorf("%w: sent %d times", ErrBadKeyHeader, len(vs))
+		return "", true, fmt.Errorf("%w: sent %d times", ErrBadKeyHeader, len(vs))
 	}
-	v := strings.TrimSpace(vs[0])
+	id, err := ParseKey(vs[0])
+	return id, true, err
+}
+
+// ParseKey reads an Idempotency-Key header value. A key may be sent bare
+// (abc, as Stripe does) or as an RFC 8941 sf-string ("abc", with \" and \\
+// escapes: the form of the IETF draft); both name the same key. An empty key
+// in either form ("" included) is an error, and so are sf-string parameters
+// ("abc";p=1): idem uses none, and a key whose meaning depends on them
+// would not be one key. What the key may hold is etcdstore.Key's to say
+// (visible ASCII but '/'; an sf-string's space is refused there).
+func ParseKey(v string) (string, error) {
+	v = strings.TrimSpace(v)
 	if v == "" {
 		return "", fmt.Errorf("%w: empty", ErrBadKeyHeader)
 	}
 	if v[0] != '"' {
 		if strings.ContainsRune(v, '"') {
-			return "", fmt.Errorf("%w: stray quote in a bare key", ErrBadKeyHeader)
+			return "", fmt.Errorf("%w: stray quote in a bare key (quote the whole key as an sf-string: \"...\")", ErrBadKeyHeader)
 		}
 		return v, nil
 	}
@@ -58,15 +68,31 @@ func keyFromHeader(h http.Header) (string, error) {
 			i++
 			b.WriteByte(v[i])
 		case '"':
-			if i != len(v)-1 {
-				return "", fmt.Errorf("%w: data after the quoted key (a list?)", ErrBadKeyHeader)
+			switch rest := strings.TrimSpace(v[i+1:]); {
+			case rest == "" && b.Len() == 0:
+				return "", fmt.Errorf("%w: empty", ErrBadKeyHeader)
+			case rest == "":
+				return b.String(), nil
+			case rest[0] == ';':
+				return "", fmt.Errorf("%w: parameters (%s) are not part of an idempotency key, and idem uses none: send the key alone", ErrBadKeyHeader, rest)
 			}
-			return b.String(), nil
+			return "", fmt.Errorf("%w: data after the quoted key (a list?)", ErrBadKeyHeader)
 		default:
 			b.WriteByte(c)
 		}
 	}
 	return "", fmt.Errorf("%w: unterminated quoted key", ErrBadKeyHeader)
+}
+
+// FormatKey returns the one form in which idem forwards a key upstream:
+// bare when it can be (no quote or backslash in it), an sf-string
+// otherwise. The same key always goes out the same way, whichever form the
+// client sent.
+func FormatKey(id string) string {
+	if !strings.ContainsAny(id, `"\`) {
+		return id
+	}
+	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(id) + `"`
 }
 
 // preferWait returns the wait=N preference of an RFC 7240 Prefer header, in
@@ -94,24 +120,45 @@ var hopByHop = []string{
 	"Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
 }
 
-// savedHeaders returns the response headers worth replaying: all but
-// hop-by-hop ones, those named by Connection, and Content-Length (it is
-// recomputed) and Date (a replay has its own).
-func savedHeaders(h http.Header) map[string][]string {
+// DefaultDenyHeaders are the response headers never saved by default.
+var DefaultDenyHeaders = []string{"Set-Cookie"}
+
+// liveHeaders returns the response headers a client may be sent: all but
+// hop-by-hop ones, those named by Connection (RFC 9110 §7.6.1), trailers,
+// Content-Length (it is recomputed) and Date (a replay has its own). The
+// first caller gets these.
+func liveHeaders(h http.Header) http.Header {
 	drop := map[string]bool{"Content-Length": true, "Date": true}
 	for _, k := range hopByHop {
 		drop[k] = true
 	}
-	for _, v := range h.Values("Connection") {
-		for _, f := range strings.Split(v, ",") {
-			drop[http.CanonicalHeaderKey(strings.TrimSpace(f))] = true
+	for _, name := range []string{"Connection", "Trailer"} {
+		for _, v := range h.Values(name) {
+			for _, f := range strings.Split(v, ",") {
+				drop[http.CanonicalHeaderKey(strings.TrimSpace(f))] = true
+			}
 		}
 	}
-	out := make(map[string][]string, len(h))
+	out := make(http.Header, len(h))
 	for k, vs := range h {
-		if !drop[http.CanonicalHeaderKey(k)] {
-			out[k] = append([]string(nil), vs...)
+		if drop[http.CanonicalHeaderKey(k)] || strings.HasPrefix(k, http.TrailerPrefix) {
+			continue
 		}
+		out[k] = append([]string(nil), vs...)
+	}
+	return out
+}
+
+// savedHeaders returns the headers of live worth saving and replaying: as
+// the middleware's DenyHeaders and AllowHeaders say.
+func (m *Middleware) savedHeaders(live http.Header) map[string][]string {
+	out := make(map[string][]string, len(live))
+	for k, vs := range live {
+		ck := http.CanonicalHeaderKey(k)
+		if m.deny[ck] || m.allow != nil && !m.allow[ck] {
+			continue
+		}
+		out[k] = vs
 	}
 	return out
 }

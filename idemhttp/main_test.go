@@ -127,6 +127,37 @@ func newUpstream(t *testing.T) *upstream {
 			conn.Close() // the request arrived; no answer
 		}
 	})
+	mux.HandleFunc("/status", func(w http.ResponseWriter, r *http.Request) {
+		// The first request with a key answers ?code= (with Retry-After
+		// when ?retry-after= is set), every later one 201: an upstream
+		// that was busy, then did the work.
+		u.calls.Add(1)
+		key := r.Header.Get(HeaderKey)
+		u.mu.Lock()
+		u.effects[key]++
+		n := u.effects[key]
+		u.mu.Unlock()
+		code, _ := strconv.Atoi(r.URL.Query().Get("code"))
+		if n > 1 || code == 0 {
+			code = http.StatusCreated
+		} else if ra := r.URL.Query().Get("retry-after"); ra != "" {
+			w.Header().Set("Retry-After", ra)
+		}
+		w.WriteHeader(code)
+		fmt.Fprintf(w, `{"call":%d}`, n)
+	})
+	mux.HandleFunc("/headers", func(w http.ResponseWriter, r *http.Request) {
+		// A login-like answer: a session cookie for its caller, a header
+		// worth replaying, and a trailer.
+		n := u.calls.Add(1)
+		w.Header().Set("Set-Cookie", fmt.Sprintf("session=secret-%d; HttpOnly", n))
+		w.Header().Set("X-Kept", "yes")
+		w.Header().Set("X-Request-Id", fmt.Sprintf("req-%d", n))
+		w.Header().Set("Trailer", "X-Checksum")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"login":%d}`, n)
+		w.Header().Set("X-Checksum", "abc")
+	})
 	mux.HandleFunc("/echo", func(w http.ResponseWriter, r *http.Request) {
 		u.calls.Add(1)
 		w.Header().Set("Content-Type", "application/json")

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/fencing"
 )
@@ -51,10 +53,22 @@ type Config struct {
 	// saved and replayed instead: the work ran once, but its response
 	// cannot be replayed.
 	MaxResponseBody int
-	// Save5xx reports whether a 5xx response is saved and replayed (true,
-	// the default, as Stripe does) or released so a retry runs again (safe
-	// only if the handler is idempotent downstream).
-	Save5xx func(*http.Request) bool
+	// OnStatus decides, from the handler's status, whether its answer is
+	// saved and replayed, released or abandoned (default
+	// DefaultStatusPolicy: 429, and 503 with Retry-After, are released;
+	// everything else is saved). Rules builds one from rules.
+	OnStatus StatusPolicy
+	// DenyHeaders are response headers never saved nor replayed (default
+	// DefaultDenyHeaders: Set-Cookie: a replay must not hand the first
+	// caller's session to whoever knows the key). An empty, non-nil list
+	// denies none. AllowHeaders, when set, are the only ones saved. Either
+	// way, hop-by-hop headers, those the response's Connection header
+	// names, trailers, Content-Length and Date are never saved.
+	DenyHeaders, AllowHeaders []string
+	// ProblemDocs is the URL idem's own problem answers point to, in
+	// Link: <URL>; rel="describedby" (default DefaultProblemDocs; "none":
+	// no Link).
+	ProblemDocs string
 	// OnUnknownOutcome says how a claim ends when the request may have
 	// reached the handler's upstream but no whole answer came back: a
 	// timeout, a connection that broke after the request was sent, a
@@ -84,7 +98,8 @@ type Config struct {
 
 // Middleware makes the requests of an http.Handler idempotent by key.
 type Middleware struct {
-	cfg Config
+	cfg         Config
+	deny, allow map[string]bool // canonical header names; allow nil: all
 }
 
 // New validates cfg and returns a Middleware.
@@ -119,10 +134,33 @@ func New(cfg Config) (*Middleware, error) {
 	if cfg.MaxWait <= 0 {
 		cfg.MaxWait = DefaultMaxWait
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
+	if cfg.OnStatus == nil {
+		cfg.OnStatus = DefaultStatusPolicy
 	}
-	return &Middleware{cfg: cfg}, nil
+	if cfg.DenyHeaders == nil {
+		cfg.DenyHeaders = DefaultDenyHeaders
+	}
+	m := &Middleware{cfg: cfg, deny: map[string]bool{}}
+	for _, k := range cfg.DenyHeaders {
+		if !httpguts.ValidHeaderFieldName(k) {
+			return nil, fmt.Errorf("idemhttp: DenyHeaders: %q is not a header name", k)
+		}
+		m.deny[http.CanonicalHeaderKey(k)] = true
+	}
+	if len(cfg.AllowHeaders) > 0 {
+		m.allow = map[string]bool{}
+		for _, k := range cfg.AllowHeaders {
+			if !httpguts.ValidHeaderFieldName(k) {
+				return nil, fmt.Errorf("idemhttp: AllowHeaders: %q is not a header name", k)
+			}
+			m.allow[http.CanonicalHeaderKey(k)] = true
+		}
+	}
+	m.cfg.ProblemDocs = problemDocs(cfg.ProblemDocs)
+	if m.cfg.Logger == nil {
+		m.cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return m, nil
 }
 
 // Wrap returns next behind the middleware.
@@ -156,11 +194,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		next.ServeHTTP(w, r)
 		return labelPassthrough
 	}
-	id, err := keyFromHeader(r.Header)
+	id, present, err := keyFromHeader(r.Header)
 	if err != nil {
 		return m.refuse(w, r, NewProblem(http.StatusBadRequest, KindInvalidKey, err.Error()))
 	}
-	if id == "" {
+	if !present {
 		if m.cfg.RequireKey != nil && m.cfg.RequireKey(r) {
 			return m.refuse(w, r, NewProblem(http.StatusBadRequest, KindMissingKey,
 				"this route requires an Idempotency-Key header: generate one per operation and send it on every retry"))
@@ -271,6 +309,7 @@ func (m *Middleware) run(w http.ResponseWriter, req *request, next http.Handler,
 		up.Body = newBody(req.body)
 		up.ContentLength = int64(len(req.body))
 		fencing.SetHeader(up.Header, c.Token())
+		up.Header[HeaderKey] = []string{FormatKey(req.key.ID)} // one form per key, whatever the client sent
 		rec = newRecorder(w, m.cfg.MaxResponseBody)
 		rec.req = r
 		aborted := serveCatchingAbort(next, rec, up)
@@ -282,7 +321,7 @@ func (m *Middleware) run(w http.ResponseWriter, req *request, next http.Handler,
 		if err != nil {
 			return "", err
 		}
-		writeOutcome(w, res.Outcome, true)
+		writeOutcome(w, res.Outcome, true, m.cfg.ProblemDocs)
 		m.log(req, labelReplayed, res.Token, res.Status)
 		return labelReplayed, nil
 	}
@@ -303,10 +342,10 @@ func (m *Middleware) run(w http.ResponseWriter, req *request, next http.Handler,
 			return labelFenced, nil
 		}
 		if cur, gerr := m.cfg.Store.Get(r.Context(), req.key); gerr == nil && cur.State == etcdstore.Done && cur.Fingerprint == req.fp {
-			writeOutcome(w, *cur.Outcome, true)
+			writeOutcome(w, *cur.Outcome, true, m.cfg.ProblemDocs)
 			return labelFenced, nil
 		}
-		ProblemFor(err).Write(w)
+		m.writeProblem(w, ProblemFor(err))
 		return labelFenced, nil
 	case errors.Is(err, etcdstore.ErrUnavailable) && !rec.overflow:
 		// The handler answered, but its answer is not saved yet (the store
@@ -316,7 +355,7 @@ func (m *Middleware) run(w http.ResponseWriter, req *request, next http.Handler,
 		p := NewProblem(http.StatusServiceUnavailable, KindUnavailable,
 			"the request ran but its response could not be saved yet; retry with the same key to get it")
 		p.RetryAfter = 1
-		p.Write(w)
+		m.writeProblem(w, p)
 		m.log(req, labelUnavailable, res.Token, p.Status)
 		return labelUnavailable, nil
 	case err != nil && !errors.Is(err, etcdstore.ErrUnavailable):
@@ -327,11 +366,15 @@ func (m *Middleware) run(w http.ResponseWriter, req *request, next http.Handler,
 	}
 	switch {
 	case ans.problem != nil:
-		ans.problem.Write(w)
+		m.writeProblem(w, *ans.problem)
 		m.log(req, ans.label, res.Token, ans.problem.Status)
 		return ans.label, nil
 	case !rec.overflow:
-		writeOutcome(w, res.Outcome, false)
+		o := res.Outcome
+		if ans.live != nil {
+			o.Header = ans.live // the first caller gets what was not saved, too
+		}
+		writeOutcome(w, o, false, m.cfg.ProblemDocs)
 	}
 	if ans.label != "" {
 		outcome = ans.label
@@ -359,7 +402,7 @@ func (m *Middleware) fail(w http.ResponseWriter, req *request, err error) string
 		return labelError // the client is gone; nothing to answer
 	}
 	p := ProblemFor(err)
-	p.Write(w)
+	m.writeProblem(w, p)
 	outcome := labelOf(p)
 	m.cfg.Logger.Info("idem: refused", "key", req.logKey, "outcome", outcome, "status", p.Status, "err", m.redact(req, err))
 	return outcome
@@ -376,7 +419,7 @@ func (m *Middleware) redact(req *request, err error) string {
 
 // refuse answers a request that was refused before any claim.
 func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, p Problem) string {
-	p.Write(w)
+	m.writeProblem(w, p)
 	m.cfg.Logger.Info("idem: refused", "method", r.Method, "status", p.Status, "type", p.Type, "detail", p.Detail)
 	return labelInvalid
 }
@@ -385,15 +428,23 @@ func (m *Middleware) log(req *request, outcome string, token fencing.Token, stat
 	m.cfg.Logger.Info("idem: served", "key", req.logKey, "outcome", outcome, "token", int64(token), "status", status)
 }
 
+// writeProblem answers with p, linking to the problem types' docs.
+func (m *Middleware) writeProblem(w http.ResponseWriter, p Problem) {
+	p.Docs = m.cfg.ProblemDocs
+	p.Write(w)
+}
+
 // writeOutcome sends a saved or fresh outcome. An outcome that records a
 // failure to save the response is sent as a response-not-saved problem.
-func writeOutcome(w http.ResponseWriter, o etcdstore.Outcome, replayed bool) {
+func writeOutcome(w http.ResponseWriter, o etcdstore.Outcome, replayed bool, docs string) {
 	if o.Err != "" && o.Status == 0 {
 		if replayed {
 			w.Header().Set(HeaderReplayed, "true")
 		}
-		NewProblem(http.StatusInternalServerError, KindResponseNotSaved,
-			"the request ran once, but its response could not be saved: "+o.Err+"; do not retry it with a new key").Write(w)
+		p := NewProblem(http.StatusInternalServerError, KindResponseNotSaved,
+			"the request ran once, but its response could not be saved: "+o.Err+"; do not retry it with a new key")
+		p.Docs = docs
+		p.Write(w)
 		return
 	}
 	h := w.Header()

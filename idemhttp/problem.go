@@ -23,6 +23,33 @@ type Problem struct {
 	RetryAfter int `json:"retry_after,omitempty"`
 	// Challenge is the WWW-Authenticate challenge of a 401.
 	Challenge string `json:"-"`
+	// Docs, when set, is sent as Link: <Docs>; rel="describedby", where a
+	// client finds what the problem types mean (as the IETF
+	// Idempotency-Key draft suggests).
+	Docs string `json:"-"`
+}
+
+// DefaultProblemDocs is where idem's problem types are documented.
+const DefaultProblemDocs = "https://github.com/idem-dev/idem/blob/main/docs/HTTP.md#statuses-idem-answers-itself"
+
+// problemDocs returns the docs URL a configuration names: the default for
+// "", none for "none".
+func problemDocs(url string) string {
+	switch url {
+	case "":
+		return DefaultProblemDocs
+	case "none":
+		return ""
+	}
+	return url
+}
+
+// link is p's Link header value, or "".
+func (p Problem) link() string {
+	if p.Docs == "" {
+		return ""
+	}
+	return "<" + p.Docs + `>; rel="describedby"`
 }
 
 // ProblemTypePrefix starts every problem type URI; the rest is the kind,
@@ -87,6 +114,9 @@ func (p Problem) Write(w http.ResponseWriter) {
 	}
 	if p.Challenge != "" {
 		h.Set("WWW-Authenticate", p.Challenge)
+	}
+	if l := p.link(); l != "" {
+		h.Set("Link", l)
 	}
 	w.WriteHeader(p.Status)
 	_ = json.NewEncoder(w).Encode(p)

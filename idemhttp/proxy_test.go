@@ -375,7 +375,7 @@ func TestServerErrorsSavedOrReleased(t *testing.T) {
 	if c := up.calls.Load(); c != 1 {
 		t.Fatalf("saved 5xx: upstream called %d times; want 1", c)
 	}
-	releasing := newFront(t, Config{Save5xx: func(*http.Request) bool { return false }}, up, ProxyOptions{})
+	releasing := newFront(t, Config{OnStatus: Rules(nil, StatusRule{Status: "5xx", End: etcdstore.EndRelease})}, up, ProxyOptions{})
 	for i := 0; i < 2; i++ {
 		if r := do(t, "POST", releasing.URL+"/fail", "k", `{}`); r.status != 500 || r.header.Get(HeaderReplayed) != "" {
 			t.Fatalf("try %d: %d replayed=%q", i, r.status, r.header.Get(HeaderReplayed))

@@ -72,6 +72,16 @@ func (a *adminCmd) open(ctx context.Context, args []string, nargs int) (*etcdsto
 	return adm, cli, cctx, func() { cancel(); cli.Close() }, nil
 }
 
+// key is the command's KEY argument, in either form the HTTP edge accepts:
+// bare (abc) or as an sf-string ("abc").
+func (a *adminCmd) key() (etcdstore.Key, error) {
+	id, err := idemhttp.ParseKey(a.fs.Arg(0))
+	if err != nil {
+		return etcdstore.Key{}, usageError{err}
+	}
+	return etcdstore.Key{Tenant: a.tenant, ID: id}, nil
+}
+
 func adminGet(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	a := newAdminCmd("get", "get [--tenant T] [-w simple|json|table] KEY", stderr)
 	defer func() { err = a.etcd.explain(err) }()
@@ -80,7 +90,11 @@ func adminGet(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 		return err
 	}
 	defer done()
-	rec, err := adm.Get(ctx, etcdstore.Key{Tenant: a.tenant, ID: a.fs.Arg(0)})
+	key, err := a.key()
+	if err != nil {
+		return err
+	}
+	rec, err := adm.Get(ctx, key)
 	if err != nil {
 		return err
 	}
@@ -130,7 +144,10 @@ func adminEvict(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 		return err
 	}
 	defer done()
-	key := etcdstore.Key{Tenant: a.tenant, ID: a.fs.Arg(0)}
+	key, err := a.key()
+	if err != nil {
+		return err
+	}
 	if err := adm.Evict(ctx, key); err != nil {
 		return err
 	}

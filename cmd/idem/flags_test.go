@@ -26,6 +26,11 @@ func TestServeRefusesBadFlagsBeforeStartingAnything(t *testing.T) {
 		{[]string{"--session-ttl", "soon"}, "invalid value"},
 		{[]string{"extra-arg"}, "unexpected arguments"},
 		{[]string{"--no-such-flag"}, "not defined"},
+		{[]string{"--on-status", "429=keep"}, "--on-status"},
+		{[]string{"--on-status", "7xx=save"}, "not a status"},
+		{[]string{"--replay-deny-headers", "Bad Name"}, "--replay-deny-headers"},
+		{[]string{"--replay-allow-headers", "X-Ok,a:b"}, "--replay-allow-headers"},
+		{[]string{"--problem-docs-url", "docs/HTTP.md"}, "--problem-docs-url"},
 	} {
 		out, err := runCmd(t, append([]string{"serve", "--data-dir", t.TempDir()}, tc.args...)...)
 		if err == nil || !strings.Contains(err.Error()+out, tc.want) {

@@ -101,7 +101,7 @@ func startIdem(t *testing.T, dir string, args ...string) *idemProc {
 		return p
 	case err := <-p.exited:
 		p.exited <- err
-		t.Fatalf("idem exited before listening: %v\n%s", err, p.logs)
+		t.Fatalf("idem exited before listening: %v\n%s", err, p.logs.String())
 	case <-time.After(90 * time.Second):
 		t.Fatalf("idem did not listen within 90s:\n%s", p.logs)
 	}
@@ -250,4 +250,21 @@ func tempDir(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return d
+}
+
+// etcdBehindProxy starts a one-member etcd in dir and returns a proxy in
+// front of its client port, to cut idem off from it.
+func etcdBehindProxy(t *testing.T, dir string) *etcdcluster.Proxy {
+	t.Helper()
+	c, err := etcdcluster.New(dir, 1, etcdcluster.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	proxy, err := etcdcluster.NewProxy(strings.TrimPrefix(c.Endpoints()[0], "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	return proxy
 }

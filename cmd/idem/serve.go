@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/idemhttp"
 	"github.com/idem-dev/idem/internal/tlsfiles"
@@ -46,6 +48,10 @@ type serveConfig struct {
 	methods             listFlag
 	requireKey          listFlag
 	release5xx          listFlag
+	onStatus            listFlag
+	replayDeny          listFlag
+	replayAllow         listFlag
+	problemDocs         string
 	onUnknownOutcome    string
 	fingerprintHeaders  listFlag
 	maxRequestBody      int64
@@ -101,6 +107,11 @@ func (c *serveConfig) flags(stderr io.Writer) *flag.FlagSet {
 	fs.Var(list(&c.methods), "methods", "methods whose keyed requests are claimed, comma-separated")
 	fs.Var(list(&c.requireKey), "require-key", "path prefixes whose claimed methods must carry an Idempotency-Key (400 otherwise); repeatable")
 	fs.Var(list(&c.release5xx), "release-5xx", "path prefixes where a 5xx response releases the key (retry runs again) instead of being saved; repeatable")
+	fs.Var(list(&c.onStatus), "on-status", "how an upstream status ends its key: STATUS[:retry-after]=save|release|abandon, STATUS a code (429) or class (5xx); first match wins, then the defaults (429=release, 503:retry-after=release, everything else saved); repeatable")
+	c.replayDeny = listFlag{"Set-Cookie"}
+	fs.Var(list(&c.replayDeny), "replay-deny-headers", "response headers never saved or replayed, comma-separated (\"none\": deny none)")
+	fs.Var(list(&c.replayAllow), "replay-allow-headers", "when set, the only response headers saved and replayed, comma-separated")
+	fs.StringVar(&c.problemDocs, "problem-docs-url", idemhttp.DefaultProblemDocs, "where idem's problem answers point (Link: <URL>; rel=\"describedby\"); \"none\": no Link")
 	fs.StringVar(&c.onUnknownOutcome, "on-unknown-outcome", "save", "when the upstream may have acted but no whole answer came back (timeout, broken connection, cut-off body): save (a 502/504 problem, replayed to every retry), release or abandon (the retry reaches the upstream again: only for upstreams that dedupe by key or check the fencing token); a request that never reached the upstream is always released")
 	fs.Var(list(&c.fingerprintHeaders), "fingerprint-headers", "request headers that are part of the fingerprint, comma-separated")
 	fs.Int64Var(&c.maxRequestBody, "max-request-body", idemhttp.DefaultMaxRequestBody, "largest request body with a key, bytes (413 past it)")
@@ -163,6 +174,24 @@ func (c *serveConfig) validate() error {
 	if _, err := c.trusted(); err != nil {
 		return err
 	}
+	if _, err := c.statusRules(); err != nil {
+		return fmt.Errorf("--on-status: %w", err)
+	}
+	for flagName, names := range map[string][]string{"--replay-deny-headers": c.replayDeny, "--replay-allow-headers": c.replayAllow} {
+		for _, k := range names {
+			if k == "none" && flagName == "--replay-deny-headers" && len(names) == 1 {
+				continue
+			}
+			if !httpguts.ValidHeaderFieldName(k) {
+				return fmt.Errorf("%s: %q is not a header name", flagName, k)
+			}
+		}
+	}
+	if c.problemDocs != "none" {
+		if u, err := url.Parse(c.problemDocs); err != nil || !u.IsAbs() || u.Host == "" {
+			return fmt.Errorf("--problem-docs-url %q: must be an absolute URL, or none", c.problemDocs)
+		}
+	}
 	for _, p := range append(append([]string{}, c.requireKey...), c.release5xx...) {
 		if !strings.HasPrefix(p, "/") {
 			return fmt.Errorf("route prefix %q must start with /", p)
@@ -187,6 +216,19 @@ func (c *serveConfig) validate() error {
 		return errors.New("--admin-tls-client-ca-file needs --admin-tls-cert-file")
 	}
 	return nil
+}
+
+// statusRules parses --on-status.
+func (c *serveConfig) statusRules() ([]idemhttp.StatusRule, error) {
+	var rules []idemhttp.StatusRule
+	for _, s := range c.onStatus {
+		r, err := idemhttp.ParseStatusRule(s)
+		if err != nil {
+			return nil, err
+		}
+		rules = append(rules, r)
+	}
+	return rules, nil
 }
 
 // load reads the files the flags name (certificates, tokens), so that a bad

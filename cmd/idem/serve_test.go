@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-dev/idem/internal/etcdcluster"
-
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -370,16 +368,7 @@ func startExternalEtcd(t *testing.T, bin, dataDir string) string {
 // keeps flowing.
 func TestEtcdCutOffRefusesKeyedRequests(t *testing.T) {
 	dir := tempDir(t)
-	c, err := etcdcluster.New(filepath.Join(dir, "etcd"), 1, etcdcluster.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	proxy, err := etcdcluster.NewProxy(strings.TrimPrefix(c.Endpoints()[0], "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.Close)
+	proxy := etcdBehindProxy(t, filepath.Join(dir, "etcd"))
 	up := newShop(t)
 	idem := startIdem(t, filepath.Join(dir, "work"), "--endpoints", proxy.URL(), "--upstream", up.URL, "--request-timeout", "2s")
 	if r := send(t, "POST", idem.listen+"/pay", "before", `{}`); r.status != 201 {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,6 +22,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/fencing"
 	"github.com/idem-dev/idem/idemhttp"
 	"github.com/idem-dev/idem/internal/embedded"
 )
@@ -29,13 +31,30 @@ import (
 // given cluster), its store, and its two listeners. newServer starts every
 // part; Run serves until its context ends, then shuts down in order; Close
 // releases whatever is still held, and may be called more than once.
+//
+// When the etcd cluster cannot be reached at start, the server starts all
+// the same and connects in the background: until it has a store, keyed
+// requests get 503 (they cannot be claimed), requests idem only passes
+// through still reach the upstream, and /readyz says 503. A cluster that
+// answers but refuses idem (a TLS or authentication error) is a
+// misconfiguration, which no waiting mends: the server refuses to start.
 type server struct {
 	cfg *serveConfig
 	log *slog.Logger
 
-	etcd  *embed.Etcd // nil with --endpoints
-	cli   *clientv3.Client
+	etcd *embed.Etcd // nil with --endpoints
+
+	mu    sync.Mutex
+	cli   *clientv3.Client // nil until connected
 	store *etcdstore.Store
+	edge  atomic.Pointer[http.Handler] // the edge, once there is a store
+	why   atomic.Pointer[string]       // why not connected yet
+
+	reg      *prometheus.Registry
+	metrics  *idemhttp.Metrics
+	waiting  http.Handler // serves requests before the store exists
+	connectC context.CancelFunc
+	connectW sync.WaitGroup
 
 	main, admin     *http.Server
 	mainLn, adminLn net.Listener
@@ -61,51 +80,59 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 		c.etcd.endpoints = listFlag{c.embeddedClientURL}
 		log.Info("embedded etcd started", "data_dir", c.dataDir, "client_url", c.embeddedClientURL)
 	}
-	if s.cli, err = c.etcd.client(); err != nil {
-		return nil, fmt.Errorf("etcd client: %w", err)
-	}
-	sctx, cancel := context.WithTimeout(ctx, c.etcd.dialTimeout+c.sessionTTL)
-	s.store, err = etcdstore.New(sctx, s.cli,
-		etcdstore.WithPrefix(c.etcd.prefix),
-		etcdstore.WithRetention(c.retention),
-		etcdstore.WithBucketWidth(min(c.bucketWidth, c.retention)),
-		etcdstore.WithSessionTTL(c.sessionTTL),
-		etcdstore.WithRequestTimeout(c.requestTimeout),
-		etcdstore.WithCache(c.cacheSize),
-		etcdstore.WithKeysPerLease(c.keysPerLease),
-		etcdstore.WithRecordFormat(c.recordFormat),
-		etcdstore.WithLogger(log),
-	)
-	cancel()
-	if err != nil {
-		return nil, fmt.Errorf("idem store on %s: %w", strings.Join(c.etcd.endpoints, ","), c.etcd.explain(err))
-	}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "idem_claims_running", Help: "Claims this process holds and has not ended.",
-	}, func() float64 { return float64(s.store.Running()) }))
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "idem_session_live", Help: "1 while this process has a live etcd session.",
-	}, func() float64 {
-		if s.store.Live() {
+	s.reg = prometheus.NewRegistry()
+	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	gauge := func(name, help string, f func(*etcdstore.Store) float64) {
+		s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
+			if st := s.current(); st != nil {
+				return f(st)
+			}
+			return 0
+		}))
+	}
+	gauge("idem_claims_running", "Claims this process holds and has not ended.", func(st *etcdstore.Store) float64 { return float64(st.Running()) })
+	gauge("idem_session_live", "1 while this process has a live etcd session.", func(st *etcdstore.Store) float64 {
+		if st.Live() {
 			return 1
 		}
 		return 0
-	}))
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "idem_final_writes_pending", Help: "Final writes (outcomes of finished work) etcd has not acknowledged yet; retried in the background.",
-	}, func() float64 { return float64(s.store.Pending()) }))
-	edge, err := c.edge(s.store, idemhttp.NewMetrics(reg), log)
-	if err != nil {
+	})
+	gauge("idem_final_writes_pending", "Final writes (outcomes of finished work) etcd has not acknowledged yet; retried in the background.",
+		func(st *etcdstore.Store) float64 { return float64(st.Pending()) })
+	s.metrics = idemhttp.NewMetrics(s.reg)
+	if s.waiting, err = c.waitingEdge(); err != nil {
 		return nil, err
 	}
+
+	// The first try is bounded by --dial-timeout alone, so that an etcd
+	// that cannot be reached delays the listeners by that much, not more.
+	first := c.etcd.dialTimeout + c.sessionTTL
+	if s.etcd == nil {
+		first = c.etcd.dialTimeout
+	}
+	err = s.connect(ctx, first)
+	switch {
+	case err != nil && s.etcd == nil && retryable(err):
+		log.Error("etcd cannot be reached; serving without it and connecting in the background: keyed requests get 503 until then",
+			"etcd", strings.Join(c.etcd.endpoints, ","), "err", err)
+		cctx, cancel := context.WithCancel(context.Background())
+		s.connectC = cancel
+		s.connectW.Add(1)
+		go s.connectLater(cctx)
+	case err != nil:
+		return nil, err
+	}
+
 	s.main = &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			s.inflight.Add(1)
 			defer s.inflight.Done()
-			edge.ServeHTTP(w, r)
+			if edge := s.edge.Load(); edge != nil {
+				(*edge).ServeHTTP(w, r)
+				return
+			}
+			s.waiting.ServeHTTP(w, r)
 		}),
 		TLSConfig:         c.mainTLS,
 		ReadHeaderTimeout: c.readHeaderTimeout, // slowloris
@@ -115,7 +142,7 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	s.admin = &http.Server{
-		Handler:           c.adminMux(s.cli, s.store, reg, &s.draining),
+		Handler:           s.adminMux(),
 		TLSConfig:         c.adminTLS,
 		ReadHeaderTimeout: c.readHeaderTimeout,
 		ReadTimeout:       c.readTimeout,
@@ -129,6 +156,101 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 	}
 	return s, nil
 }
+
+// current returns the store, or nil before it exists.
+func (s *server) current() *etcdstore.Store {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.store
+}
+
+// connect makes an etcd client and the store, within timeout, and puts
+// the edge in place. A failed try closes its client: the next one starts
+// afresh, without gRPC's reconnect backoff of a connection that hung.
+func (s *server) connect(ctx context.Context, timeout time.Duration) error {
+	c := s.cfg
+	cli, err := c.etcd.client()
+	if err != nil {
+		return s.notYet(fmt.Errorf("etcd client on %s: %w", strings.Join(c.etcd.endpoints, ","), c.etcd.explain(err)))
+	}
+	sctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	store, err := etcdstore.New(sctx, cli,
+		etcdstore.WithPrefix(c.etcd.prefix),
+		etcdstore.WithRetention(c.retention),
+		etcdstore.WithBucketWidth(min(c.bucketWidth, c.retention)),
+		etcdstore.WithSessionTTL(c.sessionTTL),
+		etcdstore.WithRequestTimeout(c.requestTimeout),
+		etcdstore.WithCache(c.cacheSize),
+		etcdstore.WithKeysPerLease(c.keysPerLease),
+		etcdstore.WithRecordFormat(c.recordFormat),
+		etcdstore.WithLogger(s.log),
+	)
+	if err != nil {
+		cli.Close()
+		return s.notYet(fmt.Errorf("idem store on %s: %w", strings.Join(c.etcd.endpoints, ","), c.etcd.explain(err)))
+	}
+	edge, err := c.edge(store, s.metrics, s.log)
+	if err != nil {
+		store.Close()
+		cli.Close()
+		return err
+	}
+	s.mu.Lock()
+	s.cli, s.store = cli, store
+	s.mu.Unlock()
+	s.edge.Store(&edge)
+	s.why.Store(nil)
+	return nil
+}
+
+// notYet records why the server has no store yet, for /readyz.
+func (s *server) notYet(err error) error {
+	why := err.Error()
+	s.why.Store(&why)
+	return err
+}
+
+// retryable reports whether a failure to connect may mend with time:
+// nothing answered, or etcd answered without a leader. A refused TLS
+// handshake or authentication is a misconfiguration.
+func retryable(err error) bool {
+	msg := err.Error()
+	for _, fatal := range []string{"tls: ", "x509: ", "certificate", "speaks TLS", "authentication failed", "invalid auth token", "permission denied", "user name"} {
+		if strings.Contains(msg, fatal) {
+			return false
+		}
+	}
+	return true
+}
+
+// connectLater retries connect until it succeeds, fails for good, or the
+// server shuts down.
+func (s *server) connectLater(ctx context.Context) {
+	defer s.connectW.Done()
+	for wait := time.Second; ; wait = min(2*wait, maxConnectWait) {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		err := s.connect(ctx, s.cfg.etcd.dialTimeout)
+		switch {
+		case err == nil:
+			s.log.Info("etcd reached; serving keyed requests", "etcd", strings.Join(s.cfg.etcd.endpoints, ","), "owner", s.current().Owner())
+			return
+		case ctx.Err() != nil:
+			return
+		case !retryable(err):
+			s.log.Error("etcd refuses idem; keyed requests get 503 until the configuration is mended and idem restarted", "err", err)
+			return
+		}
+		s.log.Warn("etcd still cannot be reached", "err", err, "retry_in", min(2*wait, maxConnectWait).String())
+	}
+}
+
+// maxConnectWait bounds the pause between two tries to reach etcd.
+const maxConnectWait = 8 * time.Second
 
 // Run serves until ctx ends (or a listener or the embedded etcd fails),
 // then shuts down: it stops taking requests, lets in-flight ones finish
@@ -144,7 +266,7 @@ func (s *server) Run(ctx context.Context) error {
 	}
 	s.log.Info("idem listening", "listen", s.mainLn.Addr().String(), "admin", s.adminLn.Addr().String(),
 		"mode", mode, "tls", c.mainTLS != nil, "admin_tls", c.adminTLS != nil, "upstream", c.upstream,
-		"etcd", strings.Join(c.etcd.endpoints, ","), "owner", s.store.Owner())
+		"etcd", strings.Join(c.etcd.endpoints, ","), "connected", s.current() != nil)
 	errc := make(chan error, 2)
 	go func() { errc <- serveOn(s.main, s.mainLn) }()
 	go func() { errc <- serveOn(s.admin, s.adminLn) }()
@@ -190,9 +312,13 @@ func (s *server) Close() error {
 	} else if s.mainLn != nil {
 		s.mainLn.Close()
 	}
+	if s.connectC != nil {
+		s.connectC()
+		s.connectW.Wait()
+	}
 	var err error
-	if s.store != nil {
-		if err = s.store.Close(); err != nil {
+	if st := s.current(); st != nil {
+		if err = st.Close(); err != nil {
 			s.log.Warn("closing the session", "err", err)
 		}
 	}
@@ -203,8 +329,11 @@ func (s *server) Close() error {
 	} else if s.adminLn != nil {
 		s.adminLn.Close()
 	}
-	if s.cli != nil {
-		s.cli.Close()
+	s.mu.Lock()
+	cli := s.cli
+	s.mu.Unlock()
+	if cli != nil {
+		cli.Close()
 	}
 	if s.etcd != nil {
 		s.etcd.Close()
@@ -227,7 +356,7 @@ func (c *serveConfig) edge(store *etcdstore.Store, metrics *idemhttp.Metrics, lo
 	tenant := c.tenant()
 	if c.upstream == "" {
 		return idemhttp.NewAPI(idemhttp.APIConfig{
-			Store: store, Tenant: tenant, Deadline: c.apiDeadline, MaxWait: c.maxWait, Metrics: metrics,
+			Store: store, Tenant: tenant, Deadline: c.apiDeadline, MaxWait: c.maxWait, Metrics: metrics, ProblemDocs: c.problemDocs,
 		})
 	}
 	cfg := idemhttp.Config{
@@ -246,17 +375,29 @@ func (c *serveConfig) edge(store *etcdstore.Store, metrics *idemhttp.Metrics, lo
 	if len(c.requireKey) > 0 {
 		cfg.RequireKey = pathPrefixes(c.requireKey)
 	}
+	rules, _ := c.statusRules() // validated
+	cfg.OnStatus = idemhttp.Rules(nil, rules...)
 	if len(c.release5xx) > 0 {
-		release := pathPrefixes(c.release5xx)
-		cfg.Save5xx = func(r *http.Request) bool { return !release(r) }
+		release, next := pathPrefixes(c.release5xx), cfg.OnStatus
+		cfg.OnStatus = func(r *http.Request, status int, h http.Header) etcdstore.End {
+			if status >= 500 && release(r) {
+				return etcdstore.EndRelease
+			}
+			return next(r, status, h)
+		}
 	}
 	cfg.OnUnknownOutcome = ends[c.onUnknownOutcome]
+	cfg.DenyHeaders, cfg.AllowHeaders = c.replayDeny, c.replayAllow
+	if len(c.replayDeny) == 1 && c.replayDeny[0] == "none" {
+		cfg.DenyHeaders = []string{}
+	}
+	cfg.ProblemDocs = c.problemDocs
 	mw, err := idemhttp.New(cfg)
 	if err != nil {
 		return nil, err
 	}
 	up, _ := url.Parse(c.upstream)
-	return idemhttp.NewProxy(up, mw, idemhttp.ProxyOptions{Timeout: c.upstreamTimeout, Logger: log})
+	return idemhttp.NewProxy(up, mw, idemhttp.ProxyOptions{Timeout: c.upstreamTimeout, Logger: log, ProblemDocs: c.problemDocs})
 }
 
 // ends names the ways a claim ends, as flags spell them.
@@ -274,20 +415,32 @@ func pathPrefixes(prefixes []string) func(*http.Request) bool {
 }
 
 // adminMux serves /livez, /readyz, /metrics and, opted in, /debug/pprof.
-func (c *serveConfig) adminMux(cli *clientv3.Client, store *etcdstore.Store, reg *prometheus.Registry, draining *atomic.Bool) http.Handler {
+func (s *server) adminMux() http.Handler {
+	c := s.cfg
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "ok") // the process runs; no dependencies
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		store := s.current()
 		switch {
-		case draining.Load():
+		case s.draining.Load():
 			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+			return
+		case store == nil:
+			why := "connecting"
+			if p := s.why.Load(); p != nil {
+				why = *p
+			}
+			http.Error(w, "etcd not reached yet: "+why, http.StatusServiceUnavailable)
 			return
 		case !store.Live():
 			http.Error(w, "no live etcd session", http.StatusServiceUnavailable)
 			return
 		}
+		s.mu.Lock()
+		cli := s.cli
+		s.mu.Unlock()
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		// A linearizable read: answers only with a quorum behind it.
@@ -297,7 +450,7 @@ func (c *serveConfig) adminMux(cli *clientv3.Client, store *etcdstore.Store, reg
 		}
 		fmt.Fprintln(w, "ok")
 	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}))
 	if c.pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
@@ -306,6 +459,39 @@ func (c *serveConfig) adminMux(cli *clientv3.Client, store *etcdstore.Store, reg
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
 	return mux
+}
+
+// waitingEdge serves requests while there is no store: a request that
+// would be claimed gets 503 (it cannot be claimed, and must not reach the
+// upstream unclaimed), and in proxy mode every other request passes
+// through, without a client-sent fence header, as it would with a store.
+func (c *serveConfig) waitingEdge() (http.Handler, error) {
+	unavailable := func(w http.ResponseWriter) {
+		p := idemhttp.NewProblem(http.StatusServiceUnavailable, idemhttp.KindUnavailable,
+			"idem cannot reach etcd yet: retry with the same key")
+		p.RetryAfter = 1
+		p.Docs = c.problemDocs
+		if p.Docs == "none" {
+			p.Docs = ""
+		}
+		p.Write(w)
+	}
+	if c.upstream == "" {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { unavailable(w) }), nil
+	}
+	up, _ := url.Parse(c.upstream)
+	rp, err := idemhttp.ReverseProxy(up, idemhttp.ProxyOptions{Timeout: c.upstreamTimeout, ProblemDocs: c.problemDocs})
+	if err != nil {
+		return nil, err
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if slices.Contains(c.methods, r.Method) && len(r.Header.Values(idemhttp.HeaderKey)) > 0 {
+			unavailable(w)
+			return
+		}
+		r.Header.Del(fencing.Header)
+		rp.ServeHTTP(w, r)
+	}), nil
 }
 
 // startEmbedded starts the single-node etcd of the default mode.
