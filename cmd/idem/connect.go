@@ -1,0 +1,147 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/fencing"
+	"github.com/idem-dev/idem/idemhttp"
+)
+
+// How idem serve reaches etcd: at start, and in the background when etcd
+// cannot be reached then.
+
+// current returns the store, or nil before it exists.
+func (s *server) current() *etcdstore.Store {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.store
+}
+
+// connect makes an etcd client and the store, within timeout, and puts
+// the edge in place. A failed try closes its client: the next one starts
+// afresh, without gRPC's reconnect backoff of a connection that hung.
+func (s *server) connect(ctx context.Context, timeout time.Duration) error {
+	c := s.cfg
+	cli, err := c.etcd.client()
+	if err != nil {
+		return s.notYet(fmt.Errorf("etcd client on %s: %w", strings.Join(c.etcd.endpoints, ","), c.etcd.explain(err)))
+	}
+	sctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	store, err := etcdstore.New(sctx, cli,
+		etcdstore.WithPrefix(c.etcd.prefix),
+		etcdstore.WithRetention(c.retention),
+		etcdstore.WithBucketWidth(min(c.bucketWidth, c.retention)),
+		etcdstore.WithSessionTTL(c.sessionTTL),
+		etcdstore.WithRequestTimeout(c.requestTimeout),
+		etcdstore.WithCache(c.cacheSize),
+		etcdstore.WithKeysPerLease(c.keysPerLease),
+		etcdstore.WithRecordFormat(c.recordFormat),
+		etcdstore.WithLogger(s.log),
+	)
+	if err != nil {
+		cli.Close()
+		return s.notYet(fmt.Errorf("idem store on %s: %w", strings.Join(c.etcd.endpoints, ","), c.etcd.explain(err)))
+	}
+	edge, err := c.edge(store, s.metrics, s.log)
+	if err != nil {
+		store.Close()
+		cli.Close()
+		return err
+	}
+	s.mu.Lock()
+	s.cli, s.store = cli, store
+	s.mu.Unlock()
+	s.edge.Store(&edge)
+	s.why.Store(nil)
+	return nil
+}
+
+// notYet records why the server has no store yet, for /readyz.
+func (s *server) notYet(err error) error {
+	why := err.Error()
+	s.why.Store(&why)
+	return err
+}
+
+// retryable reports whether a failure to connect may mend with time:
+// nothing answered, or etcd answered without a leader. A refused TLS
+// handshake or authentication is a misconfiguration.
+func retryable(err error) bool {
+	msg := err.Error()
+	for _, fatal := range []string{"tls: ", "x509: ", "certificate", "speaks TLS", "authentication failed", "invalid auth token", "permission denied", "user name"} {
+		if strings.Contains(msg, fatal) {
+			return false
+		}
+	}
+	return true
+}
+
+// connectLater retries connect until it succeeds, fails for good, or the
+// server shuts down.
+func (s *server) connectLater(ctx context.Context) {
+	defer s.connectW.Done()
+	for wait := time.Second; ; wait = min(2*wait, maxConnectWait) {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		err := s.connect(ctx, s.cfg.etcd.dialTimeout)
+		switch {
+		case err == nil:
+			s.log.Info("etcd reached; serving keyed requests", "etcd", strings.Join(s.cfg.etcd.endpoints, ","), "owner", s.current().Owner())
+			return
+		case ctx.Err() != nil:
+			return
+		case !retryable(err):
+			s.log.Error("etcd refuses idem; keyed requests get 503 until the configuration is mended and idem restarted", "err", err)
+			return
+		}
+		s.log.Warn("etcd still cannot be reached", "err", err, "retry_in", min(2*wait, maxConnectWait).String())
+	}
+}
+
+// maxConnectWait bounds the pause between two tries to reach etcd.
+const maxConnectWait = 8 * time.Second
+
+// waitingEdge serves requests while there is no store: a request that
+// would be claimed gets 503 (it cannot be claimed, and must not reach the
+// upstream unclaimed), and in proxy mode every other request passes
+// through, without a client-sent fence header, as it would with a store.
+func (c *serveConfig) waitingEdge() (http.Handler, error) {
+	unavailable := func(w http.ResponseWriter) {
+		p := idemhttp.NewProblem(http.StatusServiceUnavailable, idemhttp.KindUnavailable,
+			"idem cannot reach etcd yet: retry with the same key")
+		p.RetryAfter = 1
+		p.Docs = c.problemDocs
+		if p.Docs == "none" {
+			p.Docs = ""
+		}
+		p.Write(w)
+	}
+	if c.upstream == "" {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { unavailable(w) }), nil
+	}
+	up, _ := url.Parse(c.upstream)
+	rp, err := idemhttp.ReverseProxy(up, idemhttp.ProxyOptions{Timeout: c.upstreamTimeout, ProblemDocs: c.problemDocs})
+	if err != nil {
+		return nil, err
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if slices.Contains(c.methods, r.Method) && len(r.Header.Values(idemhttp.HeaderKey)) > 0 {
+			unavailable(w)
+			return
+		}
+		r.Header.Del(fencing.Header)
+		rp.ServeHTTP(w, r)
+	}), nil
+}
+
