@@ -144,4 +144,3 @@ func (c *serveConfig) waitingEdge() (http.Handler, error) {
 		rp.ServeHTTP(w, r)
 	}), nil
 }
-
