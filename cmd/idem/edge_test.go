@@ -170,10 +170,12 @@ func TestServeStartsBeforeEtcdAnswers(t *testing.T) {
 	}
 
 	proxy.Heal()
+	healed := time.Now()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		r := send(t, "GET", idem.admin+"/readyz", "", "")
 		if r.status == 200 {
+			t.Logf("ready %v after etcd came back", time.Since(healed).Round(time.Millisecond))
 			break
 		}
 		if time.Now().After(deadline) {
