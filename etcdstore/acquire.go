@@ -60,7 +60,7 @@ func (s *Store) decide(ctx context.Context, c *Claim, sess *lease.Session, cfg *
 				// so only its deadline makes it stale.
 				cur.Owner == c.owner && cur.Deadline.IsZero() && !s.runningHere(c.key, cur.Attempt):
 				taken = cur
-			case cur.Owner == c.owner && cur.Attempt == c.attempt:
+			case cur.Owner == c.owner && SameAttempt(cur.Attempt, c.attempt):
 				// Our own claim, written by an earlier try whose reply was lost.
 				c.won(cur, nil)
 				return nil, nil

@@ -2,8 +2,8 @@ package etcdstore
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
@@ -164,7 +164,11 @@ func (s *Store) claim(ctx context.Context, key Key, fp Fingerprint, cfg *claimCo
 		return nil, nil, fmt.Errorf("claim %s: %w", key, err)
 	}
 	if cfg.attempt == "" {
-		cfg.attempt = s.attemptPrefix + strconv.FormatInt(s.attempts.Add(1), 36)
+		// The attempt id is the claim's capability: with the key and the
+		// token (which anyone who can read the key learns) it attaches to
+		// the claim (Attach), to complete or abandon it. 130 random bits:
+		// no one guesses it, and it says nothing of other claims.
+		cfg.attempt = rand.Text()
 	}
 	owner := sess.Owner()
 	if cfg.noSession {

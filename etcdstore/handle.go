@@ -2,6 +2,7 @@ package etcdstore
 
 import (
 	"context"
+	"crypto/subtle"
 	"fmt"
 	"time"
 
@@ -10,9 +11,11 @@ import (
 
 // Handle identifies a claim outside the process that holds it: a remote
 // worker keeps it between the calls of idem's HTTP API, which may reach
-// different idem processes. It carries no secret. Key, Attempt and Token
-// identify the claim; Revision is the fence of the last write the handle
-// saw, for information.
+// different idem processes. Key, Attempt and Token identify the claim;
+// Revision is the fence of the last write the handle saw, for information.
+// The key and the token are no secret (anyone who can read the key learns
+// them); the attempt id is: a Handle is a capability over its claim, to be
+// given only to whoever runs the claim's work.
 type Handle struct {
 	Key      Key
 	Attempt  string
@@ -49,7 +52,7 @@ func (s *Store) Attach(ctx context.Context, h Handle) (*Claim, error) {
 	if err != nil {
 		return nil, err
 	}
-	if rec == nil || rec.State != InFlight || rec.Owner == "" || rec.Token != h.Token || rec.Attempt != h.Attempt {
+	if rec == nil || rec.State != InFlight || rec.Owner == "" || rec.Token != h.Token || !SameAttempt(rec.Attempt, h.Attempt) {
 		return nil, fmt.Errorf("attach %s: %w", h.Key, ErrFenced)
 	}
 	c := &Claim{s: s, key: h.Key, fp: rec.Fingerprint, attempt: rec.Attempt, owner: rec.Owner}
@@ -75,4 +78,10 @@ func (c *Claim) Renew(ctx context.Context, d time.Duration) error {
 		r.Deadline = deadline
 		return r
 	})
+}
+
+// SameAttempt reports whether two attempt ids are the same, in time that
+// does not depend on where they differ: an attempt id is a secret.
+func SameAttempt(a, b string) bool {
+	return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1
 }

@@ -242,13 +242,19 @@ type claimConfig struct {
 // MaxAttemptLen is the longest attempt id.
 const MaxAttemptLen = 64
 
-// WithAttempt sets the attempt id of a claim (default: a per-store random
-// prefix and a counter, unique within the process).
+// WithAttempt sets the attempt id of a claim (default: 26 random base32
+// characters, 130 bits, from crypto/rand).
 // A caller that got an error from Claim (a timeout, a reset connection: the
 // claim may or may not have been written) and retries with the same attempt
 // id is recognised as the owner of the claim it may have made, instead of
 // conflicting with itself. Never share an attempt id between two attempts
 // that may run at once. 1 to 64 bytes of visible ASCII.
+//
+// The attempt id is also the claim's capability: whoever knows the key, the
+// token and the attempt id can Attach to the claim and complete, checkpoint,
+// release or abandon it. An attempt id that crosses a trust boundary (a
+// worker of the HTTP API chooses its own) must be random and long enough
+// not to be guessed: at least 128 random bits.
 func WithAttempt(id string) ClaimOption {
 	return claimOption(func(c *claimConfig) error {
 		if err := validateID(id); err != nil || len(id) > MaxAttemptLen {

@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -53,11 +52,6 @@ type Store struct {
 	endTimeout time.Duration
 	format     byte // of the records written
 	log        *slog.Logger
-
-	// Attempt ids: a random prefix per store and a counter, unique without
-	// a random read per claim.
-	attemptPrefix string
-	attempts      atomic.Int64
 
 	cache     *doneCache // nil without WithCache
 	claimPath ClaimPath
@@ -137,15 +131,11 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 		format:     c.format,
 		log:        c.log,
 		claimPath:  c.claimPath,
-		// Attempt ids need only be unique within this process (recognition
-		// pairs them with the owner id or the token); a prefix per store
-		// keeps them readable and apart in logs.
-		attemptPrefix: uuid.NewString()[:8] + "-",
-		sess:          sess,
-		running:       make(map[runKey]*Claim),
-		closing:       make(chan struct{}),
-		bg:            newBackground(hooks, c.log),
-		afterFunc:     afterFunc,
+		sess:       sess,
+		running:    make(map[runKey]*Claim),
+		closing:    make(chan struct{}),
+		bg:         newBackground(hooks, c.log),
+		afterFunc:  afterFunc,
 	}
 	b.Request = s.try
 	s.wg.Add(1)

@@ -155,7 +155,12 @@ type statusWriter struct {
 	outcome string
 }
 
-// HandleJSON is a claim handle on the wire.
+// MinAttemptLen is the shortest attempt id a worker of the API may choose:
+// 22 characters hold 128 random bits in base64url (a UUIDv4, 36, holds 122).
+const MinAttemptLen = 22
+
+// HandleJSON is a claim handle on the wire. It is a capability over the
+// claim (its attempt id is a secret): give it only to the claim's worker.
 type HandleJSON struct {
 	Key      string `json:"key"`
 	Attempt  string `json:"attempt"`
@@ -179,7 +184,9 @@ type ClaimRequest struct {
 	Params      json.RawMessage `json:"params,omitempty"`
 	Fingerprint string          `json:"fingerprint,omitempty"`
 	// Attempt lets a worker that lost the reply of a claim retry it and be
-	// recognised as the owner. Default: a new id, returned in the handle.
+	// recognised as the owner. Default: a new random id, returned in the
+	// handle. A worker's own must be random, MinAttemptLen to 64
+	// characters: it is the claim's capability.
 	Attempt    string `json:"attempt,omitempty"`
 	DeadlineMS int64  `json:"deadline_ms,omitempty"`
 	WaitMS     int64  `json:"wait_ms,omitempty"`

@@ -39,6 +39,12 @@ func (a *API) claim(w http.ResponseWriter, r *http.Request) {
 	// the claim survives a restart of this idem process.
 	opts := []etcdstore.ClaimOption{etcdstore.WithDeadline(deadline), etcdstore.WithoutSession()}
 	if req.Attempt != "" {
+		if len(req.Attempt) < MinAttemptLen {
+			a.problem(w, NewProblem(http.StatusBadRequest, KindInvalidRequest, fmt.Sprintf(
+				"attempt is %d characters; it must be at least %d of a random id (a UUIDv4, or 16 random bytes in base64url): with the key and the token it is the claim's capability",
+				len(req.Attempt), MinAttemptLen)))
+			return
+		}
 		opts = append(opts, etcdstore.WithAttempt(req.Attempt))
 	}
 	wait := preferWait(r.Header, a.cfg.MaxWait)
@@ -216,7 +222,7 @@ func (a *API) withClaim(w http.ResponseWriter, r *http.Request, req any, hj *Han
 	}
 	c, err := a.claimFor(r.Context(), h)
 	if err != nil && errors.Is(err, etcdstore.ErrFenced) && landed != nil {
-		if rec, gerr := a.cfg.Store.Get(r.Context(), h.Key); gerr == nil && rec.Token == h.Token && rec.Attempt == h.Attempt && landed(rec) {
+		if rec, gerr := a.cfg.Store.Get(r.Context(), h.Key); gerr == nil && rec.Token == h.Token && etcdstore.SameAttempt(rec.Attempt, h.Attempt) && landed(rec) {
 			a.labelIs(w, labelClaimed)
 			writeJSON(w, http.StatusOK, HandleResponse{State: stateOf(rec)})
 			return
