@@ -3,12 +3,14 @@ package etcdstore
 import (
 	"container/list"
 	"context"
-
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/metadata"
 )
 
 // doneCache holds done records in memory, so replays need no etcd round
@@ -20,11 +22,29 @@ import (
 // event says otherwise. When the watch breaks, the cache is emptied before
 // it restarts, so no invalidation is ever missed.
 //
+// The cache answers only while its watch is known to be current: every
+// quarter of the staleness bound it asks etcd for a progress notification
+// (RequestProgress), which etcd sends once the watch has delivered every
+// event up to the revision it answers at. A hit is served only if such an
+// answer, to a request sent at most the bound ago, has come back. A watch
+// whose connection stops moving bytes (a partition that keeps TCP open)
+// gets no answers, so after the bound every claim goes to etcd again (and
+// fails there while etcd cannot be reached): a cut-off process never
+// replays from memory for longer than the bound. A watch that gets no
+// answer for twice the bound is started again, the cache emptied.
+//
 // What it does not guarantee: a record deleted (evicted) moments ago may
 // still be replayed until the watch delivers the deletion, typically
-// milliseconds. Evictions through this store invalidate it at once.
+// milliseconds, at most the staleness bound. Evictions through this store
+// invalidate it at once.
 type doneCache struct {
-	max int64 // bytes
+	max   int64         // bytes
+	bound time.Duration // the longest the cache may lag behind etcd
+
+	// current is when (time.Now, in nanoseconds since start) the latest
+	// answered progress request was sent: the cache has every event etcd
+	// had committed then.
+	current atomic.Int64
 
 	mu    sync.Mutex
 	size  int64
@@ -35,7 +55,7 @@ type doneCache struct {
 	// still on its way must not put the record back.
 	tombs map[string]int64
 
-	hits, misses int64
+	hits, misses, stale int64
 }
 
 type cacheEntry struct {
@@ -45,14 +65,32 @@ type cacheEntry struct {
 	size int64
 }
 
-func newDoneCache(max int64) *doneCache {
-	return &doneCache{max: max, order: list.New(), byKey: make(map[string]*list.Element), tombs: make(map[string]int64)}
+func newDoneCache(max int64, bound time.Duration) *doneCache {
+	c := &doneCache{max: max, bound: bound, order: list.New(), byKey: make(map[string]*list.Element), tombs: make(map[string]int64)}
+	c.current.Store(-1 << 62) // not current until a progress answer says so
+	return c
 }
 
-// get returns the cached done record of k, or nil.
+// cacheEpoch is the origin of doneCache.current: a monotonic clock.
+var cacheEpoch = time.Now()
+
+func sinceEpoch() int64 { return int64(time.Since(cacheEpoch)) }
+
+// fresh reports whether the cache was current less than its bound ago.
+func (c *doneCache) fresh() bool {
+	return time.Duration(sinceEpoch()-c.current.Load()) <= c.bound
+}
+
+// get returns the cached done record of k, or nil (also when the cache may
+// be staler than its bound).
 func (c *doneCache) get(ekey string, k Key) *Record {
+	fresh := c.fresh()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if !fresh {
+		c.stale++
+		return nil
+	}
 	el, ok := c.byKey[ekey]
 	if !ok {
 		c.misses++
@@ -133,13 +171,17 @@ func (c *doneCache) clear() {
 	c.byKey = make(map[string]*list.Element)
 	c.tombs = make(map[string]int64)
 	c.size = 0
+	c.current.Store(-1 << 62)
 }
 
-// CacheStats reports the done-record cache.
+// CacheStats reports the done-record cache. Stale counts the lookups it
+// did not answer because it could not prove itself current within the
+// staleness bound (WithCacheStaleness); Lag is how long ago it last could.
 type CacheStats struct {
-	Entries      int
-	Bytes        int64
-	Hits, Misses int64
+	Entries             int
+	Bytes               int64
+	Hits, Misses, Stale int64
+	Lag                 time.Duration
 }
 
 // CacheStats returns the cache's counters; zero without WithCache.
@@ -150,7 +192,8 @@ func (s *Store) CacheStats() CacheStats {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return CacheStats{Entries: len(c.byKey), Bytes: c.size, Hits: c.hits, Misses: c.misses}
+	return CacheStats{Entries: len(c.byKey), Bytes: c.size, Hits: c.hits, Misses: c.misses, Stale: c.stale,
+		Lag: time.Duration(max(0, sinceEpoch()-c.current.Load()))}
 }
 
 // feedCache keeps the cache in step with etcd until the store closes. It
@@ -166,14 +209,16 @@ func (s *Store) feedCache() {
 	}()
 	for try := 0; ctx.Err() == nil; try++ {
 		s.cache.clear()
-		resp, err := s.client.Get(clientv3.WithRequireLeader(ctx), s.ks.records(), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		gctx, gcancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), max(s.timeout, time.Second))
+		resp, err := s.client.Get(gctx, s.ks.records(), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		gcancel()
 		if err != nil {
 			if !backoff(ctx, min(try, 5)) {
 				return
 			}
 			continue
 		}
-		s.watchCache(ctx, resp.Header.Revision+1)
+		s.watchCache(ctx, resp.Header.Revision+1, try)
 		select {
 		case <-ctx.Done():
 			return
@@ -182,12 +227,60 @@ func (s *Store) feedCache() {
 	}
 }
 
-// watchCache applies watch events from rev on until the watch ends.
-func (s *Store) watchCache(ctx context.Context, rev int64) {
-	wch := s.client.Watch(clientv3.WithRequireLeader(ctx), s.ks.records(), clientv3.WithPrefix(), clientv3.WithRev(rev))
+// watchCache applies watch events from rev on until the watch ends, or
+// until it has gone twice the staleness bound without proving itself
+// current. Each watch has a gRPC stream of its own (its own metadata), so
+// that progress requests and answers are its own, and a watch started
+// again never hears an answer meant for the one before.
+func (s *Store) watchCache(ctx context.Context, rev int64, gen int) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wctx := clientv3.WithRequireLeader(metadata.AppendToOutgoingContext(ctx, "idem-cache-watch", strconv.Itoa(gen)))
+	wch := s.client.Watch(wctx, s.ks.records(), clientv3.WithPrefix(), clientv3.WithRev(rev))
+
+	// Progress requests in flight, oldest first. etcd answers them in
+	// order; an answer is credited to the oldest, which is never later
+	// than the request it really answers (some may be lost with a broken
+	// stream): the cache is never thought fresher than it is.
+	var mu sync.Mutex
+	var sent []int64
+	go func() {
+		t := time.NewTicker(max(s.cache.bound/4, 10*time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			now := sinceEpoch()
+			mu.Lock()
+			if len(sent) > 0 && time.Duration(now-sent[0]) > 2*s.cache.bound {
+				mu.Unlock()
+				cancel() // no answer for too long: start again
+				return
+			}
+			if len(sent) < 64 {
+				sent = append(sent, now)
+			}
+			mu.Unlock()
+			if err := s.client.RequestProgress(wctx); err != nil && ctx.Err() == nil {
+				s.log.Debug("idem: cache progress request", "err", err)
+			}
+		}
+	}()
 	for wr := range wch {
 		if wr.Canceled || wr.Err() != nil {
 			return
+		}
+		if wr.IsProgressNotify() {
+			mu.Lock()
+			if len(sent) > 0 {
+				s.cache.current.Store(sent[0])
+				sent = sent[1:]
+			}
+			mu.Unlock()
+			continue
 		}
 		for _, ev := range wr.Events {
 			ekey := string(ev.Kv.Key)

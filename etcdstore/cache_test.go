@@ -67,7 +67,10 @@ func TestCacheReplaysWithoutEtcd(t *testing.T) {
 	if _, err := other.Do(ctx, Key{ID: "k"}, []byte("p"), work); err != nil { // done by another process
 		t.Fatal(err)
 	}
-	waitFor(t, "the watch to cache the record", func() bool { return s.CacheStats().Entries == 1 })
+	waitFor(t, "the watch to cache the record and prove itself current", func() bool {
+		st := s.CacheStats()
+		return st.Entries == 1 && st.Lag < DefaultCacheStaleness/2
+	})
 	before := calls.Load()
 	res, err := s.Do(ctx, Key{ID: "k"}, []byte("p"), work)
 	if err != nil || !res.Replayed || string(res.Body) != "ok" {
@@ -102,7 +105,8 @@ func TestCacheEvictsLeastRecentlyUsed(t *testing.T) {
 	kv := func(size int) *mvccpb.KeyValue {
 		return &mvccpb.KeyValue{Value: append(val, make([]byte, size)...), ModRevision: 1}
 	}
-	c := newDoneCache(3 * int64(len(val)+10+1+256))
+	c := newDoneCache(3*int64(len(val)+10+1+256), time.Hour)
+	c.current.Store(sinceEpoch()) // as if a progress answer had just come
 	for _, k := range []string{"a", "b", "c"} {
 		c.put(k, kv(10))
 	}
@@ -175,4 +179,60 @@ func TestAdaptiveClaimPath(t *testing.T) {
 	if s.readFirst() {
 		t.Fatal("400 new keys in a row did not switch back to writing first")
 	}
+}
+
+// A process whose link to etcd stops moving bytes (TCP kept open, as in a
+// partition) stops replaying from its cache once it cannot prove the cache
+// current within the staleness bound: an outcome evicted and replaced
+// elsewhere meanwhile is neither replayed nor held against the new
+// parameters; the claim goes to etcd and fails there as unavailable. Once
+// the link heals, the new outcome is what it sees.
+func TestCutOffCacheStopsReplaying(t *testing.T) {
+	const bound = 500 * time.Millisecond
+	proxy := newProxy(t, single.Endpoints()[0])
+	prefix := testPrefix(t)
+	cut := newStore(t, single.MustClient(t, proxy.URL()), prefix, WithCache(1<<20), WithCacheStaleness(bound), WithRequestTimeout(time.Second))
+	other := newStore(t, client(t), prefix)
+	ctx := testCtx(t)
+	k := Key{ID: "k"}
+	work := func(out string) func(context.Context, *Claim) ([]byte, error) {
+		return func(context.Context, *Claim) ([]byte, error) { return []byte(out), nil }
+	}
+	if _, err := other.Do(ctx, k, []byte(`{"v":1}`), work("first")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the cut store's cache to hold the record, current", func() bool {
+		st := cut.CacheStats()
+		return st.Entries == 1 && st.Lag < bound/2
+	})
+	if res, err := cut.Do(ctx, k, []byte(`{"v":1}`), work("never")); err != nil || string(res.Body) != "first" {
+		t.Fatalf("cached replay = %q, %v", res.Body, err)
+	}
+
+	proxy.Blackhole()
+	cutAt := time.Now()
+	if err := other.Evict(ctx, k); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Do(ctx, k, []byte(`{"v":2}`), work("second")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the cache to pass its staleness bound", func() bool { return cut.CacheStats().Lag > bound })
+	t.Logf("cut off: the cache stopped answering %v after the cut (bound %v)", time.Since(cutAt).Round(time.Millisecond), bound)
+	for _, params := range []string{`{"v":1}`, `{"v":2}`} {
+		res, err := cut.Do(ctx, k, []byte(params), work("never"))
+		if !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("cut off, past the bound, params %s: %q replayed=%v, %v; want ErrUnavailable", params, res.Body, res.Replayed, err)
+		}
+	}
+	st := cut.CacheStats()
+	if st.Stale == 0 {
+		t.Fatalf("cache stats %+v: want lookups refused as stale", st)
+	}
+
+	proxy.Heal()
+	waitFor(t, "the cut store to see the new outcome", func() bool {
+		res, err := cut.Do(ctx, k, []byte(`{"v":2}`), work("never"))
+		return err == nil && string(res.Body) == "second"
+	})
 }

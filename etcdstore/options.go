@@ -36,6 +36,7 @@ type config struct {
 	endTimeout     time.Duration
 	requestTimeout time.Duration
 	cacheBytes     int64
+	cacheStaleness time.Duration
 	claimPath      ClaimPath
 	keysPerLease   int64
 	format         byte
@@ -153,12 +154,37 @@ func WithKeysPerLease(n int64) Option {
 // another process may be replayed from the cache until its deletion
 // reaches the watch, typically milliseconds; Evict through this store
 // invalidates it at once.
+//
+// The cache answers only while it can prove that it lags etcd by less than
+// WithCacheStaleness (default DefaultCacheStaleness); past that, every
+// claim goes to etcd, so a process cut off from etcd stops replaying from
+// memory within that bound.
 func WithCache(bytes int64) Option {
 	return option(func(c *config) error {
 		if bytes < 0 {
 			return fmt.Errorf("%w: cache size %d must not be negative", ErrInvalidArgument, bytes)
 		}
 		c.cacheBytes = bytes
+		return nil
+	})
+}
+
+// DefaultCacheStaleness is how far behind etcd the cache may be and still
+// answer.
+const DefaultCacheStaleness = 2 * time.Second
+
+// WithCacheStaleness bounds how far behind etcd the cache may be and still
+// answer (default DefaultCacheStaleness, at least 100 ms): the longest a
+// record evicted elsewhere, or replaced after its retention, can still be
+// replayed from this process's memory, partitions included. The cache
+// proves itself current with an etcd progress request every quarter of the
+// bound.
+func WithCacheStaleness(d time.Duration) Option {
+	return option(func(c *config) error {
+		if d < 100*time.Millisecond {
+			return fmt.Errorf("%w: cache staleness %v must be at least 100ms", ErrInvalidArgument, d)
+		}
+		c.cacheStaleness = d
 		return nil
 	})
 }

@@ -85,6 +85,7 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 		endTimeout: DefaultEndTimeout,
 
 		requestTimeout: DefaultRequestTimeout,
+		cacheStaleness: DefaultCacheStaleness,
 		format:         recordVersion,
 	}
 	for _, o := range opts {
@@ -141,7 +142,7 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 	s.wg.Add(1)
 	go s.superviseSession(sess)
 	if c.cacheBytes > 0 {
-		s.cache = newDoneCache(c.cacheBytes)
+		s.cache = newDoneCache(c.cacheBytes, c.cacheStaleness)
 		s.wg.Add(1)
 		go s.feedCache()
 	}

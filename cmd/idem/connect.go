@@ -42,6 +42,7 @@ func (s *server) connect(ctx context.Context, timeout time.Duration) error {
 		etcdstore.WithSessionTTL(c.sessionTTL),
 		etcdstore.WithRequestTimeout(c.requestTimeout),
 		etcdstore.WithCache(c.cacheSize),
+		etcdstore.WithCacheStaleness(c.cacheStaleness),
 		etcdstore.WithKeysPerLease(c.keysPerLease),
 		etcdstore.WithRecordFormat(c.recordFormat),
 		etcdstore.WithLogger(s.log),

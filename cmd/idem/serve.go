@@ -75,6 +75,7 @@ type serveConfig struct {
 	sessionTTL     time.Duration
 	requestTimeout time.Duration
 	cacheSize      int64
+	cacheStaleness time.Duration
 	keysPerLease   int64
 	recordFormat   int
 
@@ -135,6 +136,7 @@ func (c *serveConfig) flags(stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&c.sessionTTL, "session-ttl", etcdstore.DefaultSessionTTL, "TTL of this process's liveness lease: its claims are taken over this long after it dies")
 	fs.DurationVar(&c.requestTimeout, "request-timeout", etcdstore.DefaultRequestTimeout, "bound on each etcd request; past it a request gets 503 (raise across data centres)")
 	fs.Int64Var(&c.cacheSize, "cache-size", 0, "bytes of done records kept in memory, fed by an etcd Watch, so replays need no etcd round trip (0: no cache; worth it when retries are frequent)")
+	fs.DurationVar(&c.cacheStaleness, "cache-staleness", etcdstore.DefaultCacheStaleness, "with --cache-size: the cache answers only while it provably lags etcd by less than this (a cut-off process stops replaying from memory after it)")
 	fs.Int64Var(&c.keysPerLease, "keys-per-lease", 20000, "writes this process attaches to one retention lease before its bucket rolls to a fresh lease (a lease's expiry deletes its keys in one raft entry)")
 	fs.IntVar(&c.recordFormat, "record-format", 2, "format of the records written (every format is read): 1 while upgrading from idem 0.1, then 2")
 	fs.StringVar(&c.dataDir, "data-dir", "idem-data", "data directory of the embedded etcd (without --endpoints)")
@@ -196,6 +198,9 @@ func (c *serveConfig) validate() error {
 		if !strings.HasPrefix(p, "/") {
 			return fmt.Errorf("route prefix %q must start with /", p)
 		}
+	}
+	if c.cacheStaleness < 100*time.Millisecond {
+		return fmt.Errorf("--cache-staleness %v must be at least 100ms", c.cacheStaleness)
 	}
 	if c.shutdownGrace <= 0 {
 		return fmt.Errorf("--shutdown-grace %v must be positive", c.shutdownGrace)

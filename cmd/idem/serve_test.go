@@ -301,7 +301,7 @@ func TestServeExternalEtcd(t *testing.T) {
 	dir := tempDir(t)
 	ep := startExternalEtcd(t, etcdBin, filepath.Join(dir, "etcd"))
 	up := newShop(t)
-	idem := startIdem(t, filepath.Join(dir, "work"), "--endpoints", ep, "--upstream", up.URL)
+	idem := startIdem(t, filepath.Join(dir, "work"), "--endpoints", ep, "--upstream", up.URL, "--cache-size", "1048576")
 	if _, err := os.Stat(filepath.Join(dir, "work", "idem-data")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("idem made an embedded etcd data dir while given --endpoints (%v)", err)
 	}
@@ -312,6 +312,16 @@ func TestServeExternalEtcd(t *testing.T) {
 	}
 	if r := send(t, "POST", idem.listen+"/pay", "ext-1", `{"a":2}`); r.status != 422 {
 		t.Fatalf("mismatch against etcd 3.4 = %d", r.status)
+	}
+	// etcd 3.4 answers the cache's progress requests: it proves itself
+	// current, and replays come from memory.
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(send(t, "GET", idem.admin+"/metrics", "", "").body, "idem_cache_hits_total 1") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no replay from the cache against etcd 3.4:\n%s", send(t, "GET", idem.admin+"/metrics", "", "").body)
+		}
+		send(t, "POST", idem.listen+"/pay", "ext-1", `{"a":1}`)
+		time.Sleep(50 * time.Millisecond) // polling a condition
 	}
 	out, err := runCmd(t, "status", "--endpoints", ep)
 	if err != nil || !strings.Contains(out, "version=3.4") || !strings.Contains(out, "keys=1") {

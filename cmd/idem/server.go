@@ -98,6 +98,21 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 	})
 	gauge("idem_final_writes_pending", "Final writes (outcomes of finished work) etcd has not acknowledged yet; retried in the background.",
 		func(st *etcdstore.Store) float64 { return float64(st.Pending()) })
+	counter := func(name, help string, f func(etcdstore.CacheStats) int64) {
+		s.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 {
+			if st := s.current(); st != nil {
+				return float64(f(st.CacheStats()))
+			}
+			return 0
+		}))
+	}
+	if c.cacheSize > 0 {
+		counter("idem_cache_hits_total", "Replays answered from the done-record cache.", func(c etcdstore.CacheStats) int64 { return c.Hits })
+		counter("idem_cache_stale_total", "Lookups the cache did not answer because it could not prove itself current within --cache-staleness.",
+			func(c etcdstore.CacheStats) int64 { return c.Stale })
+		gauge("idem_cache_lag_seconds", "How long ago the cache last proved itself current (an etcd progress notification); past --cache-staleness it answers nothing.",
+			func(st *etcdstore.Store) float64 { return st.CacheStats().Lag.Seconds() })
+	}
 	s.metrics = idemhttp.NewMetrics(s.reg)
 	if s.waiting, err = c.waitingEdge(); err != nil {
 		return nil, err
