@@ -22,7 +22,7 @@ ENV GOWORK=off
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/idem ./cmd/idem && mkdir -p /out/data
+RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/idem ./cmd/idem && mkdir -p -m 0700 /out/data
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/idem /idem

@@ -198,6 +198,14 @@ func (s *Store) readOnly(ctx context.Context, c *Claim, werr error) (*Record, er
 		return nil, &MismatchError{Key: c.key}
 	case cur.State == Done:
 		return cur, nil
+	case cur.Owner != "" && (cur.Deadline.IsZero() || s.now().Before(cur.Deadline)):
+		// In flight: if its owner lives, it is a conflict as always (the
+		// owner may still save its outcome: a Put is refused, but the
+		// answer to this request does not depend on it). A stale one would
+		// be taken over, which needs a write.
+		if alive, _, err := s.ownerAlive(ctx, cur.Owner); err == nil && alive {
+			return nil, s.conflict(c.key, cur, s.now())
+		}
 	}
 	return nil, wrapEtcd("claim", c.key, werr)
 }
@@ -276,6 +284,9 @@ func wrapEtcd(op string, k Key, err error) error {
 	}
 	if errors.Is(err, rpctypes.ErrRequestTooLarge) || errors.Is(err, rpctypes.ErrTooManyOps) {
 		return fmt.Errorf("%s %s: %w: %w", op, k, ErrTooLarge, err)
+	}
+	if errors.Is(err, rpctypes.ErrNoSpace) {
+		return fmt.Errorf("%s %s: %w: %w: %w", op, k, ErrStoreFull, ErrUnavailable, err)
 	}
 	return unavailable(op, k, err)
 }

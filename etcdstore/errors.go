@@ -65,6 +65,12 @@ var (
 	// attempt id lets a retry recognise its own claim.
 	ErrUnavailable = errors.New("etcd unavailable")
 
+	// ErrStoreFull is returned (together with ErrUnavailable) when etcd
+	// refuses a write because its database reached its quota (the NOSPACE
+	// alarm). Nothing was written. Replays of done keys still work; an
+	// operator must compact, defragment and disarm the alarm.
+	ErrStoreFull = errors.New("etcd is out of space (NOSPACE alarm)")
+
 	// ErrSessionLost is the cause of a claim's context when the process's
 	// session lease expired: another process may take the claim over.
 	ErrSessionLost = errors.New("session lease lost")

@@ -115,6 +115,10 @@ func TestReplayWhenEtcdIsFull(t *testing.T) {
 	if _, err := s.Do(ctx, Key{ID: "done-before"}, []byte("p"), work); err != nil {
 		t.Fatal(err)
 	}
+	held, _, err := s.Claim(ctx, Key{ID: "in-flight"}, fpOf(t, "p"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	// Fill the database until etcd raises the alarm.
 	filler := strings.Repeat("x", 512<<10)
 	for i := 0; ; i++ {
@@ -133,7 +137,47 @@ func TestReplayWhenEtcdIsFull(t *testing.T) {
 	if _, err := s.Do(ctx, Key{ID: "done-before"}, []byte("other"), work); !errors.Is(err, ErrMismatch) {
 		t.Fatalf("mismatch when full = %v; want ErrMismatch", err)
 	}
-	if _, err := s.Do(ctx, Key{ID: "new"}, []byte("p"), work); !errors.Is(err, ErrUnavailable) || !errors.Is(err, rpctypes.ErrNoSpace) {
-		t.Fatalf("new key when full = %v; want ErrUnavailable caused by NOSPACE", err)
+	if _, err := s.Do(ctx, Key{ID: "new"}, []byte("p"), work); !errors.Is(err, ErrStoreFull) || !errors.Is(err, ErrUnavailable) || !errors.Is(err, rpctypes.ErrNoSpace) {
+		t.Fatalf("new key when full = %v; want ErrStoreFull (and ErrUnavailable) caused by NOSPACE", err)
+	}
+	if _, _, err := s.Claim(ctx, Key{ID: "in-flight"}, fpOf(t, "p")); !errors.Is(err, ErrConflict) {
+		t.Fatalf("a key in flight under a live owner, when full = %v; want ErrConflict", err)
+	}
+	if full, err := s.CheckFull(ctx); !s.Full() || !full || err != nil {
+		t.Fatalf("Full() = %v, CheckFull = %v, %v; want full", s.Full(), full, err)
+	}
+
+	// The recovery docs/OPERATIONS.md gives: delete, compact, defragment,
+	// disarm.
+	if _, err := cli.Delete(ctx, "/filler/", clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	st, err := cli.Status(ctx, small.Endpoints()[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Compact(ctx, st.Header.Revision, clientv3.WithCompactPhysical()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Defragment(ctx, small.Endpoints()[0]); err != nil {
+		t.Fatal(err)
+	}
+	alarms, err := cli.AlarmList(ctx)
+	if err != nil || len(alarms.Alarms) == 0 {
+		t.Fatalf("alarm list = %v, %v; want the NOSPACE alarm", alarms, err)
+	}
+	for _, a := range alarms.Alarms { // as etcdctl alarm disarm does
+		if _, err := cli.AlarmDisarm(ctx, &clientv3.AlarmMember{MemberID: a.MemberID, Alarm: a.Alarm}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if full, err := s.CheckFull(ctx); full || err != nil || s.Full() {
+		t.Fatalf("after the recovery CheckFull = %v, %v (Full %v); want room again", full, err, s.Full())
+	}
+	if res, err := s.Do(ctx, Key{ID: "new"}, []byte("p"), work); err != nil || res.Replayed {
+		t.Fatalf("new key after the recovery = %+v, %v", res, err)
+	}
+	if err := held.Complete(ctx, Outcome{Body: []byte("late")}); err != nil {
+		t.Fatalf("the held claim's complete after the recovery = %v", err)
 	}
 }

@@ -2,6 +2,7 @@ package etcdstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idem-dev/idem/internal/sim"
@@ -52,6 +54,8 @@ type Store struct {
 	endTimeout time.Duration
 	format     byte // of the records written
 	log        *slog.Logger
+
+	full atomic.Bool // etcd refused the last write for lack of space
 
 	cache     *doneCache // nil without WithCache
 	claimPath ClaimPath
@@ -211,6 +215,49 @@ func (s *Store) Owner() string {
 
 // Live reports whether the store has a live session: claims can be made.
 func (s *Store) Live() bool { return s.Owner() != "" }
+
+// Full reports whether etcd refused this store's last write for lack of
+// space (the NOSPACE alarm: the database reached its quota), and no write
+// has been accepted since. While it is full, new keys and takeovers fail
+// with ErrStoreFull; done keys are still replayed, and in-flight keys still
+// conflict.
+func (s *Store) Full() bool { return s.full.Load() }
+
+// CheckFull asks etcd whether it still refuses writes for lack of space,
+// when Full says it did, and returns the answer: a Txn whose Put can never
+// run (its compare is never true), which etcd refuses while its NOSPACE
+// alarm is raised and otherwise answers writing nothing. A store that
+// writes nothing while etcd is full would otherwise never learn that an
+// operator freed space.
+func (s *Store) CheckFull(ctx context.Context) (bool, error) {
+	if !s.Full() {
+		return false, nil
+	}
+	ctx, cancel := s.try(ctx)
+	defer cancel()
+	probe := s.ks.prefix + "full-probe"
+	_, err := s.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(probe), "<", 0)).Then(clientv3.OpPut(probe, "")).Commit()
+	switch {
+	case errors.Is(err, rpctypes.ErrNoSpace):
+		return true, nil
+	case err != nil:
+		return s.Full(), err
+	}
+	s.noteFull(false)
+	return false, nil
+}
+
+// noteFull records whether etcd has room, and logs each change.
+func (s *Store) noteFull(full bool) {
+	if s.full.Swap(full) == full {
+		return
+	}
+	if full {
+		s.log.Error("idem: etcd is out of space (NOSPACE alarm): new keys are refused, replays still work; compact, defragment and disarm the alarm (docs/OPERATIONS.md)")
+	} else {
+		s.log.Info("idem: etcd accepts writes again")
+	}
+}
 
 // Running returns how many claims this process holds and has not ended.
 func (s *Store) Running() int {

@@ -115,8 +115,14 @@ func (s *Store) cas(ctx context.Context, k Key, owner string, cmps []cond, w wri
 		}
 		resp, err = s.client.Txn(rctx).If(ifs...).Then(append([]clientv3.Op{w.op()}, extra...)...).Else(els...).Commit()
 	}
+	if errors.Is(err, rpctypes.ErrNoSpace) {
+		s.noteFull(true)
+	}
 	if err != nil {
 		return casResult{}, err
+	}
+	if !w.delete {
+		s.noteFull(false) // a Put was accepted: etcd has room again
 	}
 	if resp.Succeeded {
 		return casResult{ok: true, rev: resp.Header.Revision}, nil

@@ -57,8 +57,20 @@ type APIConfig struct {
 	// ProblemDocs is the URL problem answers link to (default
 	// DefaultProblemDocs; "none": no Link).
 	ProblemDocs string
-	Metrics     *Metrics
+	// MaxCheckpoint is the largest checkpoint a worker may save (default
+	// DefaultMaxCheckpoint; 413 past it).
+	MaxCheckpoint int
+	// Limiter bounds what each tenant may make idem write (default: no
+	// limits).
+	Limiter *Limiter
+	Metrics *Metrics
 }
+
+// DefaultMaxCheckpoint is the default of APIConfig.MaxCheckpoint: a
+// recovery point names where to resume (a step, an id), not the work's
+// data, and every checkpoint rewrites the whole record, which etcd keeps
+// in its history until compaction.
+const DefaultMaxCheckpoint = 64 << 10
 
 // API is idem's JSON API for workers in any language: claim, checkpoint,
 // renew, complete, release, abandon, get and wait, under /v1/. It is
@@ -104,6 +116,9 @@ func NewAPI(cfg APIConfig) (*API, error) {
 	}
 	if cfg.MaxWait <= 0 {
 		cfg.MaxWait = DefaultMaxWait
+	}
+	if cfg.MaxCheckpoint <= 0 {
+		cfg.MaxCheckpoint = DefaultMaxCheckpoint
 	}
 	cfg.ProblemDocs = problemDocs(cfg.ProblemDocs)
 	a := &API{cfg: cfg, mux: http.NewServeMux(), claims: make(map[heldKey]*etcdstore.Claim)}

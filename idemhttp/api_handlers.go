@@ -58,6 +58,11 @@ func (a *API) claim(w http.ResponseWriter, r *http.Request) {
 		defer cancel()
 		opts = append(opts, etcdstore.WithWait())
 	}
+	if p := a.cfg.Limiter.admitClaim(tenant); p != nil {
+		a.problem(w, *p)
+		a.labelIs(w, labelRateLimited)
+		return
+	}
 	if held := a.held(key, req.Attempt); held != nil {
 		if held.Fingerprint() != fp {
 			a.problem(w, ProblemFor(&etcdstore.MismatchError{Key: key}))
@@ -136,6 +141,8 @@ func (a *API) complete(w http.ResponseWriter, r *http.Request) {
 			return &p
 		}
 		return nil
+	}, func(*etcdstore.Claim) int {
+		return outcomeSize(req.Outcome.Status, req.Outcome.Headers, req.Outcome.Body, req.Outcome.Error)
 	}, func(ctx context.Context, c *etcdstore.Claim) (string, error) {
 		o := req.Outcome
 		return "done", c.Complete(ctx, etcdstore.Outcome{Status: o.Status, Header: o.Headers, Body: o.Body, Err: o.Error})
@@ -146,7 +153,14 @@ func (a *API) complete(w http.ResponseWriter, r *http.Request) {
 
 func (a *API) checkpoint(w http.ResponseWriter, r *http.Request) {
 	var req CheckpointRequest
-	a.withClaim(w, r, &req, &req.Handle, func() *Problem { return a.checkExtend(req.ExtendMS, false) },
+	a.withClaim(w, r, &req, &req.Handle, func() *Problem {
+		if len(req.Checkpoint) > a.cfg.MaxCheckpoint {
+			p := NewProblem(http.StatusRequestEntityTooLarge, KindRequestTooLarge,
+				fmt.Sprintf("checkpoint is %d bytes, limit %d: a recovery point names where to resume, not the work's data", len(req.Checkpoint), a.cfg.MaxCheckpoint))
+			return &p
+		}
+		return a.checkExtend(req.ExtendMS, false)
+	}, func(*etcdstore.Claim) int { return len(req.Checkpoint) },
 		func(ctx context.Context, c *etcdstore.Claim) (string, error) {
 			err := c.Checkpoint(ctx, req.Checkpoint)
 			if err == nil && req.ExtendMS > 0 {
@@ -158,7 +172,7 @@ func (a *API) checkpoint(w http.ResponseWriter, r *http.Request) {
 
 func (a *API) renew(w http.ResponseWriter, r *http.Request) {
 	var req RenewRequest
-	a.withClaim(w, r, &req, &req.Handle, func() *Problem { return a.checkExtend(req.ExtendMS, true) },
+	a.withClaim(w, r, &req, &req.Handle, func() *Problem { return a.checkExtend(req.ExtendMS, true) }, rewrite,
 		func(ctx context.Context, c *etcdstore.Claim) (string, error) {
 			return "claimed", c.Renew(ctx, time.Duration(req.ExtendMS)*time.Millisecond)
 		}, nil)
@@ -166,7 +180,7 @@ func (a *API) renew(w http.ResponseWriter, r *http.Request) {
 
 func (a *API) release(w http.ResponseWriter, r *http.Request) {
 	var req HandleRequest
-	a.withClaim(w, r, &req, &req.Handle, nil, func(ctx context.Context, c *etcdstore.Claim) (string, error) {
+	a.withClaim(w, r, &req, &req.Handle, nil, nil, func(ctx context.Context, c *etcdstore.Claim) (string, error) {
 		if c.TookOver() {
 			return "abandoned", c.Release(ctx) // a claim that took over is kept for the next owner
 		}
@@ -176,7 +190,7 @@ func (a *API) release(w http.ResponseWriter, r *http.Request) {
 
 func (a *API) abandon(w http.ResponseWriter, r *http.Request) {
 	var req HandleRequest
-	a.withClaim(w, r, &req, &req.Handle, nil, func(ctx context.Context, c *etcdstore.Claim) (string, error) {
+	a.withClaim(w, r, &req, &req.Handle, nil, rewrite, func(ctx context.Context, c *etcdstore.Claim) (string, error) {
 		return "abandoned", c.Abandon(ctx)
 	}, func(rec *etcdstore.Record) bool {
 		return rec.State == etcdstore.InFlight && rec.Owner == ""
@@ -198,12 +212,17 @@ func (a *API) checkExtend(ms int64, required bool) *Problem {
 	return nil
 }
 
+// rewrite is the cost of a write that puts the claim's record again as it
+// is (renew, abandon): its checkpoint.
+func rewrite(c *etcdstore.Claim) int { return len(c.LastCheckpoint()) }
+
 // withClaim serves one call on a claim's handle: it decodes req (whose
-// handle is hj), runs check, finds the claim and runs op on it. When the
+// handle is hj), runs check, finds the claim, takes what op will write
+// (cost, nil: nothing counted) from the tenant's byte budget, and runs op. When the
 // claim is no longer the handle's and landed reports that the record shows
 // this very claim already did what op does (a retry after a lost reply),
 // the call is answered with that state instead of a conflict.
-func (a *API) withClaim(w http.ResponseWriter, r *http.Request, req any, hj *HandleJSON, check func() *Problem,
+func (a *API) withClaim(w http.ResponseWriter, r *http.Request, req any, hj *HandleJSON, check func() *Problem, cost func(*etcdstore.Claim) int,
 	op func(context.Context, *etcdstore.Claim) (string, error), landed func(*etcdstore.Record) bool) {
 	tenant, ok := a.decode(w, r, req)
 	if !ok {
@@ -231,6 +250,13 @@ func (a *API) withClaim(w http.ResponseWriter, r *http.Request, req any, hj *Han
 	if err != nil {
 		a.fail(w, err)
 		return
+	}
+	if cost != nil {
+		if p := a.cfg.Limiter.admitBytes(tenant, cost(c)); p != nil {
+			a.problem(w, *p)
+			a.labelIs(w, labelRateLimited)
+			return
+		}
 	}
 	state, err := op(r.Context(), c)
 	if err != nil {

@@ -15,6 +15,8 @@ const (
 	labelFenced          = "fenced"           // the handler ran but its claim was taken over
 	labelInvalid         = "invalid"          // 400/403/413 before any claim
 	labelUnavailable     = "unavailable"      // 503: etcd unreachable
+	labelStoreFull       = "store_full"       // 503: etcd out of space (NOSPACE)
+	labelRateLimited     = "rate_limited"     // 429: over the tenant's limits
 	labelUpstream        = "upstream_err"     // 502: the request never reached the upstream (released)
 	labelUpstreamUnknown = "upstream_unknown" // 502/504: the upstream may have acted; its answer was lost
 	labelPassthrough     = "passthrough"      // no key, or a method that is not claimed
@@ -64,6 +66,10 @@ func labelOf(p Problem) string {
 		return labelFenced
 	case ProblemTypePrefix + KindUnavailable:
 		return labelUnavailable
+	case ProblemTypePrefix + KindStoreFull:
+		return labelStoreFull
+	case ProblemTypePrefix + KindRateLimited:
+		return labelRateLimited
 	}
 	if p.Status < 500 {
 		return labelInvalid

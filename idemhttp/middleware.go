@@ -69,6 +69,10 @@ type Config struct {
 	// Link: <URL>; rel="describedby" (default DefaultProblemDocs; "none":
 	// no Link).
 	ProblemDocs string
+	// Limiter bounds what each tenant may make idem write (default: no
+	// limits): past it, a keyed request gets 429 rate-limited before any
+	// claim.
+	Limiter *Limiter
 	// OnUnknownOutcome says how a claim ends when the request may have
 	// reached the handler's upstream but no whole answer came back: a
 	// timeout, a connection that broke after the request was sent, a
@@ -214,6 +218,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if p != nil {
 		return m.refuse(w, r, *p)
 	}
+	if p := m.cfg.Limiter.admitClaim(req.key.Tenant); p != nil {
+		m.refuse(w, r, *p)
+		return labelRateLimited
+	}
 	w.Header().Set(HeaderRetention, strconv.Itoa(int(m.cfg.Store.Retention().Seconds())))
 
 	var opts []etcdstore.RunOption
@@ -316,6 +324,11 @@ func (m *Middleware) run(w http.ResponseWriter, req *request, next http.Handler,
 		ans = m.decide(rec, aborted)
 		return ans.out, ans.end
 	}, opts...)
+	if rec != nil && ans.end == etcdstore.EndSave {
+		// The outcome is saved (or will be): the work ran, so it is never
+		// refused after the fact; the tenant's next claims pay for it.
+		m.cfg.Limiter.charge(req.key.Tenant, outcomeSize(ans.out.Status, ans.out.Header, ans.out.Body, ans.out.Err))
+	}
 
 	if rec == nil { // the handler did not run: a replay or a refusal
 		if err != nil {
@@ -355,6 +368,11 @@ func (m *Middleware) run(w http.ResponseWriter, req *request, next http.Handler,
 		p := NewProblem(http.StatusServiceUnavailable, KindUnavailable,
 			"the request ran but its response could not be saved yet; retry with the same key to get it")
 		p.RetryAfter = 1
+		if errors.Is(err, etcdstore.ErrStoreFull) {
+			p = NewProblem(http.StatusServiceUnavailable, KindStoreFull,
+				"the request ran but its response could not be saved yet: the idempotency store is out of space (NOSPACE); retry with the same key to get it once an operator frees space")
+			p.RetryAfter = 30
+		}
 		m.writeProblem(w, p)
 		m.log(req, labelUnavailable, res.Token, p.Status)
 		return labelUnavailable, nil

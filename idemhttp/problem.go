@@ -76,6 +76,8 @@ const (
 	KindInternal            = "internal"
 	KindMethodNotAllowed    = "method-not-allowed"
 	KindUnauthorized        = "unauthorized"
+	KindStoreFull           = "store-full"
+	KindRateLimited         = "rate-limited"
 )
 
 var titles = map[string]string{
@@ -97,6 +99,8 @@ var titles = map[string]string{
 	KindInternal:            "Internal error",
 	KindMethodNotAllowed:    "Method not allowed",
 	KindUnauthorized:        "Unauthorized",
+	KindStoreFull:           "Idempotency store out of space",
+	KindRateLimited:         "Over the tenant's limits",
 }
 
 // NewProblem returns the problem of kind with status and detail.
@@ -156,6 +160,11 @@ func ProblemFor(err error) Problem {
 		return NewProblem(http.StatusRequestEntityTooLarge, KindRequestTooLarge, err.Error())
 	case errors.Is(err, etcdstore.ErrNotFound):
 		return NewProblem(http.StatusNotFound, KindNotFound, err.Error())
+	case errors.Is(err, etcdstore.ErrStoreFull):
+		p := NewProblem(http.StatusServiceUnavailable, KindStoreFull,
+			"the idempotency store is out of space (etcd's NOSPACE alarm): new operations cannot be claimed until an operator frees space; replays of finished ones still work; retry later with the same key")
+		p.RetryAfter = 30
+		return p
 	case errors.Is(err, etcdstore.ErrUnavailable), errors.Is(err, etcdstore.ErrClosed),
 		errors.Is(err, context.DeadlineExceeded):
 		p := NewProblem(http.StatusServiceUnavailable, KindUnavailable, "the idempotency store cannot be reached; retry with the same key")

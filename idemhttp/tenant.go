@@ -50,6 +50,23 @@ func TrustedHeaderTenant(header string, trusted []netip.Prefix, fallback TenantF
 	}
 }
 
+// GuardTenantHeader refuses with 403 untrusted-tenant every request that
+// carries header from a peer outside trusted, before next sees it: the
+// requests the middleware passes through unclaimed too, so that an
+// upstream that believes the header (it trusts idem to have checked it)
+// never gets one that a client made up. Use it around the middleware when
+// the tenant comes from TrustedHeaderTenant.
+func GuardTenantHeader(header string, trusted []netip.Prefix, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(r.Header.Values(header)) > 0 && !fromTrusted(r, trusted) {
+			NewProblem(http.StatusForbidden, KindUntrustedTenant,
+				fmt.Sprintf("%s is honoured only from a trusted proxy; %s is not one", header, r.RemoteAddr)).Write(w)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 func fromTrusted(r *http.Request, trusted []netip.Prefix) bool {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {

@@ -35,7 +35,7 @@ func newAdminCmd(name, synopsis string, stderr io.Writer) *adminCmd {
 		fmt.Fprintf(stderr, "usage: idem %s\n\nFlags:\n", synopsis)
 		a.fs.PrintDefaults()
 	}
-	a.etcd.register(a.fs, []string{"127.0.0.1:2379"})
+	a.etcd.register(a.fs, []string{socketURL("idem-data")}) // the embedded etcd of an idem serve run here
 	a.fs.StringVar(&a.tenant, "tenant", etcdstore.DefaultTenant, "tenant of the keys")
 	a.fs.StringVar(&a.format, "w", "simple", "output format: simple, json or table")
 	a.fs.DurationVar(&a.timeout, "command-timeout", 10*time.Second, "timeout of the command")

@@ -205,12 +205,14 @@ func (e *etcdFlags) explain(err error) error {
 // probe connects to one endpoint as the client would and returns what went
 // wrong, or "" if nothing did.
 func probe(endpoint string, tlsCfg *tls.Config, timeout time.Duration) string {
-	host := endpoint
-	if u, err := url.Parse(endpoint); err == nil && u.Host != "" {
+	network, host := "tcp", endpoint
+	if sock, ok := unixSocket(endpoint); ok {
+		network, host = "unix", sock
+	} else if u, err := url.Parse(endpoint); err == nil && u.Host != "" {
 		host = u.Host
 	}
 	timeout = min(max(timeout, time.Second), 5*time.Second)
-	conn, err := net.DialTimeout("tcp", host, timeout)
+	conn, err := net.DialTimeout(network, host, timeout)
 	if err != nil {
 		return err.Error()
 	}

@@ -63,8 +63,18 @@ func (s *syncBuffer) String() string {
 // startIdem starts "idem serve args..." in dir and waits until it listens.
 func startIdem(t *testing.T, dir string, args ...string) *idemProc {
 	t.Helper()
+	return startIdemUnder(t, dir, "", args...)
+}
+
+// startIdemUnder is startIdem with the shell commands of prelude run first
+// (ulimit -n 256, say), in the shell that then becomes idem.
+func startIdemUnder(t *testing.T, dir, prelude string, args ...string) *idemProc {
+	t.Helper()
 	args = append([]string{"serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json"}, args...)
 	cmd := exec.Command(os.Args[0], args...)
+	if prelude != "" {
+		cmd = exec.Command("/bin/sh", append([]string{"-c", prelude + ` && exec "$0" "$@"`, os.Args[0]}, args...)...)
+	}
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "IDEM_TEST_RUN_MAIN=1")
 	stderr, err := cmd.StderrPipe()

@@ -43,6 +43,7 @@ type serveConfig struct {
 	etcd etcdFlags
 
 	listen, adminListen string
+	maxConnections      int
 	upstream            string
 	upstreamTimeout     time.Duration
 	methods             listFlag
@@ -59,6 +60,8 @@ type serveConfig struct {
 	maxWait             time.Duration
 	claimDeadline       time.Duration
 	apiDeadline         time.Duration
+	maxCheckpoint       int
+	limits              idemhttp.Limits
 	tenantHeader        string
 	trustedProxies      listFlag
 
@@ -76,6 +79,7 @@ type serveConfig struct {
 	requestTimeout time.Duration
 	cacheSize      int64
 	cacheStaleness time.Duration
+	readyWhenFull  bool
 	keysPerLease   int64
 	recordFormat   int
 
@@ -102,6 +106,7 @@ func (c *serveConfig) flags(stderr io.Writer) *flag.FlagSet {
 	c.etcd.register(fs, nil)
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "address of the idempotency edge (proxy or JSON API)")
 	fs.StringVar(&c.adminListen, "admin-listen", "127.0.0.1:8081", "address of /livez, /readyz, /metrics (and /debug/pprof with --pprof)")
+	fs.IntVar(&c.maxConnections, "max-connections", 0, "connections the edge serves at once; more wait in the kernel's backlog instead of exhausting file descriptors (0: from the open-file limit, half of what is left after 128 for etcd and idem; the admin listener has 32 of its own)")
 	fs.StringVar(&c.upstream, "upstream", "", "upstream URL: run as a reverse proxy (sidecar) in front of it")
 	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", 30*time.Second, "how long to wait for the upstream's response headers")
 	c.methods = listFlag{"POST", "PATCH"}
@@ -120,6 +125,11 @@ func (c *serveConfig) flags(stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&c.maxWait, "max-wait", idemhttp.DefaultMaxWait, "cap on Prefer: wait=N")
 	fs.DurationVar(&c.claimDeadline, "claim-deadline", 0, "deadline of a proxied claim (0: none; only the owner's death makes it stale)")
 	fs.DurationVar(&c.apiDeadline, "api-deadline", idemhttp.DefaultAPIDeadline, "default deadline of a claim made through the JSON API")
+	fs.IntVar(&c.maxCheckpoint, "max-checkpoint-bytes", idemhttp.DefaultMaxCheckpoint, "largest checkpoint a worker of the JSON API may save, bytes (413 past it)")
+	fs.Float64Var(&c.limits.ClaimsPerSecond, "tenant-claims-per-second", 0, "keyed requests (claims, replays included) one tenant may make per second in this process (429 past it; 0: no limit)")
+	fs.IntVar(&c.limits.ClaimBurst, "tenant-claim-burst", 0, "burst of --tenant-claims-per-second (0: one second's worth)")
+	fs.Float64Var(&c.limits.BytesPerSecond, "tenant-bytes-per-second", 0, "bytes of saved outcomes and checkpoints one tenant may have written per second in this process (429 on its next claims past it; 0: no limit)")
+	fs.Int64Var(&c.limits.BytesBurst, "tenant-bytes-burst", 0, "burst of --tenant-bytes-per-second (0: ten seconds' worth, at least 1 MiB)")
 	fs.StringVar(&c.tenantHeader, "tenant-header", "", "request header naming the tenant, honoured only from --trusted-proxies")
 	fs.Var(list(&c.trustedProxies), "trusted-proxies", "CIDRs of authenticating proxies whose --tenant-header is trusted")
 	fs.StringVar(&c.tlsCertFile, "tls-cert-file", "", "serve --listen over TLS with this certificate (PEM; reloaded when it changes)")
@@ -136,11 +146,12 @@ func (c *serveConfig) flags(stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&c.sessionTTL, "session-ttl", etcdstore.DefaultSessionTTL, "TTL of this process's liveness lease: its claims are taken over this long after it dies")
 	fs.DurationVar(&c.requestTimeout, "request-timeout", etcdstore.DefaultRequestTimeout, "bound on each etcd request; past it a request gets 503 (raise across data centres)")
 	fs.Int64Var(&c.cacheSize, "cache-size", 0, "bytes of done records kept in memory, fed by an etcd Watch, so replays need no etcd round trip (0: no cache; worth it when retries are frequent)")
+	fs.BoolVar(&c.readyWhenFull, "ready-when-full", false, "keep /readyz at 200 while etcd is out of space (NOSPACE): for sidecars, whose pod must keep serving the traffic idem passes through, and replays")
 	fs.DurationVar(&c.cacheStaleness, "cache-staleness", etcdstore.DefaultCacheStaleness, "with --cache-size: the cache answers only while it provably lags etcd by less than this (a cut-off process stops replaying from memory after it)")
 	fs.Int64Var(&c.keysPerLease, "keys-per-lease", 20000, "writes this process attaches to one retention lease before its bucket rolls to a fresh lease (a lease's expiry deletes its keys in one raft entry)")
 	fs.IntVar(&c.recordFormat, "record-format", 2, "format of the records written (every format is read): 1 while upgrading from idem 0.1, then 2")
 	fs.StringVar(&c.dataDir, "data-dir", "idem-data", "data directory of the embedded etcd (without --endpoints)")
-	fs.StringVar(&c.embeddedClientURL, "embedded-client-url", "http://127.0.0.1:2379", "client URL of the embedded etcd")
+	fs.StringVar(&c.embeddedClientURL, "embedded-client-url", "", "client URL of the embedded etcd (default: the unix socket DATA-DIR/etcd.sock, mode 0600 in a 0700 directory: no other local user reaches it; an http:// URL has no TLS and no auth)")
 	fs.StringVar(&c.embeddedPeerURL, "embedded-peer-url", "http://127.0.0.1:2380", "peer URL of the embedded etcd")
 	fs.Int64Var(&c.quotaBytes, "quota-backend-bytes", 2<<30, "backend quota of the embedded etcd, bytes")
 	fs.StringVar(&c.compaction, "auto-compaction-retention", "1h", "periodic auto-compaction window of the embedded etcd")
@@ -198,6 +209,21 @@ func (c *serveConfig) validate() error {
 		if !strings.HasPrefix(p, "/") {
 			return fmt.Errorf("route prefix %q must start with /", p)
 		}
+	}
+	if _, err := idemhttp.NewLimiter(c.limits); err != nil {
+		return fmt.Errorf("--tenant-*: %w", err)
+	}
+	if c.embeddedClientURL == "" {
+		c.embeddedClientURL = socketURL(c.dataDir)
+	}
+	if sock, ok := unixSocket(c.embeddedClientURL); ok && len(sock) > 100 {
+		return fmt.Errorf("--data-dir %q: the embedded etcd's socket path %q is over the 100 bytes a unix socket may have; use a shorter path or --embedded-client-url", c.dataDir, sock)
+	}
+	if c.maxConnections < 0 {
+		return fmt.Errorf("--max-connections %d must not be negative", c.maxConnections)
+	}
+	if c.maxCheckpoint <= 0 {
+		return fmt.Errorf("--max-checkpoint-bytes %d must be positive", c.maxCheckpoint)
 	}
 	if c.cacheStaleness < 100*time.Millisecond {
 		return fmt.Errorf("--cache-staleness %v must be at least 100ms", c.cacheStaleness)
@@ -349,10 +375,32 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := c.load(); err != nil {
 		return err
 	}
-	srv, err := newServer(ctx, &c, c.logger(stderr))
+	log := c.logger(stderr)
+	srv, err := newServer(ctx, &c, log)
 	if err != nil {
+		log.Error("idem could not start", "err", err)
 		return err
 	}
 	defer srv.Close()
-	return srv.Run(ctx)
+	if err := srv.Run(ctx); err != nil {
+		log.Error("idem is exiting", "err", err)
+		return err
+	}
+	log.Info("idem is exiting", "reason", "signal")
+	return nil
 }
+
+// connLimit is --max-connections, or the default from the open-file limit:
+// what is left after 128 descriptors for etcd (embedded or its client) and
+// idem itself, halved because a proxied request may hold an upstream
+// connection too.
+func (c *serveConfig) connLimit() int {
+	if c.maxConnections > 0 {
+		return c.maxConnections
+	}
+	return max(16, (openFileLimit()-128)/2)
+}
+
+// adminConnLimit bounds the admin listener's connections: probes and
+// scrapes need few, and a flood of them must not take the edge's share.
+const adminConnLimit = 32

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +21,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"golang.org/x/net/netutil"
 
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/idemhttp"
@@ -75,6 +79,12 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 		if s.etcd, err = c.startEmbedded(ctx); err != nil {
 			return nil, err
 		}
+		if sock, ok := unixSocket(c.embeddedClientURL); ok {
+			// etcd made the data dir 0700; the socket is the owner's too.
+			if err = os.Chmod(sock, 0o600); err != nil {
+				return nil, fmt.Errorf("embedded etcd socket: %w", err)
+			}
+		}
 		c.etcd.endpoints = listFlag{c.embeddedClientURL}
 		log.Info("embedded etcd started", "data_dir", c.dataDir, "client_url", c.embeddedClientURL)
 	}
@@ -92,6 +102,12 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 	gauge("idem_claims_running", "Claims this process holds and has not ended.", func(st *etcdstore.Store) float64 { return float64(st.Running()) })
 	gauge("idem_session_live", "1 while this process has a live etcd session.", func(st *etcdstore.Store) float64 {
 		if st.Live() {
+			return 1
+		}
+		return 0
+	})
+	gauge("idem_store_full", "1 while etcd refuses this process's writes for lack of space (the NOSPACE alarm).", func(st *etcdstore.Store) float64 {
+		if st.Full() {
 			return 1
 		}
 		return 0
@@ -137,15 +153,22 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 		return nil, err
 	}
 
+	var handler http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if edge := s.edge.Load(); edge != nil {
+			(*edge).ServeHTTP(w, r)
+			return
+		}
+		s.waiting.ServeHTTP(w, r)
+	})
+	if c.tenantHeader != "" {
+		trusted, _ := c.trusted() // validated
+		handler = idemhttp.GuardTenantHeader(c.tenantHeader, trusted, handler)
+	}
 	s.main = &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			s.inflight.Add(1)
 			defer s.inflight.Done()
-			if edge := s.edge.Load(); edge != nil {
-				(*edge).ServeHTTP(w, r)
-				return
-			}
-			s.waiting.ServeHTTP(w, r)
+			handler.ServeHTTP(w, r)
 		}),
 		TLSConfig:         c.mainTLS,
 		ReadHeaderTimeout: c.readHeaderTimeout, // slowloris
@@ -161,12 +184,17 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 		ReadTimeout:       c.readTimeout,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
+	// Both listeners accept no more connections than they may hold: past
+	// the limit, connections wait in the kernel's backlog, and accept never
+	// runs out of file descriptors (which would also starve etcd's).
 	if s.mainLn, err = net.Listen("tcp", c.listen); err != nil {
 		return nil, fmt.Errorf("--listen: %w", err)
 	}
+	s.mainLn = netutil.LimitListener(s.mainLn, c.connLimit())
 	if s.adminLn, err = net.Listen("tcp", c.adminListen); err != nil {
 		return nil, fmt.Errorf("--admin-listen: %w", err)
 	}
+	s.adminLn = netutil.LimitListener(s.adminLn, adminConnLimit)
 	return s, nil
 }
 
@@ -184,7 +212,7 @@ func (s *server) Run(ctx context.Context) error {
 	}
 	s.log.Info("idem listening", "listen", s.mainLn.Addr().String(), "admin", s.adminLn.Addr().String(),
 		"mode", mode, "tls", c.mainTLS != nil, "admin_tls", c.adminTLS != nil, "upstream", c.upstream,
-		"etcd", strings.Join(c.etcd.endpoints, ","), "connected", s.current() != nil)
+		"etcd", strings.Join(c.etcd.endpoints, ","), "connected", s.current() != nil, "max_connections", c.connLimit())
 	errc := make(chan error, 2)
 	go func() { errc <- serveOn(s.main, s.mainLn) }()
 	go func() { errc <- serveOn(s.admin, s.adminLn) }()
@@ -272,9 +300,14 @@ func serveOn(srv *http.Server, ln net.Listener) error {
 // edge builds the idempotency edge: the proxy or the JSON API.
 func (c *serveConfig) edge(store *etcdstore.Store, metrics *idemhttp.Metrics, log *slog.Logger) (http.Handler, error) {
 	tenant := c.tenant()
+	limiter, err := idemhttp.NewLimiter(c.limits)
+	if err != nil {
+		return nil, err
+	}
 	if c.upstream == "" {
 		return idemhttp.NewAPI(idemhttp.APIConfig{
 			Store: store, Tenant: tenant, Deadline: c.apiDeadline, MaxWait: c.maxWait, Metrics: metrics, ProblemDocs: c.problemDocs,
+			MaxCheckpoint: c.maxCheckpoint, Limiter: limiter,
 		})
 	}
 	cfg := idemhttp.Config{
@@ -289,6 +322,7 @@ func (c *serveConfig) edge(store *etcdstore.Store, metrics *idemhttp.Metrics, lo
 		Logger:             log,
 		LogKeys:            c.logKeys,
 		Metrics:            metrics,
+		Limiter:            limiter,
 	}
 	if len(c.requireKey) > 0 {
 		cfg.RequireKey = pathPrefixes(c.requireKey)
@@ -356,6 +390,10 @@ func (s *server) adminMux() http.Handler {
 			http.Error(w, "no live etcd session", http.StatusServiceUnavailable)
 			return
 		}
+		if full, _ := store.CheckFull(r.Context()); full && !c.readyWhenFull {
+			http.Error(w, "etcd is out of space (NOSPACE alarm): new keys are refused, replays still work; see docs/OPERATIONS.md", http.StatusServiceUnavailable)
+			return
+		}
 		s.mu.Lock()
 		cli := s.cli
 		s.mu.Unlock()
@@ -381,6 +419,11 @@ func (s *server) adminMux() http.Handler {
 
 // startEmbedded starts the single-node etcd of the default mode.
 func (c *serveConfig) startEmbedded(ctx context.Context) (*embed.Etcd, error) {
+	// The data dir is the owner's alone (etcd wants it so), and holds the
+	// client socket: made before etcd listens on it.
+	if err := os.MkdirAll(c.dataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("--data-dir: %w", err)
+	}
 	sctx, cancel := context.WithTimeout(ctx, embedded.ReadyTimeout)
 	defer cancel()
 	e, err := embedded.Start(sctx, embedded.Config{
@@ -391,10 +434,69 @@ func (c *serveConfig) startEmbedded(ctx context.Context) (*embed.Etcd, error) {
 		QuotaBytes:          c.quotaBytes,
 		CompactionRetention: c.compaction,
 		NoFsync:             c.unsafeNoFsync,
-		Logger:              zap.NewNop(),
+		Logger:              etcdLogger(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("embedded etcd in %s: %w", c.dataDir, err)
 	}
 	return e, nil
+}
+
+// etcdLogger is the embedded etcd's logger: its errors (and above all a
+// fatal error, after which etcd exits the process) on stderr as JSON, so
+// that idem never stops without saying why; nothing below error.
+func etcdLogger() *zap.Logger {
+	enc := zap.NewProductionEncoderConfig()
+	enc.EncodeTime = zapcore.RFC3339NanoTimeEncoder
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.Lock(os.Stderr), zap.ErrorLevel)
+	return zap.New(quietClose{core}, zap.AddStacktrace(zap.FatalLevel)).With(zap.String("component", "embedded-etcd"))
+}
+
+// quietClose drops what etcd logs as errors when it is closed on purpose:
+// its listeners' "server closed" and "use of closed network connection".
+type quietClose struct{ zapcore.Core }
+
+func (q quietClose) With(fields []zapcore.Field) zapcore.Core { return quietClose{q.Core.With(fields)} }
+
+func (q quietClose) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
+	if q.Enabled(e.Level) {
+		return ce.AddCore(e, q)
+	}
+	return ce
+}
+
+func (q quietClose) Write(e zapcore.Entry, fields []zapcore.Field) error {
+	if e.Level < zapcore.DPanicLevel {
+		for _, f := range fields {
+			if err, ok := f.Interface.(error); ok && f.Type == zapcore.ErrorType && closedOnPurpose(err.Error()) {
+				return nil
+			}
+		}
+	}
+	return q.Core.Write(e, fields)
+}
+
+func closedOnPurpose(msg string) bool {
+	for _, s := range []string{"server closed", "Server closed", "use of closed network connection"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// unixSocket returns the path of a unix:// URL's socket, as etcd reads it
+// (host and path together: unix://dir/etcd.sock is relative).
+func unixSocket(rawURL string) (string, bool) {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Scheme != "unix" {
+		return "", false
+	}
+	return u.Host + u.Path, true
+}
+
+// socketURL is the default client URL of the embedded etcd: a unix socket
+// in its data directory.
+func socketURL(dataDir string) string {
+	return "unix://" + filepath.ToSlash(filepath.Join(dataDir, "etcd.sock"))
 }
