@@ -179,7 +179,7 @@ func (s *Store) readDone(ctx context.Context, k Key) (*Record, error) {
 	if err != nil || len(resp.Kvs) == 0 {
 		return nil, err
 	}
-	rec, err := decode(k, resp.Kvs[0])
+	rec, err := s.decode(k, resp.Kvs[0])
 	if err != nil || rec.State != Done || rec.expired(s.now()) {
 		return nil, err
 	}
@@ -214,10 +214,7 @@ func (s *Store) readOnly(ctx context.Context, c *Claim, werr error) (*Record, er
 // owner is set, only while owner's key exists), with token (0: the revision
 // of this write), refreshing the lease once if etcd no longer knows it.
 func (s *Store) writeRecord(ctx context.Context, k Key, owner string, cmps []cond, rec *Record, token fencing.Token, extra ...clientv3.Op) (casResult, error) {
-	val := encode(rec, token)
-	if s.format == recordV1 {
-		val = encodeV1(rec, token)
-	}
+	val := s.encodeAs(s.format, rec, token)
 	for refreshed := false; ; refreshed = true {
 		id, err := s.buckets.For(ctx, s.now())
 		if err != nil {

@@ -3,6 +3,8 @@ package etcdstore
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -16,6 +18,22 @@ type Admin struct {
 	ks      keyspace
 	now     func() time.Time
 	timeout time.Duration // per etcd request; 0: none
+
+	dictsOnce sync.Once
+	dicts     *dictionaries // the compression dictionaries met (format 3)
+	log       *slog.Logger
+}
+
+// dictionaries returns a's dictionaries, made on first use.
+func (a *Admin) dictionaries() *dictionaries {
+	a.dictsOnce.Do(func() {
+		log := a.log
+		if log == nil {
+			log = slog.New(slog.DiscardHandler)
+		}
+		a.dicts = newDictionaries(a.client, a.ks, a.timeout, log, a.now)
+	})
+	return a.dicts
 }
 
 // bound limits one call of the store, its retries included, to the
@@ -108,7 +126,7 @@ func (a *Admin) get(ctx context.Context, k Key) (*Record, int64, error) {
 	if len(resp.Kvs) == 0 {
 		return nil, resp.Header.Revision, nil
 	}
-	rec, err := decode(k, resp.Kvs[0])
+	rec, err := a.decode(k, resp.Kvs[0])
 	if err != nil {
 		return nil, 0, fmt.Errorf("get %s: %w", k, err)
 	}
@@ -227,7 +245,7 @@ func (a *Admin) List(ctx context.Context, tenant string, o ListOptions) ([]*Reco
 				corrupt++
 				continue
 			}
-			rec, err := decode(k, kv)
+			rec, err := a.decode(k, kv)
 			if err != nil {
 				corrupt++
 				continue
@@ -296,7 +314,7 @@ func (a *Admin) Stats(ctx context.Context, maxScan int64) (Stats, error) {
 				return st, nil
 			}
 			k, _ := a.ks.parseRecord(string(kv.Key))
-			rec, err := decode(k, kv)
+			rec, err := a.decode(k, kv)
 			st.Scanned++
 			switch {
 			case err != nil:

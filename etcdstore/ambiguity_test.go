@@ -303,7 +303,8 @@ func TestEvictIsNotUndoneByALaggingWatch(t *testing.T) {
 	ctx := testCtx(t)
 	key := Key{ID: "k"}
 
-	// A first key, so the cache's watch is known to run.
+	// The watch runs once it has proved itself current; then a first key.
+	waitFor(t, "the cache's watch", func() bool { return s.CacheStats().Lag < DefaultCacheStaleness })
 	if _, err := s.Do(ctx, Key{ID: "warm"}, nil, func(context.Context, *Claim) ([]byte, error) { return []byte("w"), nil }); err != nil {
 		t.Fatal(err)
 	}

@@ -38,8 +38,9 @@ import (
 // milliseconds, at most the staleness bound. Evictions through this store
 // invalidate it at once.
 type doneCache struct {
-	max   int64         // bytes
-	bound time.Duration // the longest the cache may lag behind etcd
+	max    int64         // bytes
+	bound  time.Duration // the longest the cache may lag behind etcd
+	decode func(Key, *mvccpb.KeyValue) (*Record, error)
 
 	// current is when (time.Now, in nanoseconds since start) the latest
 	// answered progress request was sent: the cache has every event etcd
@@ -66,7 +67,7 @@ type cacheEntry struct {
 }
 
 func newDoneCache(max int64, bound time.Duration) *doneCache {
-	c := &doneCache{max: max, bound: bound, order: list.New(), byKey: make(map[string]*list.Element), tombs: make(map[string]int64)}
+	c := &doneCache{max: max, bound: bound, decode: decode, order: list.New(), byKey: make(map[string]*list.Element), tombs: make(map[string]int64)}
 	c.current.Store(-1 << 62) // not current until a progress answer says so
 	return c
 }
@@ -82,33 +83,48 @@ func (c *doneCache) fresh() bool {
 }
 
 // get returns the cached done record of k, or nil (also when the cache may
-// be staler than its bound).
+// be staler than its bound). An entry is decoded on its first use, outside
+// the lock (a compressed record may need its dictionary from etcd).
 func (c *doneCache) get(ekey string, k Key) *Record {
 	fresh := c.fresh()
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if !fresh {
 		c.stale++
+		c.mu.Unlock()
 		return nil
 	}
 	el, ok := c.byKey[ekey]
 	if !ok {
 		c.misses++
+		c.mu.Unlock()
 		return nil
 	}
 	e := el.Value.(*cacheEntry)
-	if e.rec == nil {
-		rec, err := decode(k, e.kv)
-		if err != nil {
-			c.removeLocked(ekey)
+	rec, kv := e.rec, e.kv
+	c.mu.Unlock()
+	if rec == nil {
+		var err error
+		if rec, err = c.decode(k, kv); err != nil {
+			c.mu.Lock()
+			if cur, ok := c.byKey[ekey]; ok && cur == el {
+				c.removeLocked(ekey)
+			}
 			c.misses++
+			c.mu.Unlock()
 			return nil
 		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cur, ok := c.byKey[ekey]; ok && cur == el {
 		e.rec, e.kv = rec, nil
+		c.order.MoveToFront(el)
+	} else if !ok {
+		c.misses++ // invalidated meanwhile
+		return nil
 	}
 	c.hits++
-	c.order.MoveToFront(el)
-	return e.rec
+	return rec
 }
 
 // put caches a done record seen on the watch, undecoded.
@@ -218,7 +234,12 @@ func (s *Store) feedCache() {
 			}
 			continue
 		}
-		s.watchCache(ctx, resp.Header.Revision+1, try)
+		// From the read's own revision, not the next: etcd sends no
+		// progress notification to a watch that starts in the future
+		// (until the store reaches that revision), and the cache could not
+		// prove itself current on a quiet prefix. An event at that revision
+		// is state the read saw: applying it again is harmless.
+		s.watchCache(ctx, resp.Header.Revision, try)
 		select {
 		case <-ctx.Done():
 			return

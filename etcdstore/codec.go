@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -24,9 +25,18 @@ import (
 // later is read as absent by older processes. Version 1, a JSON object, is
 // still read: records written before an upgrade stay readable until their
 // retention ends. Any other version is never overwritten (ErrCorrupt).
+//
+// Version 3 is version 2 compressed with zstd (compress.go): one byte of
+// version, one of state (so that a done record is told from a claim
+// without decompressing it), the dictionary's id as a uvarint (0: none),
+// then a zstd frame of what follows the version byte in version 2. It is
+// written only when it is smaller.
 const (
-	recordV1      = 1
-	recordVersion = 2
+	recordV1 = 1
+	recordV2 = 2
+	recordV3 = 3
+
+	recordVersion = recordV3 // the default format
 )
 
 // The metadata fields. Numbers are never reused.
@@ -81,8 +91,13 @@ func encode(r *Record, token fencing.Token) []byte {
 	}
 	m = appendVarint(m, fState, state)
 	m = appendBytes(m, fFP, r.Fingerprint[:])
-	m = appendString(m, fOwner, r.Owner)
-	m = appendString(m, fAttempt, r.Attempt)
+	if r.State != Done {
+		// A done record needs neither: nobody owns it, and its claim is
+		// recognised by its token alone (a key's tokens are revisions of
+		// its own claim writes: no two claims share one).
+		m = appendString(m, fOwner, r.Owner)
+		m = appendString(m, fAttempt, r.Attempt)
+	}
 	m = appendVarint(m, fToken, uint64(token))
 	m = appendTime(m, fCreated, r.Created)
 	m = appendTime(m, fExpires, r.Expires)
@@ -110,7 +125,7 @@ func encode(r *Record, token fencing.Token) []byte {
 		body = o.Body
 	}
 	buf := make([]byte, 0, 1+binary.MaxVarintLen64+len(m)+len(body))
-	buf = append(buf, recordVersion)
+	buf = append(buf, recordV2)
 	buf = binary.AppendUvarint(buf, uint64(len(m)))
 	buf = append(buf, m...)
 	return append(buf, body...)
@@ -174,13 +189,67 @@ func split(v []byte) (byte, []byte, []byte, bool) {
 	return v[0], v[1+w : 1+w+int(n)], v[1+w+int(n):], true
 }
 
-// DecodeRecord reads the record of key k from its etcd key-value, for tools
-// that read idem's records from etcd directly (a watch of the prefix, a
-// backup). An unknown version or a malformed record is an error wrapping
-// ErrCorrupt.
-func DecodeRecord(k Key, kv *mvccpb.KeyValue) (*Record, error) { return decode(k, kv) }
+// encodeAs lays r out in format (1, 2 or 3), offering a done record's body
+// to the next compression dictionary.
+func (a *Admin) encodeAs(format byte, r *Record, token fencing.Token) []byte {
+	switch format {
+	case recordV1:
+		return encodeV1(r, token)
+	case recordV2:
+		return encode(r, token)
+	}
+	v2 := encode(r, token)
+	if r.Outcome == nil || len(r.Outcome.Body) < compressMin {
+		return v2
+	}
+	d := a.dictionaries()
+	d.sample(v2[1:]) // what is compressed: headers and metadata too
+	id, frame := d.compress(v2[1:])
+	v3 := make([]byte, 0, 2+binary.MaxVarintLen32+len(frame))
+	v3 = append(v3, recordV3, 2)
+	v3 = binary.AppendUvarint(v3, uint64(id))
+	v3 = append(v3, frame...)
+	if len(v3)+16 > len(v2) {
+		return v2 // compression does not pay
+	}
+	return v3
+}
 
-// decode reads a record from its etcd key-value.
+// DecodeRecord reads a record from its etcd key-value, for tools that read
+// idem's records from etcd directly (a watch of the prefix, a backup). A
+// key outside the prefix's records, an unknown version or a malformed
+// record is an error wrapping ErrCorrupt. A compressed record whose
+// dictionary this Admin has not met yet is read with one etcd Get.
+func (a *Admin) DecodeRecord(kv *mvccpb.KeyValue) (*Record, error) {
+	k, ok := a.ks.parseRecord(string(kv.Key))
+	if !ok {
+		return nil, fmt.Errorf("%w: %q is not a record key under %q", ErrCorrupt, kv.Key, a.ks.prefix)
+	}
+	return a.decode(k, kv)
+}
+
+// decode reads a record from its etcd key-value, decompressing format 3.
+func (a *Admin) decode(k Key, kv *mvccpb.KeyValue) (*Record, error) {
+	if len(kv.Value) < 3 || kv.Value[0] != recordV3 {
+		return decode(k, kv)
+	}
+	id, n := binary.Uvarint(kv.Value[2:])
+	if n <= 0 || id > 1<<32-1 {
+		return nil, fmt.Errorf("record %s: %w: bad layout", k, ErrCorrupt)
+	}
+	plain, err := a.dictionaries().decompress(uint32(id), kv.Value[2+n:])
+	if err != nil {
+		if errors.Is(err, ErrUnavailable) {
+			return nil, fmt.Errorf("record %s: %w", k, err)
+		}
+		return nil, fmt.Errorf("record %s: %w: %v", k, ErrCorrupt, err)
+	}
+	v2 := &mvccpb.KeyValue{Key: kv.Key, CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision,
+		Version: kv.Version, Lease: kv.Lease, Value: append([]byte{recordV2}, plain...)}
+	return decode(k, v2)
+}
+
+// decode reads a record of format 1 or 2 from its etcd key-value.
 func decode(k Key, kv *mvccpb.KeyValue) (*Record, error) {
 	version, m, body, ok := split(kv.Value)
 	if !ok {
@@ -189,7 +258,7 @@ func decode(k Key, kv *mvccpb.KeyValue) (*Record, error) {
 	r := &Record{Key: k, Revision: kv.ModRevision, Lease: kv.Lease}
 	var err error
 	switch version {
-	case recordVersion:
+	case recordV2:
 		err = r.decodeV2(m)
 	case recordV1:
 		err = r.decodeV1(m)
@@ -378,11 +447,14 @@ func (r *Record) decodeV1(js []byte) error {
 // isDone reports whether an encoded record is done, without decoding it:
 // the state is the metadata's first field.
 func isDone(v []byte) bool {
+	if len(v) >= 2 && v[0] == recordV3 {
+		return v[1] == 2
+	}
 	version, m, _, ok := split(v)
 	switch {
 	case !ok:
 		return false
-	case version == recordVersion:
+	case version == recordV2:
 		return len(m) >= 2 && m[0] == byte(fState)<<3 && m[1] == 2
 	case version == recordV1:
 		return len(m) >= 11 && string(m[:11]) == `{"s":"done"`

@@ -220,13 +220,15 @@ func WithClaimPath(p ClaimPath) Option {
 }
 
 // WithRecordFormat sets the format of the records the store writes
-// (default 2; every format is read). Format 1 is what idem 0.1 reads: while
-// a deployment upgrades from 0.1, run the new processes with format 1, and
-// switch to 2 once no 0.1 process is left.
+// (default 3; every format is read). Format 1 is what idem 0.1 reads, 2
+// what idem 0.2 reads; 3 compresses done records against a shared
+// dictionary where that saves space. While a deployment upgrades, run the
+// new processes with the format the oldest process reads, and switch to 3
+// once no older process is left.
 func WithRecordFormat(n int) Option {
 	return option(func(c *config) error {
-		if n != recordV1 && n != recordVersion {
-			return fmt.Errorf("%w: record format %d: must be 1 or 2", ErrInvalidArgument, n)
+		if n != recordV1 && n != recordV2 && n != recordV3 {
+			return fmt.Errorf("%w: record format %d: must be 1, 2 or 3", ErrInvalidArgument, n)
 		}
 		c.format = byte(n)
 		return nil

@@ -124,7 +124,7 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 		now, afterFunc = hooks.Now, hooks.AfterFunc
 	}
 	s := &Store{
-		Admin:      Admin{client: client, ks: ks, now: now, timeout: c.requestTimeout},
+		Admin:      Admin{client: client, ks: ks, now: now, timeout: c.requestTimeout, log: c.log},
 		client:     client,
 		kv:         clientv3.RetryKVClient(client),
 		buckets:    b,
@@ -143,10 +143,20 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 		afterFunc:  afterFunc,
 	}
 	b.Request = s.try
+	if c.format == recordV3 {
+		d := s.dictionaries()
+		d.retention = c.retention
+		if err := d.load(ctx); err != nil {
+			s.log.Warn("idem: reading the current compression dictionary; records are written uncompressed until it is read", "err", err)
+		}
+		s.wg.Add(1)
+		go s.followDictionary()
+	}
 	s.wg.Add(1)
 	go s.superviseSession(sess)
 	if c.cacheBytes > 0 {
 		s.cache = newDoneCache(c.cacheBytes, c.cacheStaleness)
+		s.cache.decode = s.decode
 		s.wg.Add(1)
 		go s.feedCache()
 	}
@@ -298,10 +308,49 @@ func (s *Store) Close() error {
 	s.mu.Unlock()
 	close(s.closing)
 	s.wg.Wait()
+	if s.dicts != nil {
+		s.dicts.close()
+	}
 	if sess != nil {
 		return sess.Close()
 	}
 	return nil
+}
+
+// followDictionary watches which compression dictionary is current, until
+// the store closes: a dictionary another process published becomes this
+// one's at once. A broken watch starts again, after a read.
+func (s *Store) followDictionary() {
+	defer s.wg.Done()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-s.closing
+		cancel()
+	}()
+	for try := 0; ctx.Err() == nil; try++ {
+		if err := s.dicts.load(ctx); err != nil {
+			s.log.Debug("idem: reading the current compression dictionary", "err", err)
+			if !backoff(ctx, min(try, 6)) {
+				return
+			}
+			continue
+		}
+		wch := s.client.Watch(clientv3.WithRequireLeader(ctx), s.dicts.currentKey())
+		for wr := range wch {
+			if wr.Err() != nil {
+				break
+			}
+			if len(wr.Events) > 0 {
+				if err := s.dicts.load(ctx); err != nil {
+					s.log.Debug("idem: reading the current compression dictionary", "err", err)
+				}
+			}
+		}
+		if !backoff(ctx, min(try, 6)) {
+			return
+		}
+	}
 }
 
 // Pending returns how many final writes this process still retries in the

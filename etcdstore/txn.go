@@ -132,7 +132,7 @@ func (s *Store) cas(ctx context.Context, k Key, owner string, cmps []cond, w wri
 		res.ownerGone = resp.Responses[1].GetResponseRange().Count == 0
 	}
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
-		if res.cur, err = decode(k, kvs[0]); err != nil {
+		if res.cur, err = s.decode(k, kvs[0]); err != nil {
 			return casResult{}, err
 		}
 	}

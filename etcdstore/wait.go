@@ -99,7 +99,7 @@ func (s *Store) awaitChange(ctx context.Context, k Key, cur *Record, seenRev, ow
 				if ev.Type == mvccpb.DELETE {
 					return nil, ev.Kv.ModRevision, nil
 				}
-				rec, err := decode(k, ev.Kv)
+				rec, err := s.decode(k, ev.Kv)
 				return rec, ev.Kv.ModRevision, err
 			}
 		case wr, ok := <-ownerCh:

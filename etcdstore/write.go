@@ -137,7 +137,9 @@ func (c *Claim) write(ctx context.Context, op string, final bool, extra []client
 			return nil
 		}
 		cur := res.cur
-		mine := cur != nil && cur.Token == c.token && cur.Attempt == c.attempt
+		// This claim's record: its token (a done record keeps no attempt id:
+		// no other claim of the key can have its token) and attempt id.
+		mine := cur != nil && cur.Token == c.token && (cur.State == Done || SameAttempt(cur.Attempt, c.attempt))
 		switch {
 		case mine && cur.State == InFlight && cur.Owner == "":
 			c.adoptLocked(cur, cur.Revision)

@@ -175,7 +175,7 @@ func (w *world) history(ctx context.Context) (map[string][]version, error) {
 			}
 			v := version{rev: ev.Kv.ModRevision, deleted: ev.Type == mvccpb.DELETE}
 			if !v.deleted {
-				rec, err := etcdstore.DecodeRecord(etcdstore.Key{ID: id}, ev.Kv)
+				rec, err := w.decoder.DecodeRecord(ev.Kv)
 				if err != nil {
 					return nil, fmt.Errorf("key %s at revision %d: %w", id, ev.Kv.ModRevision, err)
 				}

@@ -58,15 +58,16 @@ func TestMain(m *testing.M) {
 
 // world is one schedule.
 type world struct {
-	seed   uint64
-	s      *sched
-	rng    *rand.Rand // scripts and faults, drawn in the deterministic order of the run
-	prefix string
-	admin  *clientv3.Client // fault-free, for the nemesis and the checks
-	procs  []*process
-	sink   *sink
-	up     *httptest.Server
-	start  int64 // etcd revision before the schedule
+	seed    uint64
+	s       *sched
+	rng     *rand.Rand // scripts and faults, drawn in the deterministic order of the run
+	prefix  string
+	admin   *clientv3.Client // fault-free, for the nemesis and the checks
+	decoder *etcdstore.Admin // reads the records of the history
+	procs   []*process
+	sink    *sink
+	up      *httptest.Server
+	start   int64 // etcd revision before the schedule
 
 	faultRate float64 // share of actor calls that get a fault
 	healed    bool    // no more faults
@@ -142,6 +143,10 @@ func newWorld(seed uint64) (*world, error) {
 		return nil, err
 	}
 	w.admin = admin
+	if w.decoder, err = etcdstore.NewAdmin(admin, etcdstore.WithPrefix(w.prefix)); err != nil {
+		admin.Close()
+		return nil, err
+	}
 	resp, err := admin.Get(context.Background(), "/")
 	if err != nil {
 		admin.Close()

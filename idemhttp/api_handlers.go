@@ -241,7 +241,7 @@ func (a *API) withClaim(w http.ResponseWriter, r *http.Request, req any, hj *Han
 	}
 	c, err := a.claimFor(r.Context(), h)
 	if err != nil && errors.Is(err, etcdstore.ErrFenced) && landed != nil {
-		if rec, gerr := a.cfg.Store.Get(r.Context(), h.Key); gerr == nil && rec.Token == h.Token && etcdstore.SameAttempt(rec.Attempt, h.Attempt) && landed(rec) {
+		if rec, gerr := a.cfg.Store.Get(r.Context(), h.Key); gerr == nil && rec.Token == h.Token && (rec.State == etcdstore.Done || etcdstore.SameAttempt(rec.Attempt, h.Attempt)) && landed(rec) {
 			a.labelIs(w, labelClaimed)
 			writeJSON(w, http.StatusOK, HandleResponse{State: stateOf(rec)})
 			return

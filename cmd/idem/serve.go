@@ -149,7 +149,7 @@ func (c *serveConfig) flags(stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&c.readyWhenFull, "ready-when-full", false, "keep /readyz at 200 while etcd is out of space (NOSPACE): for sidecars, whose pod must keep serving the traffic idem passes through, and replays")
 	fs.DurationVar(&c.cacheStaleness, "cache-staleness", etcdstore.DefaultCacheStaleness, "with --cache-size: the cache answers only while it provably lags etcd by less than this (a cut-off process stops replaying from memory after it)")
 	fs.Int64Var(&c.keysPerLease, "keys-per-lease", 20000, "writes this process attaches to one retention lease before its bucket rolls to a fresh lease (a lease's expiry deletes its keys in one raft entry)")
-	fs.IntVar(&c.recordFormat, "record-format", 2, "format of the records written (every format is read): 1 while upgrading from idem 0.1, then 2")
+	fs.IntVar(&c.recordFormat, "record-format", 3, "format of the records written (every format is read): 1 or 2 while older idem processes (0.1, 0.2) still run, then 3 (compressed against a shared dictionary where that saves space)")
 	fs.StringVar(&c.dataDir, "data-dir", "idem-data", "data directory of the embedded etcd (without --endpoints)")
 	fs.StringVar(&c.embeddedClientURL, "embedded-client-url", "", "client URL of the embedded etcd (default: the unix socket DATA-DIR/etcd.sock, mode 0600 in a 0700 directory: no other local user reaches it; an http:// URL has no TLS and no auth)")
 	fs.StringVar(&c.embeddedPeerURL, "embedded-peer-url", "http://127.0.0.1:2380", "peer URL of the embedded etcd")
@@ -218,6 +218,9 @@ func (c *serveConfig) validate() error {
 	}
 	if sock, ok := unixSocket(c.embeddedClientURL); ok && len(sock) > 100 {
 		return fmt.Errorf("--data-dir %q: the embedded etcd's socket path %q is over the 100 bytes a unix socket may have; use a shorter path or --embedded-client-url", c.dataDir, sock)
+	}
+	if c.recordFormat < 1 || c.recordFormat > 3 {
+		return fmt.Errorf("--record-format %d: must be 1, 2 or 3", c.recordFormat)
 	}
 	if c.maxConnections < 0 {
 		return fmt.Errorf("--max-connections %d must not be negative", c.maxConnections)
