@@ -40,23 +40,25 @@ Flags:
 
 // benchConfig is what idem-bench is told.
 type benchConfig struct {
-	etcd        etcdFlags
-	suites      listFlag
-	members     listFlag
-	concurrency int
-	duration    time.Duration
-	ops         int
-	rounds      int
-	keys        int
-	payload     int
-	retries     float64
-	duplicates  float64
-	target      string
-	pg          string
-	scaleKeys   listFlag
-	jsonOut     bool
-	histogram   bool
-	fsync       bool
+	etcd         etcdFlags
+	suites       listFlag
+	members      listFlag
+	concurrency  int
+	duration     time.Duration
+	ops          int
+	rounds       int
+	keys         int
+	payload      int
+	body         string
+	recordFormat int
+	retries      float64
+	duplicates   float64
+	target       string
+	pg           string
+	scaleKeys    listFlag
+	jsonOut      bool
+	histogram    bool
+	fsync        bool
 }
 
 func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -75,6 +77,8 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&c.rounds, "rounds", 2, "interleaved rounds per comparison")
 	fs.IntVar(&c.keys, "keys", 10000, "key space of the replay and mix suites")
 	fs.IntVar(&c.payload, "payload", 256, "bytes of each saved response")
+	fs.IntVar(&c.recordFormat, "record-format", 3, "record format of the stores measured (the scale suite measures 2 and 3 side by side)")
+	fs.StringVar(&c.body, "body", "json", "saved responses of the scale suite: json (a 1 KiB payment object with random ids, and headers, each distinct) or fill (--payload bytes of a repeated pattern)")
 	fs.Float64Var(&c.retries, "retries", 0.5, "fraction of requests that retry a done key (mix)")
 	fs.Float64Var(&c.duplicates, "duplicates", 0, "fraction of requests sent twice at once (mix)")
 	fs.StringVar(&c.target, "target", "library", "what the mix suite drives: library, http or both")
@@ -100,6 +104,10 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return usageError{errors.New("--retries and --duplicates are fractions between 0 and 1")}
 	case c.target != "library" && c.target != "http" && c.target != "both":
 		return usageError{fmt.Errorf("--target %q: must be library, http or both", c.target)}
+	case c.recordFormat < 1 || c.recordFormat > 3:
+		return usageError{fmt.Errorf("--record-format %d: must be 1, 2 or 3", c.recordFormat)}
+	case c.body != "json" && c.body != "fill":
+		return usageError{fmt.Errorf("--body %q: must be json or fill", c.body)}
 	case c.keys < 1 || c.payload < 0:
 		return usageError{errors.New("--keys must be positive and --payload not negative")}
 	}

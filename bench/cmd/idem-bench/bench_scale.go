@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"sort"
@@ -10,98 +11,113 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/internal/etcdcluster"
-	"github.com/idem-dev/idem/lease"
+	"github.com/idem-dev/idem/internal/workload"
 )
 
-// suiteScale: throughput, latency and size as retained keys grow; leases
-// in use; a bucket's expiry.
+// suiteScale: size, throughput and latency as retained keys grow: bytes of
+// etcd per retained key (after compaction and defragmentation) in record
+// formats 2 and 3, side by side in the same run; then a bucket's expiry.
+// Each retained key saves a distinct response (--body json: a 1 KiB
+// payment object with random ids, and its headers), so that what
+// compression saves is what it saves on a real service.
 func suiteScale(ctx context.Context, b *bencher) ([]suiteReport, error) {
 	t, err := b.open(ctx, 1, etcdcluster.Options{Configure: func(c *embed.Config) { c.QuotaBackendBytes = 8 << 30 }})
 	if err != nil {
 		return nil, err
 	}
 	defer t.close()
-	stores, err := t.newStores(ctx)
+	stores, err := t.newStores(ctx) // the default format, 3
+	if err != nil {
+		return nil, err
+	}
+	v2, err := t.newStores(ctx, etcdstore.WithPrefix(t.prefix+"v2/"), etcdstore.WithRecordFormat(2))
 	if err != nil {
 		return nil, err
 	}
 	cli := t.clients[0]
 	ep := cli.Endpoints()[0]
 	params := []byte(`{"amount":100}`)
-	// A real record to copy: retained keys are made at bulk speed by
-	// writing its bytes under many names, on the same retention lease.
-	if _, err := stores[0].Do(ctx, etcdstore.Key{ID: "template"}, params, b.work()); err != nil {
-		return nil, err
-	}
-	tmpl, err := cli.Get(ctx, t.prefix+"k/default/template")
-	if err != nil || len(tmpl.Kvs) != 1 {
-		return nil, fmt.Errorf("template record: %v", err)
-	}
-	value := string(tmpl.Kvs[0].Value)
-	// Retained keys take their leases as idem does: a bucket's lease rolls
-	// over every lease.DefaultMaxUses writes.
-	buckets, err := lease.NewBuckets(cli, t.prefix+"l/", etcdstore.DefaultRetention, etcdstore.DefaultBucketWidth)
-	if err != nil {
-		return nil, err
-	}
-	leaseIDs := map[clientv3.LeaseID]bool{}
 	var reports []suiteReport
 	have := 0
-	var last suiteReport
 	for _, s := range b.cfg.scaleKeys.vals {
 		want, err := strconv.Atoi(s)
 		if err != nil || want < have {
 			return nil, fmt.Errorf("--scale-keys %q must grow", s)
 		}
-		before, err := cli.Status(ctx, ep)
-		if err != nil {
-			return nil, err
+		extra := map[string]string{}
+		var perKey3 float64
+		var valueBytes int
+		for _, f := range []struct {
+			format int
+			stores []*etcdstore.Store
+		}{{2, v2}, {3, stores}} {
+			before, heapBefore, err := settledSize(ctx, cli, ep)
+			if err != nil {
+				return nil, err
+			}
+			start := time.Now()
+			n, err := b.fill(ctx, f.stores, fmt.Sprintf("retained-%d-", f.format), have, want)
+			if err != nil {
+				return nil, err
+			}
+			fill := time.Since(start)
+			after, heapAfter, err := settledSize(ctx, cli, ep)
+			if err != nil {
+				return nil, err
+			}
+			perKey := float64(after-before) / float64(want-have)
+			prefix := t.prefix
+			if f.format == 2 {
+				prefix += "v2/"
+			}
+			valueBytes, err = meanValue(ctx, cli, prefix+fmt.Sprintf("k/default/retained-%d-", f.format))
+			if err != nil {
+				return nil, err
+			}
+			label := fmt.Sprintf("format %d", f.format)
+			extra[label+": filled in"] = fmt.Sprintf("%v (%.0f keys/s)", fill.Round(time.Millisecond), float64(n)/fill.Seconds())
+			extra[label+": record value bytes"] = fmt.Sprintf("%d (mean of the last 100)", valueBytes)
+			extra[label+": db bytes per key"] = fmt.Sprintf("%.0f", perKey)
+			extra[label+": process heap per key"] = fmt.Sprintf("%.0f bytes (incl. the embedded etcd's index)", float64(heapAfter-heapBefore)/float64(want-have))
+			if f.format == 3 {
+				perKey3 = perKey
+			}
 		}
-		start := time.Now()
-		if err := bulkPut(ctx, cli, buckets, leaseIDs, t.prefix+"k/default/retained-", value, have, want); err != nil {
-			return nil, err
-		}
-		fill := time.Since(start)
-		st, err := cli.Status(ctx, ep)
-		if err != nil {
-			return nil, err
-		}
-		perKey := float64(st.DbSize-before.DbSize) / float64(want-have)
 		have = want
+		// The line runs are compared on: the default format.
+		extra["db bytes per key"] = fmt.Sprintf("%.0f (format 3, after compaction and defragmentation)", perKey3)
+		extra["record value bytes"] = strconv.Itoa(valueBytes)
+		extra["retained keys per 8 GiB cluster"] = fmt.Sprintf("%.1f M", 8*float64(1<<30)/perKey3/1e6)
+		extra["claims/s sustainable at 24 h retention per 8 GiB cluster"] = fmt.Sprintf("%.0f", 8*float64(1<<30)/perKey3/86400)
 		leases, err := cli.Leases(ctx)
 		if err != nil {
 			return nil, err
 		}
+		extra["leases in use"] = strconv.Itoa(len(leases.Leases))
 		fk := &keys{prefix: fmt.Sprintf("fresh-%d-", want)}
 		res := b.compare(ctx,
 			side{"idem Do, new keys", func(ctx context.Context, w int) (string, error) {
 				return doOutcome(stores[w%clientPool].Do(ctx, etcdstore.Key{ID: fk.next()}, params, b.work()))
 			}},
 			side{"idem replay of a retained key", func(ctx context.Context, w int) (string, error) {
-				id := "retained-" + strconv.Itoa(int(time.Now().UnixNano()%int64(want)))
-				return doOutcome(stores[w%clientPool].Do(ctx, etcdstore.Key{ID: id}, params, b.work()))
+				id := "retained-3-" + strconv.Itoa(int(time.Now().UnixNano()%int64(want)))
+				return doOutcome(stores[w%clientPool].Do(ctx, etcdstore.Key{ID: id}, params, nil))
 			}},
 		)
-		var ms runtime.MemStats
-		runtime.ReadMemStats(&ms)
-		last = suiteReport{
-			Suite: "scale", Title: fmt.Sprintf("%d retained keys, %s, %d clients", want, t.name, b.cfg.concurrency),
-			Results: res,
-			Extra: map[string]string{
-				"filled in":                          fill.Round(time.Millisecond).String(),
-				"etcd db size":                       fmt.Sprintf("%d bytes (%d in use) after the fill", st.DbSize, st.DbSizeInUse),
-				"db bytes per key":                   fmt.Sprintf("%.0f (growth of the db file over the fill, per key)", perKey),
-				"record value bytes":                 strconv.Itoa(len(value)),
-				"leases in use":                      strconv.Itoa(len(leases.Leases)),
-				"process heap (incl. embedded etcd)": fmt.Sprintf("%d MiB", ms.HeapAlloc>>20),
-			},
-		}
-		reports = append(reports, last)
+		reports = append(reports, suiteReport{
+			Suite: "scale", Title: fmt.Sprintf("%d retained keys (formats 2 and 3 each), %s, %d clients", want, t.name, b.cfg.concurrency),
+			Results: res, Extra: extra,
+		})
+	}
+	leaseIDs, err := recordLeases(ctx, cli, t.prefix+"k/")
+	if err != nil {
+		return nil, err
 	}
 	// A bucket's expiry: revoke every lease of the retained keys, as etcd
 	// does when they expire together (they share the bucket's end), while
@@ -154,7 +170,7 @@ func suiteScale(ctx context.Context, b *bencher) ([]suiteReport, error) {
 	rwg.Wait()
 	revoke := time.Since(t0)
 	// Wait for the deletions to be applied: the retained keys are gone.
-	for ctx.Err() == nil {
+	for ctx.Err() == nil && rerr == nil {
 		r, err := cli.Get(ctx, t.prefix+"k/default/retained-", clientv3.WithPrefix(), clientv3.WithCountOnly())
 		if err == nil && r.Count == 0 {
 			break
@@ -177,47 +193,115 @@ func suiteScale(ctx context.Context, b *bencher) ([]suiteReport, error) {
 	return reports, nil
 }
 
-// bulkPut writes keys prefix+[from, to) with value, each on the lease the
-// buckets hand out (recorded in ids), 100 per Txn, 16 Txns at a time.
-func bulkPut(ctx context.Context, cli *clientv3.Client, buckets *lease.Buckets, ids map[clientv3.LeaseID]bool, prefix, value string, from, to int) error {
+// fill saves keys prefix+[from, to) through stores, each with a distinct
+// response as --body says, from b.cfg.concurrency workers.
+func (b *bencher) fill(ctx context.Context, stores []*etcdstore.Store, prefix string, from, to int) (int, error) {
 	var next atomic.Int64
 	next.Store(int64(from))
-	var wg sync.WaitGroup
-	var mu sync.Mutex
+	var done atomic.Int64
 	var firstErr atomic.Value
-	for w := 0; w < 16; w++ {
+	var wg sync.WaitGroup
+	params := []byte(`{"amount":100}`)
+	fp := fingerprint(params)
+	for w := 0; w < b.cfg.concurrency; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for {
-				lo := int(next.Add(100)) - 100
-				if lo >= to || ctx.Err() != nil {
+				i := int(next.Add(1)) - 1
+				if i >= to || ctx.Err() != nil {
 					return
 				}
-				ops := make([]clientv3.Op, 0, 100)
-				for i := lo; i < min(lo+100, to); i++ {
-					id, err := buckets.For(ctx, time.Now())
-					if err != nil {
-						firstErr.CompareAndSwap(nil, err)
-						return
-					}
-					mu.Lock()
-					ids[id] = true
-					mu.Unlock()
-					ops = append(ops, clientv3.OpPut(prefix+strconv.Itoa(i), value, clientv3.WithLease(id)))
-				}
-				if _, err := cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+				out := b.outcome(i)
+				_, err := stores[w%len(stores)].Run(ctx, etcdstore.Key{ID: prefix + strconv.Itoa(i)}, fp,
+					func(context.Context, *etcdstore.Claim) (etcdstore.Outcome, etcdstore.End) {
+						return out, etcdstore.EndSave
+					})
+				if err != nil {
 					firstErr.CompareAndSwap(nil, err)
 					return
 				}
+				done.Add(1)
 			}
 		}()
 	}
 	wg.Wait()
 	if err, ok := firstErr.Load().(error); ok {
-		return err
+		return int(done.Load()), err
 	}
-	return nil
+	return int(done.Load()), nil
+}
+
+// outcome is the i-th saved response of the scale suite.
+func (b *bencher) outcome(i int) etcdstore.Outcome {
+	if b.cfg.body == "fill" {
+		return etcdstore.Outcome{Status: 200, Body: payload(b.cfg.payload)}
+	}
+	return etcdstore.Outcome{Status: 201, Header: workload.PaymentHeaders(), Body: workload.Payment(i)}
+}
+
+func fingerprint(params []byte) etcdstore.Fingerprint {
+	fp, _ := etcdstore.FingerprintOf(params)
+	return fp
+}
+
+// settledSize compacts etcd to its current revision, defragments it, and
+// returns the database's size and the process heap after a GC.
+func settledSize(ctx context.Context, cli *clientv3.Client, ep string) (int64, uint64, error) {
+	st, err := cli.Status(ctx, ep)
+	if err != nil {
+		return 0, 0, err
+	}
+	if _, err := cli.Compact(ctx, st.Header.Revision, clientv3.WithCompactPhysical()); err != nil && !errors.Is(err, rpctypes.ErrCompacted) {
+		return 0, 0, err // (compacted already: nothing was written since)
+	}
+	if _, err := cli.Defragment(ctx, ep); err != nil {
+		return 0, 0, err
+	}
+	if st, err = cli.Status(ctx, ep); err != nil {
+		return 0, 0, err
+	}
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return st.DbSize, ms.HeapAlloc, nil
+}
+
+// meanValue is the mean value size of the last 100 keys written under
+// prefix (the first ones were written before there was a dictionary).
+func meanValue(ctx context.Context, cli *clientv3.Client, prefix string) (int, error) {
+	resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithLimit(100),
+		clientv3.WithSort(clientv3.SortByModRevision, clientv3.SortDescend))
+	if err != nil || len(resp.Kvs) == 0 {
+		return 0, err
+	}
+	n := 0
+	for _, kv := range resp.Kvs {
+		n += len(kv.Value)
+	}
+	return n / len(resp.Kvs), nil
+}
+
+// recordLeases returns the leases the records under prefix are on.
+func recordLeases(ctx context.Context, cli *clientv3.Client, prefix string) (map[clientv3.LeaseID]bool, error) {
+	ids := map[clientv3.LeaseID]bool{}
+	key, end := prefix, clientv3.GetPrefixRangeEnd(prefix)
+	for {
+		// (WithKeysOnly would leave the lease out.)
+		resp, err := cli.Get(ctx, key, clientv3.WithRange(end), clientv3.WithLimit(2000))
+		if err != nil {
+			return nil, err
+		}
+		for _, kv := range resp.Kvs {
+			if kv.Lease != 0 {
+				ids[clientv3.LeaseID(kv.Lease)] = true
+			}
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			return ids, nil
+		}
+		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
 }
 
 // suiteWAN: 3 members 50 ms apart: a claim against one raft round.

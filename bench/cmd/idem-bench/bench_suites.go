@@ -33,6 +33,7 @@ type target struct {
 	clients []*clientv3.Client
 	prefix  string
 	stores  []*etcdstore.Store
+	opts    []etcdstore.Option // of every store (--record-format)
 }
 
 // clientPool is how many etcd clients the workers share.
@@ -41,7 +42,8 @@ const clientPool = 4
 // open returns an embedded cluster of n members (or the --endpoints
 // cluster) with a pool of clients on endpoints (default: every member).
 func (b *bencher) open(ctx context.Context, n int, opts etcdcluster.Options, endpoints ...string) (*target, error) {
-	t := &target{prefix: fmt.Sprintf("/idem-bench/%d/", time.Now().UnixNano())}
+	t := &target{prefix: fmt.Sprintf("/idem-bench/%d/", time.Now().UnixNano()),
+		opts: []etcdstore.Option{etcdstore.WithRecordFormat(b.cfg.recordFormat)}}
 	if len(b.cfg.etcd.endpoints.vals) > 0 {
 		t.name = "external etcd"
 		endpoints = b.cfg.etcd.endpoints.vals
@@ -70,7 +72,7 @@ func (b *bencher) open(ctx context.Context, n int, opts etcdcluster.Options, end
 
 // newStore makes one store on cli, under the target's prefix.
 func (t *target) newStore(ctx context.Context, cli *clientv3.Client, opts ...etcdstore.Option) (*etcdstore.Store, error) {
-	s, err := etcdstore.New(ctx, cli, append([]etcdstore.Option{etcdstore.WithPrefix(t.prefix)}, opts...)...)
+	s, err := etcdstore.New(ctx, cli, append(append([]etcdstore.Option{etcdstore.WithPrefix(t.prefix)}, t.opts...), opts...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -82,7 +84,7 @@ func (t *target) newStore(ctx context.Context, cli *clientv3.Client, opts ...etc
 func (t *target) newStores(ctx context.Context, opts ...etcdstore.Option) ([]*etcdstore.Store, error) {
 	var out []*etcdstore.Store
 	for _, cli := range t.clients {
-		s, err := etcdstore.New(ctx, cli, append([]etcdstore.Option{etcdstore.WithPrefix(t.prefix)}, opts...)...)
+		s, err := etcdstore.New(ctx, cli, append(append([]etcdstore.Option{etcdstore.WithPrefix(t.prefix)}, t.opts...), opts...)...)
 		if err != nil {
 			return nil, err
 		}
@@ -210,15 +212,31 @@ func suiteDo(ctx context.Context, b *bencher) ([]suiteReport, error) {
 // recordSizes runs one Do and returns the sizes of idem's in-flight and
 // done records.
 func recordSizes(ctx context.Context, s *etcdstore.Store, t *target, params []byte, work etcdstore.Work, payload int) (int, int, error) {
+	size := func(id string) (int, error) {
+		r, err := t.clients[0].Get(ctx, t.prefix+"k/"+etcdstore.DefaultTenant+"/"+id)
+		if err != nil || len(r.Kvs) != 1 {
+			return 0, fmt.Errorf("size probe %s: %v", id, err)
+		}
+		return len(r.Kvs[0].Value), nil
+	}
 	if _, err := s.Do(ctx, etcdstore.Key{ID: "size-probe"}, params, work); err != nil {
 		return 0, 0, err
 	}
-	r, err := t.clients[0].Get(ctx, t.prefix+"k/"+etcdstore.DefaultTenant+"/size-probe")
-	if err != nil || len(r.Kvs) != 1 {
-		return 0, 0, fmt.Errorf("size probe: %v", err)
+	done, err := size("size-probe")
+	if err != nil {
+		return 0, 0, err
 	}
-	done := len(r.Kvs[0].Value)
-	return done - payload, done, nil
+	fp, err := etcdstore.FingerprintOf(params)
+	if err != nil {
+		return 0, 0, err
+	}
+	c, _, err := s.Claim(ctx, etcdstore.Key{ID: "size-probe-claim"}, fp)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer c.Release(ctx)
+	claim, err := size("size-probe-claim")
+	return claim, done, err
 }
 
 // populate completes count keys through s, concurrently.
