@@ -48,6 +48,8 @@ func (s *Store) decide(ctx context.Context, c *Claim, sess *lease.Session, cfg *
 			case cur.expired(now):
 				// Retention has passed: the key names a new operation. Replace
 				// the old record; the new token is still greater.
+			case cur.State == Moved:
+				return nil, &MovedError{Key: c.key, To: cur.MovedTo, Epoch: cur.Epoch}
 			case cur.Fingerprint != c.fp:
 				return nil, &MismatchError{Key: c.key}
 			case cur.State == Done:
@@ -98,10 +100,15 @@ func (s *Store) decide(ctx context.Context, c *Claim, sess *lease.Session, cfg *
 		if cfg.deadline > 0 {
 			rec.Deadline = toMillis(now.Add(cfg.deadline))
 		}
-		if taken != nil {
+		if taken != nil && taken.State == InFlight {
 			rec.Created = taken.Created
 			rec.Checkpoint = taken.Checkpoint
 			rec.Takeovers = taken.Takeovers + 1
+		}
+		epoch := s.epoch.Load()
+		if s.epochs {
+			rec.Epoch = epoch
+			cmps = append(cmps, s.epochCond(epoch))
 		}
 		res, err := s.writeRecord(ctx, c.key, checkOwner, cmps, rec, 0)
 		if errors.Is(err, rpctypes.ErrNoSpace) {
@@ -126,13 +133,16 @@ func (s *Store) decide(ctx context.Context, c *Claim, sess *lease.Session, cfg *
 			continue
 		}
 		if res.ok {
-			rec.Revision, rec.Token = res.rev, fencing.Token(res.rev)
+			rec.Revision, rec.Token = res.rev, tokenOf(epoch, res.rev)
 			c.won(rec, taken)
 			s.observe(taken != nil)
 			return nil, nil
 		}
 		if res.ownerGone {
 			return nil, fmt.Errorf("claim %s: %w: %w", c.key, ErrUnavailable, ErrSessionLost)
+		}
+		if s.epochs && res.epoch != epoch {
+			s.epoch.Store(res.epoch) // the shard's epoch was raised: claim under it
 		}
 		cur, seenRev, known = res.cur, res.rev, true
 		if cur != nil && round == 1 {

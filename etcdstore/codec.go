@@ -54,6 +54,8 @@ const (
 	fStatus     protowire.Number = 11 // varint
 	fHeader     protowire.Number = 12 // bytes, repeated: one header value, {1: name, 2: value}
 	fErr        protowire.Number = 13 // bytes
+	fMovedTo    protowire.Number = 14 // bytes: the shard a moved key lives on
+	fEpoch      protowire.Number = 15 // varint: the shard epoch of the claim (or move); absent: 0
 )
 
 // encodeV1 lays r out in format 1, for WithRecordFormat(1): the format
@@ -86,8 +88,11 @@ func encodeV1(r *Record, token fencing.Token) []byte {
 func encode(r *Record, token fencing.Token) []byte {
 	m := make([]byte, 0, 128+len(r.Checkpoint))
 	state := uint64(1)
-	if r.State == Done {
+	switch r.State {
+	case Done:
 		state = 2
+	case Moved:
+		state = 3
 	}
 	m = appendVarint(m, fState, state)
 	m = appendBytes(m, fFP, r.Fingerprint[:])
@@ -104,6 +109,8 @@ func encode(r *Record, token fencing.Token) []byte {
 	m = appendTime(m, fDeadline, r.Deadline)
 	m = appendBytes(m, fCheckpoint, r.Checkpoint)
 	m = appendVarint(m, fTakeovers, uint64(r.Takeovers))
+	m = appendString(m, fMovedTo, r.MovedTo)
+	m = appendVarint(m, fEpoch, uint64(r.Epoch))
 	var body []byte
 	if o := r.Outcome; o != nil {
 		m = appendVarint(m, fStatus, uint64(o.Status))
@@ -269,9 +276,13 @@ func decode(k Key, kv *mvccpb.KeyValue) (*Record, error) {
 		return nil, fmt.Errorf("record %s: %w: %v", k, ErrCorrupt, err)
 	}
 	if r.Token == 0 {
-		r.Token = fencing.Token(kv.ModRevision)
+		r.Token = tokenOf(r.Epoch, kv.ModRevision)
 	}
 	switch r.State {
+	case Moved:
+		if len(body) != 0 || r.Outcome != nil || r.MovedTo == "" {
+			return nil, fmt.Errorf("record %s: %w: a moved record names no shard, or has an outcome", k, ErrCorrupt)
+		}
 	case InFlight:
 		if len(body) != 0 || r.Outcome != nil {
 			return nil, fmt.Errorf("record %s: %w: in-flight record with an outcome", k, ErrCorrupt)
@@ -325,6 +336,8 @@ func (r *Record) decodeV2(m []byte) error {
 				r.State = InFlight
 			case 2:
 				r.State = Done
+			case 3:
+				r.State = Moved
 			default:
 				return fmt.Errorf("state %d", v)
 			}
@@ -364,6 +377,13 @@ func (r *Record) decodeV2(m []byte) error {
 			o.Header[name] = append(o.Header[name], value)
 		case fErr:
 			outcome().Err = string(b)
+		case fMovedTo:
+			r.MovedTo = string(b)
+		case fEpoch:
+			if v >= 1<<(63-EpochShift) {
+				return fmt.Errorf("epoch %d", v)
+			}
+			r.Epoch = int64(v)
 		}
 		// Unknown fields are skipped: a later version may add some.
 		if err != nil {

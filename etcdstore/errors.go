@@ -65,6 +65,10 @@ var (
 	// attempt id lets a retry recognise its own claim.
 	ErrUnavailable = errors.New("etcd unavailable")
 
+	// ErrMoved is returned (in a *MovedError) when a key was handed over to
+	// another shard of a shard set (package shard): claim it there.
+	ErrMoved = errors.New("idempotency key moved to another shard")
+
 	// ErrStoreFull is returned (together with ErrUnavailable) when etcd
 	// refuses a write because its database reached its quota (the NOSPACE
 	// alarm). Nothing was written. Replays of done keys still work; an
@@ -103,6 +107,23 @@ func (e *MismatchError) Error() string {
 
 // Is reports whether target is ErrMismatch.
 func (e *MismatchError) Is(target error) bool { return target == ErrMismatch }
+
+// MovedError reports a key handed over to another shard.
+type MovedError struct {
+	Key Key
+	// To names the shard the key lives on now.
+	To string
+	// Epoch is the shard epoch of this shard when the key moved: every
+	// token the key had here is below epoch+1<<EpochShift.
+	Epoch int64
+}
+
+func (e *MovedError) Error() string {
+	return fmt.Sprintf("key %s: %v (to %s)", e.Key, ErrMoved, e.To)
+}
+
+// Is reports whether target is ErrMoved.
+func (e *MovedError) Is(target error) bool { return target == ErrMoved }
 
 // ConflictError reports a key in flight under a live owner.
 type ConflictError struct {

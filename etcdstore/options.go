@@ -37,6 +37,7 @@ type config struct {
 	requestTimeout time.Duration
 	cacheBytes     int64
 	cacheStaleness time.Duration
+	epochs         bool
 	claimPath      ClaimPath
 	keysPerLease   int64
 	format         byte

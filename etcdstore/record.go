@@ -9,10 +9,13 @@ import (
 // State is a record's state.
 type State string
 
-// The two states of a record.
+// The states of a record.
 const (
 	InFlight State = "in_flight"
 	Done     State = "done"
+	// Moved marks a key handed over to another shard (package shard): the
+	// key lives there now, and this store refuses to claim it (ErrMoved).
+	Moved State = "moved"
 )
 
 // Outcome is the result of a key's work, saved once and replayed to every
@@ -68,7 +71,22 @@ type Record struct {
 	Revision int64
 	// Lease is the retention lease the record is attached to.
 	Lease int64
+	// MovedTo names the shard a Moved record hands the key over to.
+	MovedTo string
+	// Epoch is the shard epoch (WithEpochs) in force when the record's
+	// claim, or its move, was written: its token is Epoch<<EpochShift plus
+	// the claim's revision.
+	Epoch int64
 }
+
+// EpochShift is where a shard epoch starts in a fencing token: a token is
+// epoch<<EpochShift | revision. Without epochs (one etcd cluster) the
+// epoch is 0 and a token is the revision, as always. 44 bits hold
+// revisions for 55 years at 10,000 writes a second.
+const EpochShift = 44
+
+// tokenOf is the fencing token of a claim written at rev under epoch.
+func tokenOf(epoch, rev int64) fencing.Token { return fencing.Token(epoch<<EpochShift | rev) }
 
 // toMillis rounds t down to the millisecond, the precision of times stored
 // in records, so a claim's in-memory deadline equals the stored one.

@@ -57,6 +57,9 @@ type Store struct {
 
 	full atomic.Bool // etcd refused the last write for lack of space
 
+	epochs bool         // one shard of a set (WithEpochs)
+	epoch  atomic.Int64 // the shard epoch last seen
+
 	cache     *doneCache // nil without WithCache
 	claimPath ClaimPath
 	hitRate   atomic.Int64 // recent share of claims that found a record, in 1/65536
@@ -143,6 +146,13 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 		afterFunc:  afterFunc,
 	}
 	b.Request = s.try
+	if c.epochs {
+		s.epochs = true
+		if _, err := s.loadEpoch(ctx); err != nil {
+			sess.Close()
+			return nil, fmt.Errorf("new store: %w", err)
+		}
+	}
 	if c.format == recordV3 {
 		d := s.dictionaries()
 		d.retention = c.retention

@@ -24,6 +24,9 @@ type casResult struct {
 	// ownerGone is true when the Txn checked an owner key (owner != "")
 	// and it did not exist: the session behind the write has ended.
 	ownerGone bool
+	// epoch is the shard epoch etcd holds, when the Txn was guarded by
+	// one (WithEpochs) and did not apply.
+	epoch int64
 }
 
 // write is one write of a Txn's Then branch: a Put on a lease, or a Delete.
@@ -42,6 +45,9 @@ type cond struct {
 	mod    bool // ModRevision; CreateRevision otherwise
 	result pb.Compare_CompareResult
 	value  int64
+	// is: compare the key's value to this instead (EQUAL).
+	is    string
+	isVal bool
 }
 
 func created(key string, result pb.Compare_CompareResult, v int64) cond {
@@ -52,7 +58,12 @@ func modified(key string, v int64) cond {
 	return cond{key: key, mod: true, result: pb.Compare_EQUAL, value: v}
 }
 
+func valueIs(key, v string) cond { return cond{key: key, result: pb.Compare_EQUAL, is: v, isVal: true} }
+
 func (c cond) pb() *pb.Compare {
+	if c.isVal {
+		return &pb.Compare{Key: []byte(c.key), Target: pb.Compare_VALUE, Result: c.result, TargetUnion: &pb.Compare_Value{Value: []byte(c.is)}}
+	}
 	if c.mod {
 		return &pb.Compare{Key: []byte(c.key), Target: pb.Compare_MOD, Result: c.result, TargetUnion: &pb.Compare_ModRevision{ModRevision: c.value}}
 	}
@@ -61,6 +72,9 @@ func (c cond) pb() *pb.Compare {
 
 func (c cond) cmp() clientv3.Cmp {
 	op := map[pb.Compare_CompareResult]string{pb.Compare_EQUAL: "=", pb.Compare_GREATER: ">", pb.Compare_LESS: "<", pb.Compare_NOT_EQUAL: "!="}[c.result]
+	if c.isVal {
+		return clientv3.Compare(clientv3.Value(c.key), op, c.is)
+	}
 	if c.mod {
 		return clientv3.Compare(clientv3.ModRevision(c.key), op, c.value)
 	}
@@ -86,6 +100,10 @@ func (s *Store) cas(ctx context.Context, k Key, owner string, cmps []cond, w wri
 		okey = s.ks.owner(owner)
 		cmps = append(cmps, created(okey, pb.Compare_GREATER, 0))
 	}
+	guarded := false // a claim or move under a shard epoch (WithEpochs)
+	for _, c := range cmps {
+		guarded = guarded || c.key == s.epochKey() && s.epochs
+	}
 	rctx, cancel := s.try(ctx)
 	defer cancel()
 	var resp *clientv3.TxnResponse
@@ -99,6 +117,9 @@ func (s *Store) cas(ctx context.Context, k Key, owner string, cmps []cond, w wri
 		if okey != "" {
 			req.Failure = append(req.Failure, &pb.RequestOp{Request: &pb.RequestOp_RequestRange{RequestRange: &pb.RangeRequest{Key: []byte(okey), CountOnly: true}}})
 		}
+		if guarded {
+			req.Failure = append(req.Failure, &pb.RequestOp{Request: &pb.RequestOp_RequestRange{RequestRange: &pb.RangeRequest{Key: []byte(s.epochKey())}}})
+		}
 		var r *pb.TxnResponse
 		if r, err = s.kv.Txn(rctx, req, callOpts...); err != nil {
 			err = clientv3.ContextError(rctx, err)
@@ -108,6 +129,9 @@ func (s *Store) cas(ctx context.Context, k Key, owner string, cmps []cond, w wri
 		els := []clientv3.Op{clientv3.OpGet(ekey)}
 		if okey != "" {
 			els = append(els, clientv3.OpGet(okey, clientv3.WithCountOnly()))
+		}
+		if guarded {
+			els = append(els, clientv3.OpGet(s.epochKey()))
 		}
 		ifs := make([]clientv3.Cmp, len(cmps))
 		for i, c := range cmps {
@@ -130,6 +154,13 @@ func (s *Store) cas(ctx context.Context, k Key, owner string, cmps []cond, w wri
 	res := casResult{rev: resp.Header.Revision}
 	if okey != "" {
 		res.ownerGone = resp.Responses[1].GetResponseRange().Count == 0
+	}
+	if guarded {
+		if kvs := resp.Responses[len(resp.Responses)-1].GetResponseRange().Kvs; len(kvs) > 0 {
+			if res.epoch, err = parseEpoch(kvs[0].Value); err != nil {
+				return casResult{}, err
+			}
+		}
 	}
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 		if res.cur, err = s.decode(k, kvs[0]); err != nil {

@@ -42,7 +42,7 @@ var apiRoutes = []Route{
 
 // APIConfig configures the worker API.
 type APIConfig struct {
-	Store *etcdstore.Store
+	Store Store
 	// Tenant scopes keys (default FixedTenant(etcdstore.DefaultTenant)).
 	Tenant TenantFunc
 	// MaxBody is the largest request body (default 2 MiB, room for a 1 MiB

@@ -32,7 +32,7 @@ const headerRoom = 64 << 10
 // Config configures a Middleware. Store is required; every other field has a
 // default.
 type Config struct {
-	Store *etcdstore.Store
+	Store Store
 
 	// Methods are the methods whose requests are claimed when they carry an
 	// Idempotency-Key (default POST and PATCH). Others pass through.

@@ -1,0 +1,181 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Shard epochs and hand-overs: what package shard builds a set of etcd
+// clusters on. A store with WithEpochs is one shard of a set. Its fencing
+// tokens are epoch<<EpochShift | revision, where the epoch is a number kept
+// in the shard's own etcd (<prefix>epoch) that only grows. Every claim
+// compares it in its Txn and writes it into the record, so a record's
+// token is the same to every process, and a key that moves to a shard of a
+// greater epoch keeps strictly increasing tokens although that cluster's
+// revisions may be lower. A key moves by a Moved record that Forward writes
+// on its old shard: from then on that shard refuses to claim it
+// (ErrMoved), and the key lives where the record says.
+
+// WithEpochs makes the store one shard of a set (package shard): tokens
+// carry the shard's epoch, and keys can be handed over (Forward). Every
+// claim's Txn then compares the epoch key too. Without it (one etcd
+// cluster) tokens are revisions, as always.
+func WithEpochs() Option {
+	return option(func(c *config) error {
+		c.epochs = true
+		return nil
+	})
+}
+
+func (s *Store) epochKey() string { return s.ks.prefix + "epoch" }
+
+// Epoch returns the shard epoch this store last saw (0 without WithEpochs).
+func (s *Store) Epoch() int64 { return s.epoch.Load() }
+
+// epochCond guards a claim or a move with the epoch this store believes in.
+func (s *Store) epochCond(e int64) cond {
+	if e == 0 {
+		return created(s.epochKey(), pb.Compare_EQUAL, 0)
+	}
+	return valueIs(s.epochKey(), strconv.FormatInt(e, 10))
+}
+
+func parseEpoch(v []byte) (int64, error) {
+	e, err := strconv.ParseInt(string(v), 10, 64)
+	if err != nil || e < 0 || e >= 1<<(63-EpochShift) {
+		return 0, fmt.Errorf("%w: shard epoch %q", ErrCorrupt, v)
+	}
+	return e, nil
+}
+
+// loadEpoch reads the shard's epoch from etcd.
+func (s *Store) loadEpoch(ctx context.Context) (int64, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	var resp *clientv3.GetResponse
+	if err := s.retry(ctx, func(ctx context.Context) (err error) {
+		resp, err = s.client.Get(ctx, s.epochKey())
+		return err
+	}); err != nil {
+		return 0, unavailable("epoch", Key{}, err)
+	}
+	if len(resp.Kvs) == 0 {
+		s.epoch.Store(0)
+		return 0, nil
+	}
+	e, err := parseEpoch(resp.Kvs[0].Value)
+	if err != nil {
+		return 0, err
+	}
+	s.epoch.Store(e)
+	return e, nil
+}
+
+// RaiseEpoch makes the shard's epoch greater than above (if it is not
+// already) and returns it: before a key moves here from a shard whose
+// epoch was above, so that its tokens keep growing. Every token this shard
+// hands out afterwards is greater than every token of the old shard. The
+// claims of other processes that still believe in the older epoch fail
+// their compare, read the new one, and try again.
+func (s *Store) RaiseEpoch(ctx context.Context, above int64) (int64, error) {
+	if !s.epochs {
+		return 0, fmt.Errorf("%w: raise epoch: the store has no epochs (WithEpochs)", ErrInvalidArgument)
+	}
+	for try := 0; ; try++ {
+		cur, err := s.loadEpoch(ctx)
+		if err != nil || cur > above {
+			return cur, err
+		}
+		next := above + 1
+		tctx, cancel := s.try(ctx)
+		c := s.epochCond(cur)
+		resp, err := s.client.Txn(tctx).If(c.cmp()).Then(clientv3.OpPut(s.epochKey(), strconv.FormatInt(next, 10))).Commit()
+		cancel()
+		switch {
+		case err == nil && resp.Succeeded:
+			s.epoch.Store(next)
+			s.log.Info("idem: shard epoch raised", "epoch", next)
+			return next, nil
+		case err != nil && (!retryable(ctx, err) || !backoff(ctx, try)):
+			return 0, unavailable("raise epoch", Key{}, err)
+		}
+		// Another process moved it, or the reply was lost: read again.
+	}
+}
+
+// Forward hands key over to the shard named to, unless this shard holds it:
+// when a live record of key is here (in flight or done), Forward returns
+// it, and the key stays here, where every retry finds it. When the key is
+// absent or its retention passed, Forward writes a Moved record naming to
+// (on a retention lease, like any record), so that from then on this shard
+// refuses to claim it: two processes that disagree about where the key
+// belongs can never claim it in two clusters. A Moved record already there
+// is returned (refreshed when it is past half its retention, so that it
+// outlives the records of the key on its new shard while it is in use).
+// The returned record says which: State Moved (go to MovedTo; its Epoch is
+// this shard's at the move), or a live record of this shard.
+func (s *Store) Forward(ctx context.Context, key Key, to string) (*Record, error) {
+	if err := key.Validate(); err != nil {
+		return nil, fmt.Errorf("forward: %w", err)
+	}
+	if to == "" {
+		return nil, fmt.Errorf("forward %s: %w: no shard named", key, ErrInvalidArgument)
+	}
+	if !s.epochs {
+		return nil, fmt.Errorf("forward %s: %w: the store has no epochs (WithEpochs)", key, ErrInvalidArgument)
+	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	ekey := s.ks.record(key)
+	cur, _, err := s.get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	for try := 0; try < 8; try++ {
+		now := s.now()
+		var cmps []cond
+		switch {
+		case cur == nil:
+			cmps = []cond{created(ekey, pb.Compare_EQUAL, 0)}
+		case cur.expired(now):
+			cmps = []cond{modified(ekey, cur.Revision)}
+		case cur.State == Moved && cur.MovedTo == to && cur.Expires.Sub(now) > s.retention/2:
+			return cur, nil
+		case cur.State == Moved && cur.MovedTo != to:
+			return cur, nil // moved elsewhere already: follow it
+		case cur.State == Moved:
+			cmps = []cond{modified(ekey, cur.Revision)} // refresh
+		default:
+			return cur, nil // the key lives here
+		}
+		e := s.epoch.Load()
+		rec := &Record{State: Moved, MovedTo: to, Epoch: e, Created: now, Expires: now.Add(s.retention)}
+		if cur != nil && cur.State == Moved {
+			rec.Created, rec.Epoch = cur.Created, max(cur.Epoch, e)
+		}
+		res, err := s.writeRecord(ctx, key, "", append(cmps, s.epochCond(e)), rec, 0)
+		if err != nil {
+			if errors.Is(err, ErrCorrupt) || !retryable(ctx, err) || !backoff(ctx, try) {
+				return nil, wrapEtcd("forward", key, err)
+			}
+			if cur, _, err = s.get(ctx, key); err != nil { // the outcome is unknown: look
+				return nil, err
+			}
+			continue
+		}
+		if res.ok {
+			rec.Revision, rec.Token = res.rev, tokenOf(rec.Epoch, res.rev)
+			return rec, nil
+		}
+		if res.epoch != e {
+			s.epoch.Store(res.epoch)
+		}
+		cur = res.cur
+	}
+	return nil, fmt.Errorf("forward %s: %w: the record kept changing", key, ErrUnavailable)
+}

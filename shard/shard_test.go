@@ -1,0 +1,415 @@
+package shard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/fencing"
+	"github.com/idem-dev/idem/internal/etcdcluster"
+)
+
+// Three one-member clusters, a, b and c, shared by the package's tests;
+// each test works under a prefix of its own.
+var clusters = map[string]*etcdcluster.Cluster{}
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "idem-shard-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := func() int {
+		defer os.RemoveAll(dir)
+		for _, n := range []string{"a", "b", "c"} {
+			c, err := etcdcluster.New(dir+"/"+n, 1, etcdcluster.Options{})
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "start etcd:", err)
+				return 1
+			}
+			defer c.Close()
+			clusters[n] = c
+		}
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+var prefixSeq atomic.Int64
+
+func testPrefix(t testing.TB) string {
+	return fmt.Sprintf("/t/%s/%d/", strings.ReplaceAll(t.Name(), "/", "_"), prefixSeq.Add(1))
+}
+
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// lossy is a client of cluster n whose Txns, at rate, are applied and then
+// lose their reply.
+func lossy(t testing.TB, n string, rate float64, seed uint64) *clientv3.Client {
+	t.Helper()
+	var mu sync.Mutex
+	rng := rand.New(rand.NewPCG(seed, seed^0x1234))
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints: clusters[n].Endpoints(), DialTimeout: 10 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(
+			func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				err := invoker(ctx, method, req, reply, cc, opts...)
+				mu.Lock()
+				lose := strings.HasSuffix(method, "/Txn") && rng.Float64() < rate
+				mu.Unlock()
+				if err == nil && lose {
+					return status.Error(codes.Unavailable, "test: reply lost")
+				}
+				return err
+			})},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// open makes a shard store over the named clusters (a client each).
+func open(t testing.TB, prefix string, placement []string, previous []string, rate float64, seed uint64, names ...string) *Store {
+	t.Helper()
+	cfg := Config{Placement: Placement{Shards: placement}}
+	if previous != nil {
+		cfg.Previous = &Placement{Shards: previous}
+	}
+	for i, n := range names {
+		cfg.Shards = append(cfg.Shards, Shard{Name: n, Client: lossy(t, n, rate, seed+uint64(i))})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := New(ctx, cfg, etcdstore.WithPrefix(prefix), etcdstore.WithSessionTTL(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// Placement spreads keys evenly, moves only the keys a new shard wins, honours
+// pins, and never changes (the hash is part of the format).
+func TestPlacement(t *testing.T) {
+	two := Placement{Shards: []string{"a", "b"}}
+	three := Placement{Shards: []string{"a", "b", "c"}}
+	count := map[string]int{}
+	const n = 30000
+	for i := 0; i < n; i++ {
+		k := etcdstore.Key{ID: "k" + strconv.Itoa(i)}
+		home := three.place(k)
+		count[home]++
+		if before := two.place(k); before != home && home != "c" {
+			t.Fatalf("%s moved from %s to %s when c was added: only keys c wins may move", k, before, home)
+		}
+	}
+	for _, s := range []string{"a", "b", "c"} {
+		if share := float64(count[s]) / n; share < 0.30 || share > 0.37 {
+			t.Errorf("shard %s holds %.1f%% of the keys; want about a third", s, 100*share)
+		}
+	}
+	pinned := Placement{Shards: []string{"a", "b", "c"}, Pin: map[string]string{"acme": "b"}}
+	for i := 0; i < 100; i++ {
+		if got := pinned.place(etcdstore.Key{Tenant: "acme", ID: strconv.Itoa(i)}); got != "b" {
+			t.Fatalf("a key of pinned tenant acme placed on %s", got)
+		}
+	}
+	// The placement is part of the data format: every process, of every
+	// version, must agree.
+	var golden []string
+	for i := 0; i < 12; i++ {
+		golden = append(golden, three.place(etcdstore.Key{ID: "k" + strconv.Itoa(i)}))
+	}
+	if got := strings.Join(golden, ""); got != placementGolden {
+		t.Fatalf("placement of k0..k11 over a,b,c = %s; it must never change (want %s)", got, placementGolden)
+	}
+}
+
+// placementGolden is where k0..k11 of tenant default live over shards a, b
+// and c. A change of the hash would move every key: never change it.
+const placementGolden = "accacacaabab"
+
+// Each key lives on its shard, with every rule of one store: one run,
+// replays, mismatches; the records are on the placed shard only.
+func TestRulesPerKey(t *testing.T) {
+	prefix := testPrefix(t)
+	s := open(t, prefix, nil, nil, 0, 1, "a", "b", "c")
+	ctx := testCtx(t)
+	runs := map[string]int{}
+	var mu sync.Mutex
+	for i := 0; i < 60; i++ {
+		k := etcdstore.Key{ID: "k" + strconv.Itoa(i)}
+		for try := 0; try < 2; try++ {
+			res, err := s.Do(ctx, k, []byte(`{"n":1}`), func(context.Context, *etcdstore.Claim) ([]byte, error) {
+				mu.Lock()
+				runs[k.ID]++
+				mu.Unlock()
+				return []byte("out " + k.ID), nil
+			})
+			if err != nil || string(res.Body) != "out "+k.ID || res.Replayed != (try == 1) {
+				t.Fatalf("%s try %d: %q replayed=%v, %v", k, try, res.Body, res.Replayed, err)
+			}
+		}
+		if _, err := s.Do(ctx, k, []byte(`{"n":2}`), nil); !errors.Is(err, etcdstore.ErrMismatch) {
+			t.Fatalf("%s with other params: %v", k, err)
+		}
+		for _, n := range s.Shards() {
+			_, err := s.Shard(n).Get(ctx, k)
+			if here := err == nil; here != (n == s.Place(k)) {
+				t.Fatalf("%s on shard %s: %v (placed on %s)", k, n, err, s.Place(k))
+			}
+		}
+	}
+	for k, n := range runs {
+		if n != 1 {
+			t.Fatalf("%s ran %d times", k, n)
+		}
+	}
+	if recs, err := s.List(ctx, "", etcdstore.ListOptions{Limit: 1000}); err != nil || len(recs) != 60 {
+		t.Fatalf("List over the shards = %d records, %v; want 60", len(recs), err)
+	}
+}
+
+// The hand-over: while shard c is added, processes that know the new
+// placement (a, b, c; previously a, b) and processes that still place on
+// a and b claim the same keys concurrently, their Txns losing a tenth of
+// their replies. Every key's work takes effect once, every caller gets the
+// one saved outcome, and no key has a live record on two shards.
+func TestHandOver(t *testing.T) {
+	prefix := testPrefix(t)
+	var routers []*Store
+	for i := 0; i < 2; i++ {
+		routers = append(routers, open(t, prefix, []string{"a", "b"}, nil, 0.1, uint64(10+i), "a", "b", "c"))
+		routers = append(routers, open(t, prefix, []string{"a", "b", "c"}, []string{"a", "b"}, 0.1, uint64(20+i), "a", "b", "c"))
+	}
+	ctx := testCtx(t)
+	const keys = 120
+	var mu sync.Mutex
+	effects := map[string]int{}
+	highest := map[string]fencing.Token{}
+	answers := map[string]map[string]bool{}
+	var wg sync.WaitGroup
+	for w := 0; w < 16; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			for op := 0; op < keys; op++ {
+				k := etcdstore.Key{ID: "k" + strconv.Itoa(rng.IntN(keys))}
+				r := routers[rng.IntN(len(routers))]
+				for try := 0; try < 50; try++ {
+					res, err := r.Do(ctx, k, []byte(`{}`), func(_ context.Context, c *etcdstore.Claim) ([]byte, error) {
+						mu.Lock()
+						defer mu.Unlock()
+						if c.Token() < highest[k.ID] {
+							return nil, errors.New("fenced downstream") // a stale token: refused
+						}
+						highest[k.ID] = c.Token()
+						effects[k.ID]++
+						return []byte(fmt.Sprintf("%s by %d", k.ID, c.Token())), nil
+					})
+					if err == nil {
+						mu.Lock()
+						if answers[k.ID] == nil {
+							answers[k.ID] = map[string]bool{}
+						}
+						answers[k.ID][string(res.Body)] = true
+						mu.Unlock()
+						break
+					}
+					if !errors.Is(err, etcdstore.ErrConflict) && !errors.Is(err, etcdstore.ErrUnavailable) {
+						t.Errorf("%s: %v", k, err)
+						return
+					}
+					time.Sleep(20 * time.Millisecond) // a client's retry backoff
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	moved := 0
+	for i := 0; i < keys; i++ {
+		id := "k" + strconv.Itoa(i)
+		k := etcdstore.Key{ID: id}
+		if effects[id] > 1 {
+			t.Errorf("%s took effect %d times", id, effects[id])
+		}
+		if len(answers[id]) > 1 {
+			t.Errorf("%s answered %v: more than one outcome", id, answers[id])
+		}
+		live := 0
+		for _, n := range []string{"a", "b", "c"} {
+			rec, err := routers[0].Shard(n).Get(ctx, k)
+			switch {
+			case err == nil && rec.State == etcdstore.Moved:
+				moved++
+			case err == nil:
+				live++
+			case !errors.Is(err, etcdstore.ErrNotFound):
+				t.Fatalf("%s on %s: %v", id, n, err)
+			}
+		}
+		if live > 1 {
+			t.Errorf("%s has live records on %d shards", id, live)
+		}
+	}
+	t.Logf("%d keys, %d handed over to c through a Moved record", keys, moved)
+	if moved == 0 {
+		t.Fatal("no key was handed over: the test did not exercise the hand-over")
+	}
+}
+
+// A key that moves keeps strictly increasing tokens, though the new
+// cluster's revisions are lower: its new shard's epoch is raised above the
+// old one's.
+func TestTokensGrowAcrossAMove(t *testing.T) {
+	prefix := testPrefix(t)
+	old := open(t, prefix, []string{"a"}, nil, 0, 1, "a", "b")
+	ctx := testCtx(t)
+	if _, err := old.Shard("a").RaiseEpoch(ctx, 4); err != nil { // as after earlier moves
+		t.Fatal(err)
+	}
+	// Find a key the new placement puts on b.
+	var k etcdstore.Key
+	nw := Placement{Shards: []string{"a", "b"}}
+	for i := 0; ; i++ {
+		if k = (etcdstore.Key{ID: "k" + strconv.Itoa(i)}); nw.place(k) == "b" {
+			break
+		}
+	}
+	res, err := old.Do(ctx, etcdstore.Key{ID: "other"}, nil, func(context.Context, *etcdstore.Claim) ([]byte, error) { return []byte("x"), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	onA := res.Token
+	if onA>>etcdstore.EpochShift != 5 {
+		t.Fatalf("token %d on a: epoch %d; want 5", onA, onA>>etcdstore.EpochShift)
+	}
+	moving := open(t, prefix, []string{"a", "b"}, []string{"a"}, 0, 2, "a", "b")
+	res, err = moving.Do(ctx, k, nil, func(context.Context, *etcdstore.Claim) ([]byte, error) { return []byte("y"), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Token <= onA || res.Token>>etcdstore.EpochShift <= 5 {
+		t.Fatalf("token on b %d (epoch %d) after the move; want above a's %d (epoch 5)", res.Token, res.Token>>etcdstore.EpochShift, onA)
+	}
+	if rec, err := moving.Shard("a").Get(ctx, k); err != nil || rec.State != etcdstore.Moved || rec.MovedTo != "b" {
+		t.Fatalf("a's record of %s = %+v, %v; want Moved to b", k, rec, err)
+	}
+	// A process that still places on a follows the Moved record.
+	if res2, err := old.Do(ctx, k, nil, nil); err != nil || !res2.Replayed || string(res2.Body) != "y" {
+		t.Fatalf("old placement: %q replayed=%v, %v; want b's outcome", res2.Body, res2.Replayed, err)
+	}
+}
+
+// A store whose cached epoch is stale claims under the shard's current one:
+// its Txn's compare fails, it reads the epoch, and tries again.
+func TestStaleEpochIsCaught(t *testing.T) {
+	prefix := testPrefix(t)
+	a1 := open(t, prefix, nil, nil, 0, 1, "a")
+	a2 := open(t, prefix, nil, nil, 0, 2, "a")
+	ctx := testCtx(t)
+	if a2.Shard("a").Epoch() != 0 {
+		t.Fatal("a fresh shard has an epoch")
+	}
+	if e, err := a1.Shard("a").RaiseEpoch(ctx, 2); err != nil || e != 3 {
+		t.Fatalf("RaiseEpoch = %d, %v", e, err)
+	}
+	res, err := a2.Do(ctx, etcdstore.Key{ID: "k"}, nil, func(context.Context, *etcdstore.Claim) ([]byte, error) { return []byte("v"), nil })
+	if err != nil || res.Token>>etcdstore.EpochShift != 3 || a2.Shard("a").Epoch() != 3 {
+		t.Fatalf("claim under a stale epoch: token %d, epoch now %d, %v; want epoch 3", res.Token, a2.Shard("a").Epoch(), err)
+	}
+	rec, err := a1.Get(ctx, etcdstore.Key{ID: "k"})
+	if err != nil || rec.Token != res.Token {
+		t.Fatalf("another process reads token %v, %v; want %d", rec, err, res.Token)
+	}
+}
+
+// A shard that cannot be reached makes its own keys unavailable; the
+// other shard's keys are served.
+func TestShardDownIsolation(t *testing.T) {
+	prefix := testPrefix(t)
+	proxy, err := etcdcluster.NewProxy(strings.TrimPrefix(clusters["b"].Endpoints()[0], "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	cb, err := clientv3.New(clientv3.Config{Endpoints: []string{proxy.URL()}, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cb.Close() })
+	ctx := testCtx(t)
+	s, err := New(ctx, Config{Shards: []Shard{{Name: "a", Client: lossy(t, "a", 0, 1)}, {Name: "b", Client: cb}}},
+		etcdstore.WithPrefix(prefix), etcdstore.WithRequestTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	proxy.Blackhole()
+	work := func(context.Context, *etcdstore.Claim) ([]byte, error) { return []byte("ok"), nil }
+	onA, onB := 0, 0
+	for i := 0; i < 12; i++ {
+		k := etcdstore.Key{ID: "k" + strconv.Itoa(i)}
+		_, err := s.Do(ctx, k, nil, work)
+		switch s.Place(k) {
+		case "a":
+			onA++
+			if err != nil {
+				t.Fatalf("%s on the live shard: %v", k, err)
+			}
+		default:
+			onB++
+			if !errors.Is(err, etcdstore.ErrUnavailable) {
+				t.Fatalf("%s on the cut-off shard: %v; want ErrUnavailable", k, err)
+			}
+		}
+	}
+	if onA == 0 || onB == 0 {
+		t.Fatalf("keys on a %d, on b %d: want both", onA, onB)
+	}
+}
+
+// Bad configurations are refused, naming what is wrong.
+func TestConfigValidation(t *testing.T) {
+	cli := lossy(t, "a", 0, 1)
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{}, "no shards"},
+		{Config{Shards: []Shard{{Name: "A", Client: cli}}}, "must be 1-32"},
+		{Config{Shards: []Shard{{Name: "a", Client: cli}, {Name: "a", Client: cli}}}, "named twice"},
+		{Config{Shards: []Shard{{Name: "a"}}}, "nil etcd client"},
+		{Config{Shards: []Shard{{Name: "a", Client: cli}}, Placement: Placement{Shards: []string{"z"}}}, `"z"`},
+		{Config{Shards: []Shard{{Name: "a", Client: cli}}, Placement: Placement{Pin: map[string]string{"t": "z"}}}, "pins t"},
+		{Config{Shards: []Shard{{Name: "a", Client: cli}}, Previous: &Placement{}}, "previous placement names no shard"},
+	} {
+		_, err := New(context.Background(), tc.cfg)
+		if err == nil || !errors.Is(err, etcdstore.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v; want ErrInvalidArgument naming %q", tc.cfg, err, tc.want)
+		}
+	}
+}
