@@ -16,12 +16,14 @@ import (
 
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/idemhttp"
+	"github.com/idem-dev/idem/shard"
 )
 
 // adminCmd is what every admin command shares: the etcd connection (the
 // embedded etcd's address by default), the tenant and the output format.
 type adminCmd struct {
 	etcd    etcdFlags
+	shards  string
 	tenant  string
 	format  string
 	timeout time.Duration
@@ -39,11 +41,29 @@ func newAdminCmd(name, synopsis string, stderr io.Writer) *adminCmd {
 	a.fs.StringVar(&a.tenant, "tenant", etcdstore.DefaultTenant, "tenant of the keys")
 	a.fs.StringVar(&a.format, "w", "simple", "output format: simple, json or table")
 	a.fs.DurationVar(&a.timeout, "command-timeout", 10*time.Second, "timeout of the command")
+	a.fs.StringVar(&a.shards, "shards-file", "", "the shard set idem serve was given: find keys across its etcd clusters")
 	return a
 }
 
-// open parses args and connects.
-func (a *adminCmd) open(ctx context.Context, args []string, nargs int) (*etcdstore.Admin, *clientv3.Client, context.Context, context.CancelFunc, error) {
+// keyAdmin is what get, ls and evict need: one cluster's etcdstore.Admin,
+// or a shard set's.
+type keyAdmin interface {
+	Get(ctx context.Context, key etcdstore.Key) (*etcdstore.Record, error)
+	List(ctx context.Context, tenant string, o etcdstore.ListOptions) ([]*etcdstore.Record, error)
+	Evict(ctx context.Context, key etcdstore.Key) error
+}
+
+// cluster is one etcd cluster the command reads: its name ("" without
+// shards), client and Admin.
+type cluster struct {
+	name string
+	cli  *clientv3.Client
+	adm  *etcdstore.Admin
+}
+
+// open parses args and connects: to --endpoints, or to every cluster of
+// --shards-file.
+func (a *adminCmd) open(ctx context.Context, args []string, nargs int) (keyAdmin, []cluster, context.Context, context.CancelFunc, error) {
 	if err := parseFlags(a.fs, args); err != nil {
 		return nil, nil, nil, nil, err
 	}
@@ -59,17 +79,47 @@ func (a *adminCmd) open(ctx context.Context, args []string, nargs int) (*etcdsto
 	if err := etcdstore.ValidateTenant(a.tenant); err != nil {
 		return nil, nil, nil, nil, usageError{fmt.Errorf("--tenant: %w", err)}
 	}
+	cctx, cancel := context.WithTimeout(ctx, a.timeout)
+	if a.shards != "" {
+		flags, names, cfg, err := readShards(a.shards, a.etcd)
+		if err != nil {
+			cancel()
+			return nil, nil, nil, nil, usageError{err}
+		}
+		clis, err := shardClients(flags, &cfg)
+		if err != nil {
+			cancel()
+			return nil, nil, nil, nil, err
+		}
+		done := func() {
+			cancel()
+			for _, c := range clis {
+				c.Close()
+			}
+		}
+		sa, err := shard.NewAdmin(cfg, etcdstore.WithPrefix(a.etcd.prefix))
+		if err != nil {
+			done()
+			return nil, nil, nil, nil, usageError{err}
+		}
+		var cs []cluster
+		for i, n := range names {
+			cs = append(cs, cluster{name: n, cli: clis[i], adm: sa.Shard(n)})
+		}
+		return sa, cs, cctx, done, nil
+	}
 	cli, err := a.etcd.client()
 	if err != nil {
+		cancel()
 		return nil, nil, nil, nil, err
 	}
 	adm, err := etcdstore.NewAdmin(cli, etcdstore.WithPrefix(a.etcd.prefix))
 	if err != nil {
+		cancel()
 		cli.Close()
 		return nil, nil, nil, nil, err
 	}
-	cctx, cancel := context.WithTimeout(ctx, a.timeout)
-	return adm, cli, cctx, func() { cancel(); cli.Close() }, nil
+	return adm, []cluster{{cli: cli, adm: adm}}, cctx, func() { cancel(); cli.Close() }, nil
 }
 
 // key is the command's KEY argument, in either form the HTTP edge accepts:
@@ -84,7 +134,7 @@ func (a *adminCmd) key() (etcdstore.Key, error) {
 
 func adminGet(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	a := newAdminCmd("get", "get [--tenant T] [-w simple|json|table] KEY", stderr)
-	defer func() { err = a.etcd.explain(err) }()
+	defer func() { err = a.explain(err) }()
 	adm, _, ctx, done, err := a.open(ctx, args, 1)
 	if err != nil {
 		return err
@@ -103,7 +153,7 @@ func adminGet(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 
 func adminList(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	a := newAdminCmd("ls", "ls [--tenant T] [--all-tenants] [--state in_flight|done] [--limit N] [-w simple|json|table]", stderr)
-	defer func() { err = a.etcd.explain(err) }()
+	defer func() { err = a.explain(err) }()
 	state := a.fs.String("state", "", "only keys in this state: in_flight or done")
 	limit := a.fs.Int("limit", 0, "at most this many keys (0: all)")
 	all := a.fs.Bool("all-tenants", false, "list every tenant's keys")
@@ -138,7 +188,7 @@ func adminList(ctx context.Context, args []string, stdout, stderr io.Writer) (er
 
 func adminEvict(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	a := newAdminCmd("evict", "evict [--tenant T] KEY", stderr)
-	defer func() { err = a.etcd.explain(err) }()
+	defer func() { err = a.explain(err) }()
 	adm, _, ctx, done, err := a.open(ctx, args, 1)
 	if err != nil {
 		return err
@@ -160,6 +210,7 @@ func adminEvict(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 
 // statusReport is idem status's output.
 type statusReport struct {
+	Shard   string          `json:"shard,omitempty"`
 	Members []memberStatus  `json:"members"`
 	Leader  string          `json:"leader"`
 	Keys    etcdstore.Stats `json:"keys"`
@@ -178,24 +229,54 @@ type memberStatus struct {
 }
 
 func adminStatus(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
-	a := newAdminCmd("status", "status [-w simple|json|table] [--max-scan N]", stderr)
-	defer func() { err = a.etcd.explain(err) }()
+	a := newAdminCmd("status", "status [-w simple|json|table] [--max-scan N] [--shards-file F]", stderr)
+	defer func() { err = a.explain(err) }()
 	maxScan := a.fs.Int64("max-scan", 100000, "read the state of at most this many keys (0: all)")
-	adm, cli, ctx, done, err := a.open(ctx, args, 0)
+	_, clusters, ctx, done, err := a.open(ctx, args, 0)
 	if err != nil {
 		return err
 	}
 	defer done()
-	ml, err := cli.MemberList(ctx)
-	if err != nil {
-		return fmt.Errorf("member list: %w", err)
+	var reps []statusReport
+	for _, c := range clusters {
+		rep, err := clusterStatus(ctx, c, *maxScan)
+		if err != nil {
+			return err
+		}
+		reps = append(reps, rep)
 	}
-	var rep statusReport
+	if a.format == "json" {
+		if a.shards == "" {
+			return json.NewEncoder(stdout).Encode(reps[0])
+		}
+		return json.NewEncoder(stdout).Encode(reps)
+	}
+	for i, rep := range reps {
+		if rep.Shard != "" {
+			if i > 0 {
+				fmt.Fprintln(stdout)
+			}
+			fmt.Fprintf(stdout, "shard %s\n", rep.Shard)
+		}
+		if err := printStatus(stdout, a.format, rep); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// clusterStatus reads one cluster's members and idem's keys in it.
+func clusterStatus(ctx context.Context, c cluster, maxScan int64) (statusReport, error) {
+	rep := statusReport{Shard: c.name}
+	ml, err := c.cli.MemberList(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("member list: %w", err)
+	}
 	for _, m := range ml.Members {
 		ms := memberStatus{ID: strconv.FormatUint(m.ID, 16), Name: m.Name}
 		if len(m.ClientURLs) > 0 {
 			ms.Endpoint = m.ClientURLs[0]
-			st, err := cli.Status(ctx, ms.Endpoint)
+			st, err := c.cli.Status(ctx, ms.Endpoint)
 			if err != nil {
 				ms.Error = err.Error()
 			} else {
@@ -209,13 +290,12 @@ func adminStatus(ctx context.Context, args []string, stdout, stderr io.Writer) (
 		rep.Members = append(rep.Members, ms)
 	}
 	sort.Slice(rep.Members, func(i, j int) bool { return rep.Members[i].Name < rep.Members[j].Name })
-	if rep.Keys, err = adm.Stats(ctx, *maxScan); err != nil {
-		return err
-	}
-	switch a.format {
-	case "json":
-		return json.NewEncoder(stdout).Encode(rep)
-	case "table":
+	rep.Keys, err = c.adm.Stats(ctx, maxScan)
+	return rep, err
+}
+
+func printStatus(stdout io.Writer, format string, rep statusReport) error {
+	if format == "table" {
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "MEMBER\tID\tENDPOINT\tVERSION\tDB SIZE\tIN USE\tLEADER\tERROR")
 		for _, m := range rep.Members {
@@ -327,4 +407,13 @@ func printable(b []byte) string {
 		return s
 	}
 	return strconv.Quote(s)
+}
+
+// explain adds what the endpoints say to a failure to reach etcd (see
+// etcdFlags.explain); with --shards-file the error names its shard.
+func (a *adminCmd) explain(err error) error {
+	if a.shards != "" {
+		return err
+	}
+	return a.etcd.explain(err)
 }

@@ -9,33 +9,31 @@ import (
 	"strings"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/fencing"
 	"github.com/idem-dev/idem/idemhttp"
+	"github.com/idem-dev/idem/shard"
 )
 
 // How idem serve reaches etcd: at start, and in the background when etcd
 // cannot be reached then.
 
 // current returns the store, or nil before it exists.
-func (s *server) current() *etcdstore.Store {
+func (s *server) current() backend {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.store
 }
 
-// connect makes an etcd client and the store, within timeout, and puts
-// the edge in place. A failed try closes its client: the next one starts
-// afresh, without gRPC's reconnect backoff of a connection that hung.
+// connect makes the etcd clients (one, or one per shard) and the store,
+// within timeout, and puts the edge in place. A failed try closes its
+// clients: the next one starts afresh, without gRPC's reconnect backoff of
+// a connection that hung.
 func (s *server) connect(ctx context.Context, timeout time.Duration) error {
 	c := s.cfg
-	cli, err := c.etcd.client()
-	if err != nil {
-		return s.notYet(fmt.Errorf("etcd client on %s: %w", strings.Join(c.etcd.endpoints, ","), c.etcd.explain(err)))
-	}
-	sctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	store, err := etcdstore.New(sctx, cli,
+	opts := []etcdstore.Option{
 		etcdstore.WithPrefix(c.etcd.prefix),
 		etcdstore.WithRetention(c.retention),
 		etcdstore.WithBucketWidth(min(c.bucketWidth, c.retention)),
@@ -46,19 +44,53 @@ func (s *server) connect(ctx context.Context, timeout time.Duration) error {
 		etcdstore.WithKeysPerLease(c.keysPerLease),
 		etcdstore.WithRecordFormat(c.recordFormat),
 		etcdstore.WithLogger(s.log),
-	)
-	if err != nil {
-		cli.Close()
-		return s.notYet(fmt.Errorf("idem store on %s: %w", strings.Join(c.etcd.endpoints, ","), c.etcd.explain(err)))
+	}
+	where := strings.Join(c.etcd.endpoints, ",")
+	var clis []*clientv3.Client
+	closeAll := func() {
+		for _, cli := range clis {
+			cli.Close()
+		}
+	}
+	sctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var store backend
+	if c.shardsFile != "" {
+		flags, _, cfg, err := readShards(c.shardsFile, c.etcd)
+		if err != nil {
+			return err
+		}
+		where = "shards " + strings.Join(c.shardNames, ",")
+		if clis, err = shardClients(flags, &cfg); err != nil {
+			return s.notYet(fmt.Errorf("etcd clients: %w", err))
+		}
+		st, err := shard.New(sctx, cfg, opts...)
+		if err != nil {
+			closeAll()
+			return s.notYet(fmt.Errorf("idem store on %s: %w", where, err))
+		}
+		store = st
+	} else {
+		cli, err := c.etcd.client()
+		if err != nil {
+			return s.notYet(fmt.Errorf("etcd client on %s: %w", where, c.etcd.explain(err)))
+		}
+		clis = []*clientv3.Client{cli}
+		st, err := etcdstore.New(sctx, cli, opts...)
+		if err != nil {
+			closeAll()
+			return s.notYet(fmt.Errorf("idem store on %s: %w", where, c.etcd.explain(err)))
+		}
+		store = st
 	}
 	edge, err := c.edge(store, s.metrics, s.log)
 	if err != nil {
 		store.Close()
-		cli.Close()
+		closeAll()
 		return err
 	}
 	s.mu.Lock()
-	s.cli, s.store = cli, store
+	s.clis, s.store = clis, store
 	s.mu.Unlock()
 	s.edge.Store(&edge)
 	s.why.Store(nil)

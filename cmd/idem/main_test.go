@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -136,17 +137,27 @@ func (p *idemProc) terminate() error {
 	}
 }
 
-// embeddedFlags returns flags for an embedded etcd on free ports in dataDir.
+// embeddedFlags returns flags for an embedded etcd in dataDir that needs no
+// TCP port (a port picked free may be taken by another test package before
+// etcd binds it): its client socket is the default, DATA-DIR/etcd.sock, and
+// its peer socket one of its own in the process's directory.
 func embeddedFlags(t *testing.T, dataDir string) []string {
+	return []string{
+		"--data-dir", dataDir,
+		"--embedded-peer-url", fmt.Sprintf("unix://peer-%d.sock", peerSeq.Add(1)),
+	}
+}
+
+var peerSeq atomic.Int64
+
+// freeURLs returns a client and a peer URL on free loopback ports, for an
+// etcd binary.
+func freeURLs(t *testing.T) (client, peer string) {
 	ports, err := etcdcluster.FreePorts(2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return []string{
-		"--data-dir", dataDir,
-		"--embedded-client-url", fmt.Sprintf("http://127.0.0.1:%d", ports[0]),
-		"--embedded-peer-url", fmt.Sprintf("http://127.0.0.1:%d", ports[1]),
-	}
+	return fmt.Sprintf("http://127.0.0.1:%d", ports[0]), fmt.Sprintf("http://127.0.0.1:%d", ports[1])
 }
 
 // shop is a test upstream that charges once per request, and honours the
@@ -247,8 +258,12 @@ func runCmd(t *testing.T, args ...string) (string, error) {
 
 func etcdEndpoint(flags []string) string {
 	for i, f := range flags {
-		if f == "--embedded-client-url" {
-			return flags[i+1]
+		if f == "--data-dir" {
+			dir, err := filepath.Abs(flags[i+1])
+			if err != nil {
+				panic(err)
+			}
+			return "unix://" + filepath.Join(dir, "etcd.sock")
 		}
 	}
 	return ""

@@ -82,6 +82,8 @@ type serveConfig struct {
 	readyWhenFull  bool
 	keysPerLease   int64
 	recordFormat   int
+	shardsFile     string
+	shardNames     []string // from --shards-file, in its order
 
 	dataDir           string
 	embeddedClientURL string
@@ -149,6 +151,7 @@ func (c *serveConfig) flags(stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&c.readyWhenFull, "ready-when-full", false, "keep /readyz at 200 while etcd is out of space (NOSPACE): for sidecars, whose pod must keep serving the traffic idem passes through, and replays")
 	fs.DurationVar(&c.cacheStaleness, "cache-staleness", etcdstore.DefaultCacheStaleness, "with --cache-size: the cache answers only while it provably lags etcd by less than this (a cut-off process stops replaying from memory after it)")
 	fs.Int64Var(&c.keysPerLease, "keys-per-lease", 20000, "writes this process attaches to one retention lease before its bucket rolls to a fresh lease (a lease's expiry deletes its keys in one raft entry)")
+	fs.StringVar(&c.shardsFile, "shards-file", "", "spread keys over several etcd clusters, as this YAML file says (docs/OPERATIONS.md, \"Sharding\"); instead of --endpoints")
 	fs.IntVar(&c.recordFormat, "record-format", 3, "format of the records written (every format is read): 1 or 2 while older idem processes (0.1, 0.2) still run, then 3 (compressed against a shared dictionary where that saves space)")
 	fs.StringVar(&c.dataDir, "data-dir", "idem-data", "data directory of the embedded etcd (without --endpoints)")
 	fs.StringVar(&c.embeddedClientURL, "embedded-client-url", "", "client URL of the embedded etcd (default: the unix socket DATA-DIR/etcd.sock, mode 0600 in a 0700 directory: no other local user reaches it; an http:// URL has no TLS and no auth)")
@@ -218,6 +221,16 @@ func (c *serveConfig) validate() error {
 	}
 	if sock, ok := unixSocket(c.embeddedClientURL); ok && len(sock) > 100 {
 		return fmt.Errorf("--data-dir %q: the embedded etcd's socket path %q is over the 100 bytes a unix socket may have; use a shorter path or --embedded-client-url", c.dataDir, sock)
+	}
+	if c.shardsFile != "" {
+		if len(c.etcd.endpoints) > 0 {
+			return errors.New("--shards-file and --endpoints: give one (the shards file names each cluster's endpoints)")
+		}
+		if err := checkShards(c.shardsFile, c.etcd); err != nil {
+			return err
+		}
+		_, names, _, _ := readShards(c.shardsFile, c.etcd)
+		c.shardNames = names
 	}
 	if c.recordFormat < 1 || c.recordFormat > 3 {
 		return fmt.Errorf("--record-format %d: must be 1, 2 or 3", c.recordFormat)

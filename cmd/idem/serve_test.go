@@ -336,8 +336,7 @@ func TestServeExternalEtcd(t *testing.T) {
 // its client endpoint; the process is killed when the test ends.
 func startExternalEtcd(t *testing.T, bin, dataDir string) string {
 	t.Helper()
-	flags := embeddedFlags(t, dataDir)
-	client, peer := flags[3], flags[5]
+	client, peer := freeURLs(t)
 	cmd := exec.Command(bin, "--name", "ext", "--data-dir", dataDir,
 		"--listen-client-urls", client, "--advertise-client-urls", client,
 		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,

@@ -47,8 +47,8 @@ type server struct {
 	etcd *embed.Etcd // nil with --endpoints
 
 	mu    sync.Mutex
-	cli   *clientv3.Client // nil until connected
-	store *etcdstore.Store
+	clis  []*clientv3.Client // none until connected; one per shard with --shards-file
+	store backend
 	edge  atomic.Pointer[http.Handler] // the edge, once there is a store
 	why   atomic.Pointer[string]       // why not connected yet
 
@@ -75,7 +75,7 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 			s.Close()
 		}
 	}()
-	if len(c.etcd.endpoints) == 0 {
+	if len(c.etcd.endpoints) == 0 && c.shardsFile == "" {
 		if s.etcd, err = c.startEmbedded(ctx); err != nil {
 			return nil, err
 		}
@@ -91,7 +91,7 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 
 	s.reg = prometheus.NewRegistry()
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	gauge := func(name, help string, f func(*etcdstore.Store) float64) {
+	gauge := func(name, help string, f func(backend) float64) {
 		s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
 			if st := s.current(); st != nil {
 				return f(st)
@@ -99,21 +99,21 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 			return 0
 		}))
 	}
-	gauge("idem_claims_running", "Claims this process holds and has not ended.", func(st *etcdstore.Store) float64 { return float64(st.Running()) })
-	gauge("idem_session_live", "1 while this process has a live etcd session.", func(st *etcdstore.Store) float64 {
+	gauge("idem_claims_running", "Claims this process holds and has not ended.", func(st backend) float64 { return float64(st.Running()) })
+	gauge("idem_session_live", "1 while this process has a live etcd session.", func(st backend) float64 {
 		if st.Live() {
 			return 1
 		}
 		return 0
 	})
-	gauge("idem_store_full", "1 while etcd refuses this process's writes for lack of space (the NOSPACE alarm).", func(st *etcdstore.Store) float64 {
+	gauge("idem_store_full", "1 while etcd refuses this process's writes for lack of space (the NOSPACE alarm).", func(st backend) float64 {
 		if st.Full() {
 			return 1
 		}
 		return 0
 	})
 	gauge("idem_final_writes_pending", "Final writes (outcomes of finished work) etcd has not acknowledged yet; retried in the background.",
-		func(st *etcdstore.Store) float64 { return float64(st.Pending()) })
+		func(st backend) float64 { return float64(st.Pending()) })
 	counter := func(name, help string, f func(etcdstore.CacheStats) int64) {
 		s.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 {
 			if st := s.current(); st != nil {
@@ -127,7 +127,7 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 		counter("idem_cache_stale_total", "Lookups the cache did not answer because it could not prove itself current within --cache-staleness.",
 			func(c etcdstore.CacheStats) int64 { return c.Stale })
 		gauge("idem_cache_lag_seconds", "How long ago the cache last proved itself current (an etcd progress notification); past --cache-staleness it answers nothing.",
-			func(st *etcdstore.Store) float64 { return st.CacheStats().Lag.Seconds() })
+			func(st backend) float64 { return st.CacheStats().Lag.Seconds() })
 	}
 	s.metrics = idemhttp.NewMetrics(s.reg)
 	if s.waiting, err = c.waitingEdge(); err != nil {
@@ -276,9 +276,9 @@ func (s *server) Close() error {
 		s.adminLn.Close()
 	}
 	s.mu.Lock()
-	cli := s.cli
+	clis := s.clis
 	s.mu.Unlock()
-	if cli != nil {
+	for _, cli := range clis {
 		cli.Close()
 	}
 	if s.etcd != nil {
@@ -298,7 +298,7 @@ func serveOn(srv *http.Server, ln net.Listener) error {
 }
 
 // edge builds the idempotency edge: the proxy or the JSON API.
-func (c *serveConfig) edge(store *etcdstore.Store, metrics *idemhttp.Metrics, log *slog.Logger) (http.Handler, error) {
+func (c *serveConfig) edge(store backend, metrics *idemhttp.Metrics, log *slog.Logger) (http.Handler, error) {
 	tenant := c.tenant()
 	limiter, err := idemhttp.NewLimiter(c.limits)
 	if err != nil {
@@ -386,7 +386,7 @@ func (s *server) adminMux() http.Handler {
 			}
 			http.Error(w, "etcd not reached yet: "+why, http.StatusServiceUnavailable)
 			return
-		case !store.Live():
+		case c.shardsFile == "" && !store.Live():
 			http.Error(w, "no live etcd session", http.StatusServiceUnavailable)
 			return
 		}
@@ -395,13 +395,29 @@ func (s *server) adminMux() http.Handler {
 			return
 		}
 		s.mu.Lock()
-		cli := s.cli
+		clis := s.clis
 		s.mu.Unlock()
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		// A linearizable read: answers only with a quorum behind it.
-		if _, err := cli.Get(ctx, c.etcd.prefix+"readyz", clientv3.WithCountOnly()); err != nil {
-			http.Error(w, "etcd unreachable: "+err.Error(), http.StatusServiceUnavailable)
+		// A linearizable read: answers only with a quorum behind it. With
+		// shards, the process is ready while one answers: the others'
+		// keys get 503, the answering ones' are served.
+		var down []string
+		for i, cli := range clis {
+			if _, err := cli.Get(ctx, c.etcd.prefix+"readyz", clientv3.WithCountOnly()); err != nil {
+				name := "etcd"
+				if i < len(c.shardNames) {
+					name = "shard " + c.shardNames[i]
+				}
+				down = append(down, name+" unreachable: "+err.Error())
+			}
+		}
+		if len(down) == len(clis) {
+			http.Error(w, strings.Join(down, "; "), http.StatusServiceUnavailable)
+			return
+		}
+		if len(down) > 0 {
+			fmt.Fprintln(w, "degraded: "+strings.Join(down, "; "))
 			return
 		}
 		fmt.Fprintln(w, "ok")

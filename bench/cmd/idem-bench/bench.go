@@ -68,7 +68,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Usage = func() { fmt.Fprint(stderr, benchUsage); fs.PrintDefaults() }
 	c.etcd.register(fs)
 	c.suites = list("do", "replay")
-	fs.Var(&c.suites, "suite", "suites to run, comma-separated: do, replay, mix, mutex, http, scale, wan")
+	fs.Var(&c.suites, "suite", "suites to run, comma-separated: do, replay, mix, mutex, http, scale, wan, shards")
 	c.members = list("1", "3")
 	fs.Var(&c.members, "members", "embedded cluster sizes for the do and replay suites")
 	fs.IntVar(&c.concurrency, "concurrency", 64, "concurrent clients")
@@ -113,7 +113,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	for _, s := range c.suites.vals {
 		if _, ok := suites[s]; !ok {
-			return usageError{fmt.Errorf("--suite %q: unknown (do, replay, mix, mutex, http, scale, wan)", s)}
+			return usageError{fmt.Errorf("--suite %q: unknown (do, replay, mix, mutex, http, scale, wan, shards)", s)}
 		}
 	}
 	if *cpuprofile != "" {

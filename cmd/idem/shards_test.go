@@ -1,0 +1,101 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/idem-dev/idem/internal/etcdcluster"
+)
+
+// idem serve over two etcd clusters: keys spread over both, replays and
+// the admin commands find them, the worker API works across them, and a
+// shard cut off makes only its own keys unavailable.
+func TestServeShards(t *testing.T) {
+	dir := tempDir(t)
+	var urls []string
+	var proxies []*etcdcluster.Proxy
+	for _, n := range []string{"a", "b"} {
+		p := etcdBehindProxy(t, filepath.Join(dir, "etcd-"+n))
+		proxies = append(proxies, p)
+		urls = append(urls, p.URL())
+	}
+	file := filepath.Join(dir, "shards.yaml")
+	yaml := fmt.Sprintf("shards:\n  - name: a\n    endpoints: [%s]\n  - name: b\n    endpoints: [%s]\n", urls[0], urls[1])
+	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	up := newShop(t)
+	idem := startIdem(t, filepath.Join(dir, "work"), "--shards-file", file, "--upstream", up.URL, "--request-timeout", "2s")
+	keys := map[string]string{} // key -> first body
+	for i := 0; i < 12; i++ {
+		k := fmt.Sprintf("order-%d", i)
+		r := send(t, "POST", idem.listen+"/pay", k, `{}`)
+		again := send(t, "POST", idem.listen+"/pay", k, `{}`)
+		if r.status != 201 || again.body != r.body || again.header.Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("%s: %d %q then %q", k, r.status, r.body, again.body)
+		}
+		keys[k] = r.body
+	}
+	if _, effects := up.counts(); effects != 12 {
+		t.Fatalf("%d effects for 12 keys", effects)
+	}
+	out, err := runCmd(t, "status", "--shards-file", file)
+	if err != nil || !strings.Contains(out, "shard a\n") || !strings.Contains(out, "shard b\n") {
+		t.Fatalf("idem status over shards = %q, %v", out, err)
+	}
+	var perShard []int
+	for _, line := range strings.Split(out, "\n") {
+		var n int
+		if _, err := fmt.Sscanf(line, "keys=%d", &n); err == nil {
+			perShard = append(perShard, n)
+		}
+	}
+	if len(perShard) != 2 || perShard[0] == 0 || perShard[1] == 0 || perShard[0]+perShard[1] != 12 {
+		t.Fatalf("keys per shard %v; want 12 spread over both", perShard)
+	}
+	for k := range keys {
+		if out, err := runCmd(t, "get", "--shards-file", file, k); err != nil || !strings.Contains(out, "state=done") {
+			t.Fatalf("idem get %s over shards = %q, %v", k, out, err)
+		}
+	}
+	if out, err := runCmd(t, "ls", "--shards-file", file, "-w", "json"); err != nil || strings.Count(out, `"key":`) != 12 {
+		t.Fatalf("idem ls over shards = %q, %v", out, err)
+	}
+
+	// The worker API over the same shards.
+	api := startIdem(t, dir, "--shards-file", file)
+	r := send(t, "POST", api.listen+"/v1/claim", "", `{"key":"job-1","params":{}}`)
+	var c struct{ Handle json.RawMessage }
+	if r.status != 201 || json.Unmarshal([]byte(r.body), &c) != nil {
+		t.Fatalf("claim over shards = %d %q", r.status, r.body)
+	}
+	if r := send(t, "POST", api.listen+"/v1/complete", "", `{"handle":`+string(c.Handle)+`,"outcome":{"body":"b2s="}}`); r.status != 200 {
+		t.Fatalf("complete over shards = %d %q", r.status, r.body)
+	}
+
+	// Shard b cut off: its keys 503, a's keep working; /readyz degraded.
+	proxies[1].Blackhole()
+	onA, onB := 0, 0
+	for i := 100; i < 110; i++ {
+		k := fmt.Sprintf("order-%d", i)
+		r := send(t, "POST", idem.listen+"/pay", k, `{}`)
+		switch r.status {
+		case 201:
+			onA++
+		case 503:
+			onB++
+		default:
+			t.Fatalf("%s with shard b cut off = %d %q", k, r.status, r.body)
+		}
+	}
+	if onA == 0 || onB == 0 {
+		t.Fatalf("with b cut off: %d served, %d refused; want both", onA, onB)
+	}
+	if r := send(t, "GET", idem.admin+"/readyz", "", ""); r.status != 200 || !strings.Contains(r.body, "degraded: shard b") {
+		t.Fatalf("/readyz with b cut off = %d %q; want 200 degraded", r.status, r.body)
+	}
+}
