@@ -198,6 +198,49 @@ func TestRulesPerKey(t *testing.T) {
 // their replies. Every key's work takes effect once, every caller gets the
 // one saved outcome, and no key has a live record on two shards.
 func TestHandOver(t *testing.T) {
+	handOver(t, nil)
+}
+
+// The same while shard c is a three-member cluster whose leader is cut
+// off from the others in the middle of the run, then healed.
+func TestHandOverWhileALeaderIsCut(t *testing.T) {
+	three, err := etcdcluster.New(t.TempDir(), 3, etcdcluster.Options{Proxies: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(three.Close)
+	saved := clusters["c"]
+	clusters["c"] = three
+	t.Cleanup(func() { clusters["c"] = saved })
+	handOver(t, func(ctx context.Context) error {
+		lead, err := three.WaitLeader(ctx, three.All())
+		if err != nil {
+			return err
+		}
+		if err := three.Isolate(lead); err != nil {
+			return err
+		}
+		if _, err := three.WaitLeader(ctx, others(3, lead), lead); err != nil {
+			return err
+		}
+		three.Heal()
+		return nil
+	})
+}
+
+func others(n, except int) []int {
+	var out []int
+	for i := 0; i < n; i++ {
+		if i != except {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// handOver runs the hand-over workload, with fault applied once a third of
+// the operations are done, and checks its invariants.
+func handOver(t *testing.T, fault func(context.Context) error) {
 	prefix := testPrefix(t)
 	var routers []*Store
 	for i := 0; i < 2; i++ {
@@ -205,21 +248,42 @@ func TestHandOver(t *testing.T) {
 		routers = append(routers, open(t, prefix, []string{"a", "b", "c"}, []string{"a", "b"}, 0.1, uint64(20+i), "a", "b", "c"))
 	}
 	ctx := testCtx(t)
-	const keys = 120
+	const keys, workers = 120, 16
 	var mu sync.Mutex
 	effects := map[string]int{}
 	highest := map[string]fencing.Token{}
 	answers := map[string]map[string]bool{}
+	var done atomic.Int64
+	faultAt := make(chan struct{})
+	var once sync.Once
+	faulted := make(chan error, 1)
+	var over atomic.Bool // the fault has run its course: workers may stop
+	if fault == nil {
+		faulted <- nil
+		over.Store(true)
+	} else {
+		go func() {
+			<-faultAt
+			err := fault(ctx)
+			over.Store(true)
+			faulted <- err
+		}()
+	}
 	var wg sync.WaitGroup
-	for w := 0; w < 16; w++ {
+	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(w), 7))
-			for op := 0; op < keys; op++ {
+			// Every worker runs keys operations, and more while the fault
+			// is under way, so that it happens in the middle of the work.
+			for op := 0; op < keys || !over.Load(); op++ {
+				if done.Add(1) == keys*workers/3 {
+					once.Do(func() { close(faultAt) })
+				}
 				k := etcdstore.Key{ID: "k" + strconv.Itoa(rng.IntN(keys))}
 				r := routers[rng.IntN(len(routers))]
-				for try := 0; try < 50; try++ {
+				for try := 0; try < 200; try++ {
 					res, err := r.Do(ctx, k, []byte(`{}`), func(_ context.Context, c *etcdstore.Claim) ([]byte, error) {
 						mu.Lock()
 						defer mu.Unlock()
@@ -249,6 +313,10 @@ func TestHandOver(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	once.Do(func() { close(faultAt) })
+	if err := <-faulted; err != nil {
+		t.Fatalf("the fault: %v", err)
+	}
 	moved := 0
 	for i := 0; i < keys; i++ {
 		id := "k" + strconv.Itoa(i)
