@@ -217,12 +217,8 @@ func (s *Store) CacheStats() CacheStats {
 // the cache and starts again.
 func (s *Store) feedCache() {
 	defer s.wg.Done()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := s.untilClosed()
 	defer cancel()
-	go func() {
-		<-s.closing
-		cancel()
-	}()
 	for try := 0; ctx.Err() == nil; try++ {
 		s.cache.clear()
 		gctx, gcancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), max(s.timeout, time.Second))

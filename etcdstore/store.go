@@ -327,17 +327,27 @@ func (s *Store) Close() error {
 	return nil
 }
 
+// untilClosed returns a context that ends when the store closes, for the
+// store's own goroutines.
+func (s *Store) untilClosed() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-s.closing:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
 // followDictionary watches which compression dictionary is current, until
 // the store closes: a dictionary another process published becomes this
 // one's at once. A broken watch starts again, after a read.
 func (s *Store) followDictionary() {
 	defer s.wg.Done()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := s.untilClosed()
 	defer cancel()
-	go func() {
-		<-s.closing
-		cancel()
-	}()
 	for try := 0; ctx.Err() == nil; try++ {
 		if err := s.dicts.load(ctx); err != nil {
 			s.log.Debug("idem: reading the current compression dictionary", "err", err)
