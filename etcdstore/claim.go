@@ -230,8 +230,11 @@ func (c *Claim) armDeadlineLocked() {
 	}
 	cancel, s, rk, ctx := c.cancel, c.s, runKey{c.key, c.attempt}, c.ctx
 	c.timer = s.afterFunc(c.deadline.Sub(s.now()), func() {
-		cancel(ErrDeadline)
+		// No longer held here first, then Done: a caller that sees Done
+		// and claims again with the same attempt id must not find the
+		// ended claim still registered (a conflict with itself).
 		s.unregisterIf(rk, ctx)
+		cancel(ErrDeadline)
 	})
 }
 
