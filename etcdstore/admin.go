@@ -333,3 +333,29 @@ func (a *Admin) Stats(ctx context.Context, maxScan int64) (Stats, error) {
 	}
 	return st, nil
 }
+
+// Client returns the etcd client the store talks to.
+func (a *Admin) Client() *clientv3.Client { return a.client }
+
+// Prefix returns the etcd key prefix under which the store keeps everything
+// (WithPrefix).
+func (a *Admin) Prefix() string { return a.ks.prefix }
+
+// RecordKey returns the etcd key of key's record, for tools that watch or
+// read records directly (package jobs); DecodeRecord reads what they find.
+func (a *Admin) RecordKey(key Key) string { return a.ks.record(key) }
+
+// TenantPrefix returns the etcd key prefix of tenant's records: every key
+// with this prefix is a record of tenant, and no other is.
+func (a *Admin) TenantPrefix(tenant string) string {
+	if tenant == "" {
+		tenant = DefaultTenant
+	}
+	return a.ks.tenant(tenant)
+}
+
+// OwnerPrefix returns the etcd key prefix of the sessions' liveness keys:
+// the key of a live session is this prefix followed by its owner id (a
+// Record's Owner), on the session's lease. A claim's owner is alive while
+// its key exists.
+func (a *Admin) OwnerPrefix() string { return a.ks.owners() }

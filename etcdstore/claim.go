@@ -66,6 +66,12 @@ func (c *Claim) Deadline() time.Time {
 // downstream idempotency or fencing for the rest.
 func (c *Claim) TookOver() bool { return c.takeovers > 0 }
 
+// Takeovers returns how many times the key was taken over from a stale
+// owner, this claim's own takeover included: the record's count, which
+// every takeover raises in the same write that claims the key (0 for the
+// claim that made the record). Package jobs counts a job's attempts by it.
+func (c *Claim) Takeovers() int { return c.takeovers }
+
 // Previous returns the stale record this claim replaced, or nil when it did
 // not replace one (including when it recognised its own earlier takeover).
 func (c *Claim) Previous() *Record { return c.previous }

@@ -11,8 +11,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// MaxExtraOps is the most extra ops Complete takes: etcd allows 128 ops in
-// a Txn branch, and the record's own Put is one.
+// MaxExtraOps is the most extra ops Complete and Checkpoint take: etcd
+// allows 128 ops in a Txn branch, and the record's own Put is one.
 const MaxExtraOps = 127
 
 // Complete saves out as the key's outcome, to be replayed to every retry, and
@@ -46,12 +46,22 @@ func (c *Claim) Complete(ctx context.Context, out Outcome, ops ...clientv3.Op) e
 // claim ends. After an error wrapping ErrUnavailable the checkpoint may or
 // may not have been saved; the claim's next write finds out and keeps
 // whichever is newer, so a checkpoint never moves backwards.
-func (c *Claim) Checkpoint(ctx context.Context, data []byte) error {
+//
+// ops, when given, commit in the same etcd Txn, as Complete's do: the
+// effect of a step that lives in etcd is applied exactly once, atomically
+// with the recovery point that says the step is finished. After an error
+// wrapping ErrUnavailable, call Checkpoint again with the same data and ops:
+// a write that landed is recognised (its ops landed with it) and not
+// repeated.
+func (c *Claim) Checkpoint(ctx context.Context, data []byte, ops ...clientv3.Op) error {
+	if err := c.s.checkOps(ops); err != nil {
+		return fmt.Errorf("checkpoint %s: %w", c.key, err)
+	}
 	if len(data) > c.s.maxRecord {
 		return fmt.Errorf("checkpoint %s: %w: %d bytes, limit %d", c.key, ErrTooLarge, len(data), c.s.maxRecord)
 	}
 	data = bytes.Clone(data)
-	return c.write(ctx, "checkpoint", false, nil, func(r *Record) *Record {
+	return c.write(ctx, "checkpoint", false, ops, func(r *Record) *Record {
 		r.Checkpoint = data
 		return r
 	})
@@ -231,7 +241,7 @@ func (c *Claim) giveUp(cause error) {
 	}
 }
 
-// checkOps validates Complete's extra ops.
+// checkOps validates the extra ops of Complete and Checkpoint.
 func (s *Store) checkOps(ops []clientv3.Op) error {
 	if len(ops) > MaxExtraOps {
 		return fmt.Errorf("%w: %d extra ops, limit %d", ErrInvalidArgument, len(ops), MaxExtraOps)

@@ -1,0 +1,106 @@
+package etcdstore
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+)
+
+// Enqueue hands key's work to whoever claims the key next: unless the key
+// already has a live record, it writes one in flight with no owner and data
+// as its checkpoint, an abandoned claim that nobody held. The next Claim of
+// key with fingerprint fp takes it over at once, with a greater fencing
+// token, and finds data in LastCheckpoint. Package jobs submits jobs this
+// way.
+//
+// It returns the key's record as it stands: the one this call wrote
+// (Takeovers 0, no owner), or the live record it found with the same
+// fingerprint, in flight or done: a key is enqueued once, whoever enqueues
+// it. A record with another fingerprint is a *MismatchError. Enqueue needs
+// no session. It retries its own write while the outcome is unknown; a
+// retry that finds the record cannot tell its own write from another
+// caller's with the same fingerprint, which names the same work.
+//
+// The transaction is the claim's: If CreateRevision(record) == 0 Then
+// Put(record, lease=bucket) Else Get(record), or a compare-and-set on a
+// record whose retention has passed.
+func (s *Store) Enqueue(ctx context.Context, key Key, fp Fingerprint, data []byte) (*Record, error) {
+	if err := key.Validate(); err != nil {
+		return nil, fmt.Errorf("enqueue: %w", err)
+	}
+	if len(data) > s.maxRecord {
+		return nil, fmt.Errorf("enqueue %s: %w: checkpoint is %d bytes, limit %d", key, ErrTooLarge, len(data), s.maxRecord)
+	}
+	data = bytes.Clone(data)
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	ekey := s.ks.record(key)
+	var cur *Record // the record as last read; nil: absent or not read
+	known := false
+	tries := 0
+	for round := 0; round < 8; round++ {
+		now := s.now()
+		cmps := []cond{created(ekey, pb.Compare_EQUAL, 0)}
+		if known && cur != nil {
+			switch {
+			case cur.expired(now):
+				cmps = []cond{modified(ekey, cur.Revision)} // a new operation
+			case cur.State == Moved:
+				return nil, &MovedError{Key: key, To: cur.MovedTo, Epoch: cur.Epoch}
+			case cur.Fingerprint != fp:
+				return nil, &MismatchError{Key: key}
+			default:
+				return cur, nil
+			}
+		}
+		rec := &Record{
+			Key:         key,
+			State:       InFlight,
+			Fingerprint: fp,
+			Attempt:     rand.Text(),
+			Created:     now,
+			Expires:     now.Add(s.retention),
+			Checkpoint:  data,
+		}
+		epoch := s.epoch.Load()
+		if s.epochs {
+			rec.Epoch = epoch
+			cmps = append(cmps, s.epochCond(epoch))
+		}
+		res, err := s.writeRecord(ctx, key, "", cmps, rec, 0)
+		if errors.Is(err, rpctypes.ErrNoSpace) {
+			// etcd refuses every Put while it is full: a key already
+			// enqueued (or done) can still be answered from a read.
+			if got, _, rerr := s.get(ctx, key); rerr == nil && got != nil && !got.expired(now) && got.State != Moved && got.Fingerprint == fp {
+				return got, nil
+			}
+			return nil, wrapEtcd("enqueue", key, err)
+		}
+		if err != nil {
+			if errors.Is(err, ErrCorrupt) || !retryable(ctx, err) || tries >= maxTries {
+				return nil, wrapEtcd("enqueue", key, err)
+			}
+			tries++
+			if !backoff(ctx, tries) {
+				return nil, wrapEtcd("enqueue", key, err)
+			}
+			known = false // the write may have landed: read what is there
+			continue
+		}
+		if res.ok {
+			rec.Revision, rec.Token = res.rev, tokenOf(epoch, res.rev)
+			rec.Expires, rec.Created = toMillis(rec.Expires), toMillis(rec.Created)
+			return rec, nil
+		}
+		if s.epochs && res.epoch != epoch {
+			s.epoch.Store(res.epoch)
+		}
+		cur, known = res.cur, true
+	}
+	return nil, fmt.Errorf("enqueue %s: %w: the record kept changing", key, ErrUnavailable)
+}
