@@ -1,0 +1,362 @@
+package jobs
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/sim"
+)
+
+// DefaultTenant is the tenant a Queue keeps its jobs under unless told
+// otherwise (WithTenant): jobs never share keys with a service's
+// idempotency keys.
+const DefaultTenant = "jobs"
+
+// Queue submits, reads and administers jobs: the records of one tenant of
+// an etcdstore.Store. It starts no goroutines; Worker and Scheduler run on
+// it.
+type Queue struct {
+	store  *etcdstore.Store
+	tenant string
+	log    *slog.Logger
+	clock  clock
+}
+
+// Option configures a Queue.
+type Option func(*Queue) error
+
+// WithTenant keeps the queue's jobs under tenant (default DefaultTenant).
+func WithTenant(tenant string) Option {
+	return func(q *Queue) error {
+		if err := etcdstore.ValidateTenant(tenant); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalid, err)
+		}
+		q.tenant = tenant
+		return nil
+	}
+}
+
+// WithLogger sets the logger of the queue and of the workers and
+// schedulers on it (default: discard).
+func WithLogger(l *slog.Logger) Option {
+	return func(q *Queue) error { q.log = l; return nil }
+}
+
+// New returns a Queue on store. The store's retention is how long a job is
+// remembered after its last write: a job's id names one job for that long,
+// so a job must not wait (parked, or scheduled) longer, and schedules catch
+// up at most half of it.
+func New(store *etcdstore.Store, opts ...Option) (*Queue, error) {
+	if store == nil {
+		return nil, fmt.Errorf("new queue: %w: nil store", ErrInvalid)
+	}
+	q := &Queue{store: store, tenant: DefaultTenant, log: slog.New(slog.DiscardHandler), clock: realClock}
+	if h := sim.Lookup(store.Client()); h != nil {
+		q.clock = clock{now: h.Now, after: h.AfterFunc}
+	}
+	for _, o := range opts {
+		if err := o(q); err != nil {
+			return nil, fmt.Errorf("new queue: %w", err)
+		}
+	}
+	return q, nil
+}
+
+// Tenant returns the tenant the queue's jobs live under.
+func (q *Queue) Tenant() string { return q.tenant }
+
+// Store returns the store the queue keeps its jobs in.
+func (q *Queue) Store() *etcdstore.Store { return q.store }
+
+// Key returns the store key of job id.
+func (q *Queue) Key(id string) etcdstore.Key { return etcdstore.Key{Tenant: q.tenant, ID: id} }
+
+// SubmitOption configures Submit.
+type SubmitOption func(*state)
+
+// RunAt holds the job's first attempt back until t: it is Scheduled until
+// then. t must lie within the store's retention.
+func RunAt(t time.Time) SubmitOption {
+	return func(s *state) { s.NotBefore = t.UnixMilli() }
+}
+
+// Submit submits job id of kind with params, to be run by a worker that
+// registered kind (the completer of any Worker on this tenant finds it). It
+// is idempotent: submitting an id again with the same kind and params
+// changes nothing and returns the job as it stands, whatever state it is
+// in; with other params it is an error wrapping etcdstore.ErrMismatch. One
+// etcd Txn (etcdstore.Store.Enqueue) writes the job with its params, so any
+// worker can run it, in any data centre. The submitter needs no Worker.
+//
+// id is 1 to 255 bytes of visible ASCII without '/', as any idempotency
+// key. The job's params and the outputs of its steps share the store's
+// record size limit.
+func (q *Queue) Submit(ctx context.Context, id, kind string, params []byte, opts ...SubmitOption) (*Job, error) {
+	key := q.Key(id)
+	if err := key.Validate(); err != nil {
+		return nil, fmt.Errorf("submit: %w", err)
+	}
+	if err := validName(kind, 64, true); err != nil {
+		return nil, fmt.Errorf("submit %s: %w: kind %q: %v", id, ErrInvalid, kind, err)
+	}
+	fp, err := fingerprint(kind, params)
+	if err != nil {
+		return nil, fmt.Errorf("submit %s: %w", id, err)
+	}
+	st := &state{Kind: kind, Params: params}
+	for _, o := range opts {
+		o(st)
+	}
+	if st.NotBefore != 0 && time.UnixMilli(st.NotBefore).After(q.clock.now().Add(q.store.Retention())) {
+		return nil, fmt.Errorf("submit %s: %w: RunAt %v is past the store's retention (%v): the job would be forgotten before it runs",
+			id, ErrInvalid, time.UnixMilli(st.NotBefore), q.store.Retention())
+	}
+	rec, err := q.store.Enqueue(ctx, key, fp, st.encode())
+	if err != nil {
+		return nil, fmt.Errorf("submit: %w", err)
+	}
+	return FromRecord(rec, q.clock.now())
+}
+
+// fingerprint is what a job's key is claimed with: its kind and params, in
+// canonical JSON form when the params are JSON.
+func fingerprint(kind string, params []byte) (etcdstore.Fingerprint, error) {
+	k, _ := json.Marshal(kind)
+	var env []byte
+	if len(params) > 0 && json.Valid(params) {
+		env = fmt.Appendf(nil, `{"job":%s,"params":%s}`, k, params)
+	} else {
+		env = fmt.Appendf(nil, `{"job":%s,"params_base64":%q}`, k, base64.StdEncoding.EncodeToString(params))
+	}
+	return etcdstore.FingerprintOf(env)
+}
+
+// Get returns job id, read linearizably. A job that does not exist (or
+// whose retention passed) is an error wrapping etcdstore.ErrNotFound.
+func (q *Queue) Get(ctx context.Context, id string) (*Job, error) {
+	rec, err := q.store.Get(ctx, q.Key(id))
+	if err != nil {
+		return nil, err
+	}
+	return FromRecord(rec, q.clock.now())
+}
+
+// ListOptions selects jobs for List.
+type ListOptions struct {
+	// State keeps only jobs in that state; empty keeps all.
+	State State
+	// After resumes a listing after this job id (the last of the previous
+	// page).
+	After string
+	// Limit is the page size: default 100, at most etcdstore.MaxListLimit.
+	Limit int
+}
+
+// List returns the queue's jobs in id order, a page at a time: pass the
+// last id returned as After for the next page. A page shorter than Limit
+// is the last. Records of the tenant that hold no job are skipped.
+func (q *Queue) List(ctx context.Context, o ListOptions) ([]*Job, error) {
+	limit := o.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	if limit > etcdstore.MaxListLimit {
+		return nil, fmt.Errorf("list: %w: limit %d, at most %d", ErrInvalid, limit, etcdstore.MaxListLimit)
+	}
+	var after *etcdstore.Key
+	if o.After != "" {
+		k := q.Key(o.After)
+		after = &k
+	}
+	var out []*Job
+	for len(out) < limit {
+		recs, err := q.store.List(ctx, q.tenant, etcdstore.ListOptions{After: after, Limit: etcdstore.MaxListLimit})
+		if err != nil && len(recs) == 0 {
+			return out, err
+		}
+		for _, rec := range recs {
+			if j, err := FromRecord(rec, q.clock.now()); err == nil && (o.State == "" || j.State == o.State) {
+				out = append(out, j)
+				if len(out) == limit {
+					return out, nil
+				}
+			}
+		}
+		if len(recs) < etcdstore.MaxListLimit {
+			break
+		}
+		k := recs[len(recs)-1].Key
+		after = &k
+	}
+	return out, nil
+}
+
+// Wait blocks, on an etcd Watch, until job id has ended (succeeded, failed
+// or cancelled) or is parked, and returns it then; or until ctx ends. A job
+// that does not exist is an error wrapping etcdstore.ErrNotFound.
+func (q *Queue) Wait(ctx context.Context, id string) (*Job, error) {
+	key := q.Key(id)
+	if err := key.Validate(); err != nil {
+		return nil, fmt.Errorf("wait: %w", err)
+	}
+	ekey := q.store.RecordKey(key)
+	cli := q.store.Client()
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		resp, err := cli.Get(clientv3.WithRequireLeader(rctx), ekey)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			if err := q.clock.sleep(ctx, time.Second); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if len(resp.Kvs) == 0 {
+			return nil, fmt.Errorf("wait %s: %w", key, etcdstore.ErrNotFound)
+		}
+		j, done, err := q.decodeKV(resp.Kvs[0])
+		if err != nil || done {
+			return j, err
+		}
+		wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		for wr := range cli.Watch(wctx, ekey, clientv3.WithRev(resp.Header.Revision+1)) {
+			if wr.Err() != nil {
+				break // re-read: compacted, or the leader was lost
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == mvccpb.DELETE {
+					wcancel()
+					return nil, fmt.Errorf("wait %s: %w", key, etcdstore.ErrNotFound)
+				}
+				if j, done, err := q.decodeKV(ev.Kv); err != nil || done {
+					wcancel()
+					return j, err
+				}
+			}
+		}
+		wcancel()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// decodeKV decodes a job's record and says whether Wait is over.
+func (q *Queue) decodeKV(kv *mvccpb.KeyValue) (*Job, bool, error) {
+	rec, err := q.store.DecodeRecord(kv)
+	if err != nil {
+		return nil, true, err
+	}
+	if rec.Expires.Before(q.clock.now()) {
+		return nil, true, fmt.Errorf("wait %s: %w", rec.Key, etcdstore.ErrNotFound)
+	}
+	j, err := FromRecord(rec, q.clock.now())
+	if err != nil {
+		return nil, true, err
+	}
+	return j, j.State.Final() || j.State == Parked, nil
+}
+
+// Retry gives a parked job a new series of attempts: it is queued again,
+// resuming at its first unfinished step, with its attempt count reset. It
+// takes the job over (a claim with a greater token) to rewrite it, so it
+// needs a session like any claim. A job that is not parked is an error
+// wrapping ErrNotParked (ErrFinal once it ended).
+func (q *Queue) Retry(ctx context.Context, id string) (*Job, error) {
+	return q.operate(ctx, "retry", id, func(j *Job) error {
+		if j.State != Parked {
+			return fmt.Errorf("%w: %s", ErrNotParked, j.State)
+		}
+		return nil
+	}, func(c *etcdstore.Claim, st *state) (etcdstore.Outcome, etcdstore.End, error) {
+		if !st.Parked {
+			st.Base++ // this takeover was no attempt
+			return etcdstore.Outcome{}, etcdstore.EndAbandon, ErrNotParked
+		}
+		st.Parked, st.NotBefore, st.Base = false, 0, c.Takeovers()
+		return etcdstore.Outcome{}, etcdstore.EndAbandon, nil
+	})
+}
+
+// Cancel ends a job that no live worker runs (queued, scheduled or parked)
+// as cancelled, with reason saved: its remaining steps never run, its
+// finished ones stay done (Cancel runs no compensation). A running job is
+// an error wrapping ErrRunning; an ended one, ErrFinal.
+func (q *Queue) Cancel(ctx context.Context, id, reason string) (*Job, error) {
+	if reason == "" {
+		reason = "cancelled"
+	}
+	return q.operate(ctx, "cancel", id, nil, func(c *etcdstore.Claim, st *state) (etcdstore.Outcome, etcdstore.End, error) {
+		st.Outcome, st.Parked, st.NotBefore = Cancelled, false, 0
+		return etcdstore.Outcome{Body: st.encode(), Err: "cancelled: " + reason}, etcdstore.EndSave, nil
+	})
+}
+
+// operate takes job id over to rewrite it as op says: the rewrite of an
+// in-flight job goes into a checkpoint when op abandons the claim, into the
+// outcome when it saves one.
+func (q *Queue) operate(ctx context.Context, name, id string, check func(*Job) error, op func(*etcdstore.Claim, *state) (etcdstore.Outcome, etcdstore.End, error)) (*Job, error) {
+	key := q.Key(id)
+	rec, err := q.store.Get(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	j, err := FromRecord(rec, q.clock.now())
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("%s: %w", name, err)
+	case j.State.Final():
+		return j, fmt.Errorf("%s %s: %w: %s", name, key, ErrFinal, j.State)
+	case j.State == Running:
+		return j, fmt.Errorf("%s %s: %w (owner %s)", name, key, ErrRunning, j.Owner)
+	}
+	if check != nil {
+		if err := check(j); err != nil {
+			return j, fmt.Errorf("%s %s: %w", name, key, err)
+		}
+	}
+	var opErr error
+	res, err := q.store.Run(ctx, key, rec.Fingerprint, func(wctx context.Context, c *etcdstore.Claim) (etcdstore.Outcome, etcdstore.End) {
+		st, derr := decodeState(c.LastCheckpoint())
+		if derr != nil {
+			opErr = derr
+			return etcdstore.Outcome{}, etcdstore.EndAbandon
+		}
+		out, end, err := op(c, st)
+		opErr = err
+		if end == etcdstore.EndAbandon {
+			// Rewritten in a checkpoint, then abandoned for the next
+			// worker; a checkpoint that did not land leaves the job as
+			// it was (one attempt more counted), which is safe.
+			if err := checkpoint(context.WithoutCancel(wctx), c, st.encode(), nil); err != nil {
+				opErr = errors.Join(opErr, err)
+			}
+		}
+		return out, end
+	})
+	var ce *etcdstore.ConflictError
+	switch {
+	case errors.As(err, &ce):
+		return nil, fmt.Errorf("%s %s: %w", name, key, ErrRunning)
+	case err != nil:
+		return nil, fmt.Errorf("%s: %w", name, err)
+	case res.Replayed:
+		j, _ := FromRecord(&etcdstore.Record{Key: key, State: etcdstore.Done, Outcome: &res.Outcome, Token: res.Token}, q.clock.now())
+		return j, fmt.Errorf("%s %s: %w", name, key, ErrFinal)
+	case opErr != nil:
+		return nil, fmt.Errorf("%s %s: %w", name, key, opErr)
+	}
+	return q.Get(ctx, id)
+}

@@ -1,0 +1,447 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/robfig/cron/v3"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/idem-dev/idem/etcdstore"
+)
+
+// Schedule turns a cron expression or an interval into jobs, one per
+// occurrence, each run once however many schedulers (one per data centre)
+// run the schedule: an occurrence's job id is the schedule's name and the
+// occurrence's time, which come from the schedule, never from a clock, so
+// every scheduler names it alike and the first to submit it wins.
+type Schedule struct {
+	// Name names the schedule: 1 to 64 characters of [A-Za-z0-9._-]. An
+	// occurrence's job id is OccurrenceID(Name, time).
+	Name string
+	// Cron is a standard five-field cron expression ("0 3 1 * *": 03:00 on
+	// the first of every month) or a descriptor (@hourly, @daily,
+	// @weekly, @monthly, @yearly), in Location. "@every" is refused: use
+	// Every, whose occurrences do not depend on when a scheduler started.
+	Cron string
+	// Every, instead of Cron, makes an occurrence every Every (whole
+	// seconds), counted from the Unix epoch: the same instants on every
+	// scheduler.
+	Every time.Duration
+	// Location is the time zone of Cron (default UTC).
+	Location *time.Location
+	// Kind is the kind of the occurrences' jobs.
+	Kind string
+	// Params returns an occurrence's job parameters; it must return the
+	// same bytes on every scheduler for the same time, or the schedulers'
+	// submissions conflict (etcdstore.ErrMismatch, logged). Default:
+	// {"schedule":Name,"occurrence":"<RFC 3339 time>"}.
+	Params func(occurrence time.Time) []byte
+	// CatchUp says what happens to occurrences missed while no scheduler
+	// ran (default CatchUpLatest).
+	CatchUp CatchUp
+	// Lateness is how late an occurrence may still be submitted as on
+	// time (default a minute, and at most the interval between two
+	// occurrences); an occurrence later than that is missed, and CatchUp
+	// decides.
+	Lateness time.Duration
+	// MaxCatchUp bounds how many missed occurrences CatchUpAll runs: the
+	// latest ones (default 10).
+	MaxCatchUp int
+
+	spec cron.Schedule
+}
+
+// CatchUp says what a scheduler does with missed occurrences: ones that
+// came while every scheduler was down (or cut off) for longer than their
+// Lateness. Occurrences older than half the store's retention are never
+// run: their jobs may have been forgotten, and would run a second time.
+type CatchUp int
+
+const (
+	// CatchUpLatest runs the most recent missed occurrence, and skips the
+	// others: for work where the latest run covers the earlier ones (a
+	// report, a sync).
+	CatchUpLatest CatchUp = iota
+	// CatchUpAll runs every missed occurrence, up to MaxCatchUp of them (the
+	// latest), oldest first: for work that must happen once per occurrence
+	// (a monthly invoice run).
+	CatchUpAll
+	// CatchUpNone skips missed occurrences.
+	CatchUpNone
+)
+
+func (c CatchUp) String() string {
+	switch c {
+	case CatchUpLatest:
+		return "latest"
+	case CatchUpAll:
+		return "all"
+	case CatchUpNone:
+		return "none"
+	}
+	return fmt.Sprintf("CatchUp(%d)", int(c))
+}
+
+// OccurrenceID returns the job id of the occurrence of schedule name at t:
+// "<name>@<t in UTC, RFC 3339, to the second>".
+func OccurrenceID(name string, t time.Time) string {
+	return name + "@" + t.UTC().Format(occurrenceLayout)
+}
+
+const occurrenceLayout = "2006-01-02T15:04:05Z"
+
+// validate checks s and fills its defaults.
+func (s *Schedule) validate(retention time.Duration) error {
+	if err := validName(s.Name, 64, true); err != nil {
+		return fmt.Errorf("%w: schedule name %q: %v", ErrInvalid, s.Name, err)
+	}
+	if err := validName(s.Kind, 64, true); err != nil {
+		return fmt.Errorf("%w: schedule %s: kind %q: %v", ErrInvalid, s.Name, s.Kind, err)
+	}
+	if s.Location == nil {
+		s.Location = time.UTC
+	}
+	switch {
+	case s.Cron != "" && s.Every != 0:
+		return fmt.Errorf("%w: schedule %s has both Cron and Every", ErrInvalid, s.Name)
+	case s.Every != 0:
+		if s.Every < time.Second || s.Every%time.Second != 0 {
+			return fmt.Errorf("%w: schedule %s: Every %v must be whole seconds, at least 1 s", ErrInvalid, s.Name, s.Every)
+		}
+		s.spec = interval(s.Every)
+	case s.Cron != "":
+		spec, err := cron.ParseStandard(s.Cron)
+		if err != nil {
+			return fmt.Errorf("%w: schedule %s: cron %q: %v", ErrInvalid, s.Name, s.Cron, err)
+		}
+		switch sp := spec.(type) {
+		case cron.ConstantDelaySchedule:
+			return fmt.Errorf("%w: schedule %s: cron %q: @every counts from when a scheduler starts; use Every", ErrInvalid, s.Name, s.Cron)
+		case *cron.SpecSchedule:
+			if sp.Location == time.Local {
+				sp.Location = s.Location
+			}
+		}
+		s.spec = spec
+	default:
+		return fmt.Errorf("%w: schedule %s has neither Cron nor Every", ErrInvalid, s.Name)
+	}
+	if s.CatchUp < CatchUpLatest || s.CatchUp > CatchUpNone {
+		return fmt.Errorf("%w: schedule %s: unknown CatchUp %d", ErrInvalid, s.Name, s.CatchUp)
+	}
+	if s.Lateness < 0 || s.MaxCatchUp < 0 {
+		return fmt.Errorf("%w: schedule %s: negative Lateness or MaxCatchUp", ErrInvalid, s.Name)
+	}
+	if s.Lateness == 0 {
+		s.Lateness = time.Minute
+		if s.Every > 0 {
+			s.Lateness = min(s.Lateness, s.Every)
+		}
+	}
+	if s.Lateness >= retention/2 {
+		return fmt.Errorf("%w: schedule %s: Lateness %v must be under half the store's retention (%v)", ErrInvalid, s.Name, s.Lateness, retention)
+	}
+	if s.MaxCatchUp == 0 {
+		s.MaxCatchUp = 10
+	}
+	return nil
+}
+
+// interval is Every's schedule: instants at multiples of d since the Unix
+// epoch.
+type interval time.Duration
+
+func (d interval) Next(t time.Time) time.Time {
+	n := int64(time.Duration(d) / time.Second)
+	s := t.Unix()
+	next := (s/n + 1) * n
+	if s < 0 && s%n != 0 {
+		next = (s / n) * n
+	}
+	return time.Unix(next, 0).UTC()
+}
+
+// params returns the parameters of the occurrence at t.
+func (s *Schedule) params(t time.Time) []byte {
+	if s.Params != nil {
+		return s.Params(t)
+	}
+	b, _ := json.Marshal(map[string]string{"schedule": s.Name, "occurrence": t.UTC().Format(occurrenceLayout)})
+	return b
+}
+
+// Scheduler submits the occurrences of schedules as jobs of a Queue. Run one
+// per data centre (or more): each occurrence is submitted by whichever
+// scheduler comes first, and run once. A shared cursor per schedule in
+// etcd (the latest occurrence any scheduler handled) tells a scheduler that
+// starts what was missed.
+//
+// NewScheduler starts a goroutine per schedule; Close stops them.
+type Scheduler struct {
+	q         *Queue
+	schedules []*Schedule
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+}
+
+// NewScheduler validates schedules and starts submitting their occurrences.
+func NewScheduler(q *Queue, schedules []Schedule) (*Scheduler, error) {
+	if q == nil {
+		return nil, fmt.Errorf("new scheduler: %w: nil queue", ErrInvalid)
+	}
+	s := &Scheduler{q: q}
+	seen := map[string]bool{}
+	for i := range schedules {
+		sc := schedules[i]
+		if err := sc.validate(q.store.Retention()); err != nil {
+			return nil, fmt.Errorf("new scheduler: %w", err)
+		}
+		if seen[sc.Name] {
+			return nil, fmt.Errorf("new scheduler: %w: two schedules named %s", ErrInvalid, sc.Name)
+		}
+		seen[sc.Name] = true
+		s.schedules = append(s.schedules, &sc)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	for _, sc := range s.schedules {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.loop(ctx, sc)
+		}()
+	}
+	return s, nil
+}
+
+// Close stops submitting. An occurrence being submitted is finished first
+// or not at all: its submission is one Txn.
+func (s *Scheduler) Close() error {
+	s.cancel()
+	s.wg.Wait()
+	return nil
+}
+
+// loop runs one schedule: catch up from the cursor, then submit each
+// occurrence as its time comes.
+func (s *Scheduler) loop(ctx context.Context, sc *Schedule) {
+	log := s.q.log.With("schedule", sc.Name)
+	for fails := 0; ctx.Err() == nil; {
+		next, err := s.tick(ctx, sc)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			fails++
+			log.Info("idem: schedule: cannot submit occurrences now; retrying", "err", err)
+			s.q.clock.sleep(ctx, min(time.Duration(200<<min(fails, 6))*time.Millisecond, 10*time.Second))
+			continue
+		}
+		fails = 0
+		s.q.clock.sleep(ctx, next.Sub(s.q.clock.now()))
+	}
+}
+
+// tick submits what is due of sc: every occurrence after the cursor up to
+// now, as the catch-up policy says for the missed ones; then moves the
+// cursor to the latest, and returns when the next occurrence comes.
+func (s *Scheduler) tick(ctx context.Context, sc *Schedule) (time.Time, error) {
+	now := s.q.clock.now()
+	cur, err := s.cursor(ctx, sc, now)
+	if err != nil {
+		return time.Time{}, err
+	}
+	submit, last, skipped := sc.plan(cur.Last, now, s.q.store.Retention())
+	for _, t := range submit {
+		_, err := s.q.Submit(ctx, OccurrenceID(sc.Name, t), sc.Kind, sc.params(t))
+		if errors.Is(err, etcdstore.ErrMismatch) {
+			s.q.log.Error("idem: schedule: another scheduler submitted this occurrence with other params; keeping its job", "schedule", sc.Name, "occurrence", t, "err", err)
+			continue
+		}
+		if err != nil {
+			return time.Time{}, fmt.Errorf("occurrence %s: %w", t.Format(occurrenceLayout), err)
+		}
+	}
+	if skipped > 0 {
+		s.q.log.Warn("idem: schedule: skipped missed occurrences", "schedule", sc.Name, "skipped", skipped, "catch_up", sc.CatchUp.String())
+	}
+	if last.After(cur.Last) {
+		if err := s.advance(ctx, sc, last); err != nil {
+			return time.Time{}, err
+		}
+	}
+	return sc.spec.Next(maxTime(last, cur.Last, now.Add(-time.Second))), nil
+}
+
+// plan returns the occurrences after from, up to now, to submit, the latest
+// occurrence up to now, and how many missed ones it skips.
+func (sc *Schedule) plan(from, now time.Time, retention time.Duration) (submit []time.Time, last time.Time, skipped int) {
+	oldest := now.Add(-retention / 2)
+	if from.Before(oldest) {
+		from = oldest // older ones may be forgotten: never submitted again
+	}
+	var missed []time.Time
+	for t := sc.spec.Next(from); !t.After(now); t = sc.spec.Next(t) {
+		last = t
+		if t.Before(now.Add(-sc.Lateness)) {
+			missed = append(missed, t)
+			if len(missed) > sc.MaxCatchUp {
+				missed = missed[1:]
+				skipped++
+			}
+			continue
+		}
+		submit = append(submit, t)
+	}
+	switch {
+	case len(missed) == 0:
+	case sc.CatchUp == CatchUpNone:
+		skipped += len(missed)
+		missed = nil
+	case sc.CatchUp == CatchUpLatest:
+		skipped += len(missed) - 1
+		missed = missed[len(missed)-1:]
+	}
+	return append(missed, submit...), last, skipped
+}
+
+func maxTime(ts ...time.Time) time.Time {
+	m := ts[0]
+	for _, t := range ts[1:] {
+		if t.After(m) {
+			m = t
+		}
+	}
+	return m
+}
+
+// cursorValue is a schedule's cursor in etcd.
+type cursorValue struct {
+	// Last is the latest occurrence a scheduler handled (submitted or
+	// skipped).
+	Last time.Time `json:"last"`
+	Kind string    `json:"kind"`
+	// Spec is the schedule's cron expression or interval, for operators.
+	Spec string `json:"spec"`
+}
+
+// CursorPrefix returns the etcd prefix of the schedule cursors of q's
+// tenant; a cursor's key is this followed by the schedule's name.
+func (q *Queue) CursorPrefix() string { return q.store.Prefix() + "j/s/" + q.tenant + "/" }
+
+// cursor reads sc's cursor, creating it at now when the schedule is new
+// (so a new schedule starts with its next occurrence, not its past).
+func (s *Scheduler) cursor(ctx context.Context, sc *Schedule, now time.Time) (cursorValue, error) {
+	key := s.q.CursorPrefix() + sc.Name
+	cli := s.q.store.Client()
+	rctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), 10*time.Second)
+	defer cancel()
+	resp, err := cli.Get(rctx, key)
+	if err != nil {
+		return cursorValue{}, err
+	}
+	if len(resp.Kvs) == 1 {
+		var cv cursorValue
+		if err := json.Unmarshal(resp.Kvs[0].Value, &cv); err != nil {
+			return cursorValue{}, fmt.Errorf("schedule %s: cursor %s: %w", sc.Name, key, err)
+		}
+		return cv, nil
+	}
+	cv := cursorValue{Last: now.UTC().Truncate(time.Second), Kind: sc.Kind, Spec: sc.specString()}
+	b, _ := json.Marshal(cv)
+	tr, err := cli.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).Then(clientv3.OpPut(key, string(b))).Else(clientv3.OpGet(key)).Commit()
+	if err != nil {
+		return cursorValue{}, err
+	}
+	if !tr.Succeeded {
+		// Another scheduler made it first.
+		kvs := tr.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 1 {
+			if err := json.Unmarshal(kvs[0].Value, &cv); err != nil {
+				return cursorValue{}, fmt.Errorf("schedule %s: cursor %s: %w", sc.Name, key, err)
+			}
+		}
+	}
+	return cv, nil
+}
+
+// advance moves sc's cursor forward to last, never back: a compare-and-set
+// on its revision, read again when another scheduler moved it meanwhile.
+func (s *Scheduler) advance(ctx context.Context, sc *Schedule, last time.Time) error {
+	key := s.q.CursorPrefix() + sc.Name
+	cli := s.q.store.Client()
+	for try := 0; try < 8; try++ {
+		rctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), 10*time.Second)
+		resp, err := cli.Get(rctx, key)
+		if err != nil {
+			cancel()
+			return err
+		}
+		var cv cursorValue
+		var rev int64
+		if len(resp.Kvs) == 1 {
+			rev = resp.Kvs[0].ModRevision
+			if err := json.Unmarshal(resp.Kvs[0].Value, &cv); err != nil {
+				cancel()
+				return fmt.Errorf("schedule %s: cursor %s: %w", sc.Name, key, err)
+			}
+		}
+		if !last.After(cv.Last) {
+			cancel()
+			return nil
+		}
+		cv.Last, cv.Kind, cv.Spec = last.UTC(), sc.Kind, sc.specString()
+		b, _ := json.Marshal(cv)
+		tr, err := cli.Txn(rctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).Then(clientv3.OpPut(key, string(b))).Commit()
+		cancel()
+		if err != nil {
+			return err
+		}
+		if tr.Succeeded {
+			return nil
+		}
+		s.q.clock.sleep(ctx, time.Duration(rand.IntN(20))*time.Millisecond)
+	}
+	return fmt.Errorf("schedule %s: the cursor kept moving", sc.Name)
+}
+
+func (sc *Schedule) specString() string {
+	if sc.Every > 0 {
+		return "every " + sc.Every.String()
+	}
+	return sc.Cron
+}
+
+// ScheduleInfo is what etcd holds of a schedule: its cursor.
+type ScheduleInfo struct {
+	Name string
+	Kind string
+	// Spec is its cron expression, or "every <interval>".
+	Spec string
+	// Last is the latest occurrence a scheduler handled.
+	Last time.Time
+}
+
+// Schedules returns the schedules of q's tenant that schedulers have run,
+// from their cursors in etcd, in name order.
+func (q *Queue) Schedules(ctx context.Context) ([]ScheduleInfo, error) {
+	resp, err := q.store.Client().Get(clientv3.WithRequireLeader(ctx), q.CursorPrefix(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("schedules: %w: %w", etcdstore.ErrUnavailable, err)
+	}
+	var out []ScheduleInfo
+	for _, kv := range resp.Kvs {
+		var cv cursorValue
+		if err := json.Unmarshal(kv.Value, &cv); err != nil {
+			continue
+		}
+		out = append(out, ScheduleInfo{Name: string(kv.Key[len(q.CursorPrefix()):]), Kind: cv.Kind, Spec: cv.Spec, Last: cv.Last})
+	}
+	return out, nil
+}

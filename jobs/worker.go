@@ -1,0 +1,421 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/sim"
+)
+
+// Worker runs jobs of the kinds it registered: the ones it is asked to run
+// (Run) and, with a Concurrency above zero, the ones its completer finds
+// waiting (queued, due, or abandoned by a worker that died), without any
+// client asking.
+//
+// NewWorker starts the completer's goroutines (one follows the queue's
+// records and the live sessions on etcd Watches, one starts due jobs, and
+// one per job running); Close stops them.
+type Worker struct {
+	q     *Queue
+	kinds map[string]*Kind
+	conc  int
+	drain time.Duration
+	log   *slog.Logger
+
+	ctx      context.Context // ends after Close's drain, with cause errClosing
+	cancel   context.CancelCauseFunc
+	stopping chan struct{} // closed when Close starts: no job starts after
+	wg       sync.WaitGroup
+
+	mu      sync.Mutex
+	running map[string]bool // job ids running here
+	closed  bool
+
+	comp *completer // nil without a completer
+}
+
+// errClosing is the cause of a running step's context when its worker
+// closes: the attempt is given back, and not counted.
+var errClosing = errors.New("jobs: worker closing")
+
+// WorkerOption configures a Worker.
+type WorkerOption func(*Worker) error
+
+// Concurrency sets how many jobs the worker's completer runs at once
+// (default 4). 0 runs no completer: the worker runs only what Run asks.
+func Concurrency(n int) WorkerOption {
+	return func(w *Worker) error {
+		if n < 0 {
+			return fmt.Errorf("%w: concurrency %d is negative", ErrInvalid, n)
+		}
+		w.conc = n
+		return nil
+	}
+}
+
+// DrainTimeout sets how long Close lets running jobs go on before it
+// cancels them (default 30 s). A cancelled job is given back unfinished and
+// resumed by another worker; the attempt does not count.
+func DrainTimeout(d time.Duration) WorkerOption {
+	return func(w *Worker) error {
+		if d < 0 {
+			return fmt.Errorf("%w: drain timeout %v is negative", ErrInvalid, d)
+		}
+		w.drain = d
+		return nil
+	}
+}
+
+// DefaultConcurrency is how many jobs a Worker's completer runs at once.
+const DefaultConcurrency = 4
+
+// NewWorker returns a worker of q for kinds, and starts its completer. A
+// job whose kind the worker does not know is left to the workers that do.
+func NewWorker(q *Queue, kinds []Kind, opts ...WorkerOption) (*Worker, error) {
+	if q == nil {
+		return nil, fmt.Errorf("new worker: %w: nil queue", ErrInvalid)
+	}
+	w := &Worker{q: q, kinds: map[string]*Kind{}, conc: DefaultConcurrency, drain: 30 * time.Second, log: q.log,
+		stopping: make(chan struct{}), running: map[string]bool{}}
+	for i := range kinds {
+		k := kinds[i]
+		if err := k.validate(); err != nil {
+			return nil, fmt.Errorf("new worker: %w", err)
+		}
+		if w.kinds[k.Name] != nil {
+			return nil, fmt.Errorf("new worker: %w: kind %s registered twice", ErrInvalid, k.Name)
+		}
+		w.kinds[k.Name] = &k
+	}
+	for _, o := range opts {
+		if err := o(w); err != nil {
+			return nil, fmt.Errorf("new worker: %w", err)
+		}
+	}
+	w.ctx, w.cancel = context.WithCancelCause(context.Background())
+	if w.conc > 0 {
+		w.comp = newCompleter(w)
+		w.comp.start()
+	}
+	return w, nil
+}
+
+// Close stops the worker: its completer starts no more jobs, the jobs
+// running are given DrainTimeout to finish, then cancelled (given back
+// unfinished, for another worker to resume). Close does not close the
+// store.
+func (w *Worker) Close() error {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return nil
+	}
+	w.closed = true
+	close(w.stopping)
+	w.mu.Unlock()
+	done := make(chan struct{})
+	go func() { w.wg.Wait(); close(done) }()
+	t := time.NewTimer(w.drain)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
+	w.cancel(errClosing)
+	<-done
+	return nil
+}
+
+// Running returns how many jobs run in this worker now.
+func (w *Worker) Running() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.running)
+}
+
+// Run runs job id here now, if it is waiting for a worker (queued, due, or
+// held by a worker that died), and returns the job as it stands after: its
+// steps run under a claim of the job, from its first unfinished one. A job
+// that is running elsewhere, parked, scheduled for later or ended is
+// returned as it is, unrun. A job of a kind this worker did not register
+// is an error wrapping ErrUnknownKind.
+func (w *Worker) Run(ctx context.Context, id string) (*Job, error) {
+	rec, err := w.q.store.Get(ctx, w.q.Key(id))
+	if err != nil {
+		return nil, fmt.Errorf("run: %w", err)
+	}
+	j, err := FromRecord(rec, w.q.clock.now())
+	if err != nil {
+		return nil, fmt.Errorf("run: %w", err)
+	}
+	k := w.kinds[j.Kind]
+	switch {
+	case k == nil:
+		return j, fmt.Errorf("run %s: %w: %s", rec.Key, ErrUnknownKind, j.Kind)
+	case j.State != Queued && j.State != Running:
+		return j, nil
+	}
+	if err := w.execute(ctx, id, rec.Fingerprint, k); err != nil && !errors.Is(err, etcdstore.ErrConflict) {
+		return nil, fmt.Errorf("run: %w", err)
+	}
+	return w.q.Get(ctx, id)
+}
+
+// execute claims job id and runs an attempt of it. A job running here
+// already, or elsewhere, is an error wrapping etcdstore.ErrConflict.
+func (w *Worker) execute(ctx context.Context, id string, fp etcdstore.Fingerprint, k *Kind) error {
+	w.mu.Lock()
+	switch {
+	case w.closed:
+		w.mu.Unlock()
+		return fmt.Errorf("job %s: %w: the worker is closed", id, etcdstore.ErrUnavailable)
+	case w.running[id]:
+		w.mu.Unlock()
+		return &etcdstore.ConflictError{Key: w.q.Key(id), RetryAfter: time.Second}
+	}
+	w.running[id] = true
+	w.wg.Add(1)
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		delete(w.running, id)
+		w.mu.Unlock()
+		w.wg.Done()
+	}()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(w.ctx, func() { cancel(context.Cause(w.ctx)) })
+	defer stop()
+	var opts []etcdstore.RunOption
+	if k.Deadline > 0 {
+		opts = append(opts, etcdstore.WithDeadline(k.Deadline))
+	}
+	_, err := w.q.store.Run(ctx, w.q.Key(id), fp, func(ctx context.Context, c *etcdstore.Claim) (etcdstore.Outcome, etcdstore.End) {
+		return w.attempt(ctx, c, k)
+	}, opts...)
+	return err
+}
+
+// attempt runs one attempt of a claimed job: every unfinished step in
+// order, each finished by a fenced checkpoint, and says how the claim ends.
+func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind) (etcdstore.Outcome, etcdstore.End) {
+	st, err := decodeState(c.LastCheckpoint())
+	if err != nil || st.Kind != k.Name {
+		// Not a job of this kind (a newer format, or damage): never run
+		// it, never rewrite it.
+		w.log.Error("idem: not running a job whose state this worker cannot read", "job", c.Key().Digest(), "err", err)
+		return etcdstore.Outcome{}, etcdstore.EndAbandon
+	}
+	n := c.Takeovers() - st.Base
+	switch {
+	case st.Parked || st.NotBefore > w.q.clock.now().UnixMilli():
+		return w.giveBack(ctx, c, st) // not this attempt's to run now
+	case n > k.MaxAttempts:
+		st.addError(w.errorOf(c, n, "", fmt.Errorf("attempt %d of %d: a previous attempt ended without saying why (its worker died or was cut off)", n, k.MaxAttempts)))
+		return w.park(ctx, c, st, n)
+	}
+	st.Steps = st.Steps[:0]
+	for _, s := range k.Steps {
+		st.Steps = append(st.Steps, s.Name)
+	}
+	if st.Compensating {
+		return w.compensate(ctx, c, st, k, n)
+	}
+	for i := range k.Steps {
+		step := &k.Steps[i]
+		if st.finished(step.Name) != nil {
+			continue // finished by an earlier attempt: never again
+		}
+		if ctx.Err() != nil {
+			return w.interrupted(ctx, c, st)
+		}
+		r := &Run{claim: c, tenant: w.q.tenant, st: st, step: step.Name, attempt: n}
+		out, err := callStep(ctx, step, r)
+		if err != nil {
+			return w.stepFailed(ctx, c, st, k, step, n, err)
+		}
+		st.Done = append(st.Done, doneStep{Name: step.Name, Token: int64(c.Token()), At: w.q.clock.now().UnixMilli(), Output: out})
+		if i == len(k.Steps)-1 && len(r.ops) == 0 {
+			break // the job's end saves it
+		}
+		if err := checkpoint(ctx, c, st.encode(), r.ops); err != nil {
+			st.Done = st.Done[:len(st.Done)-1]
+			if refused(err) {
+				// Its output outgrew the record, or its ops are not
+				// allowed: a failure of the step.
+				return w.stepFailed(ctx, c, st, k, step, n, fmt.Errorf("its checkpoint was refused: %w", err))
+			}
+			return w.notSaved(c, step, err)
+		}
+	}
+	st.Outcome = Succeeded
+	w.log.Debug("idem: job succeeded", "job", c.Key().Digest(), "attempt", n, "token", c.Token())
+	return etcdstore.Outcome{Body: st.encode()}, etcdstore.EndSave
+}
+
+// callStep runs a step, turning a panic into its error: the step may have
+// acted before it panicked, so its policy decides what happens next.
+func callStep(ctx context.Context, step *Step, r *Run) (out []byte, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("step %s panicked: %v", step.Name, v)
+		}
+	}()
+	return step.Run(ctx, r)
+}
+
+func callCompensate(ctx context.Context, step *Step, r *Run) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("compensation of step %s panicked: %v", step.Name, v)
+		}
+	}()
+	return step.Compensate(ctx, r)
+}
+
+// stepFailed ends an attempt whose step returned err, as the step's
+// policy says.
+func (w *Worker) stepFailed(ctx context.Context, c *etcdstore.Claim, st *state, k *Kind, step *Step, n int, err error) (etcdstore.Outcome, etcdstore.End) {
+	if ctx.Err() != nil {
+		return w.interrupted(ctx, c, st)
+	}
+	st.addError(w.errorOf(c, n, step.Name, err))
+	switch step.OnError {
+	case Fail:
+		st.Outcome = Failed
+		w.log.Info("idem: job failed", "job", c.Key().Digest(), "step", step.Name, "err", err)
+		return etcdstore.Outcome{Body: st.encode(), Err: fmt.Sprintf("step %s: %v", step.Name, err)}, etcdstore.EndSave
+	case Compensate:
+		st.Compensating, st.Failure = true, fmt.Sprintf("step %s: %v", step.Name, err)
+		if err := checkpoint(ctx, c, st.encode(), nil); err != nil {
+			// Not saved: the next attempt runs the failed step again,
+			// and compensates if it fails again.
+			return etcdstore.Outcome{}, etcdstore.EndAbandon
+		}
+		return w.compensate(ctx, c, st, k, n)
+	}
+	return w.retryLater(ctx, c, st, k, n)
+}
+
+// compensate undoes the job's finished steps, last first, then ends it as
+// failed.
+func (w *Worker) compensate(ctx context.Context, c *etcdstore.Claim, st *state, k *Kind, n int) (etcdstore.Outcome, etcdstore.End) {
+	for i := len(st.Done) - 1; i >= 0; i-- {
+		d := &st.Done[i]
+		step := k.step(d.Name)
+		if d.Compensated || step == nil || step.Compensate == nil {
+			continue
+		}
+		r := &Run{claim: c, tenant: w.q.tenant, st: st, step: d.Name, attempt: n}
+		if err := callCompensate(ctx, step, r); err != nil {
+			if ctx.Err() != nil {
+				return w.interrupted(ctx, c, st)
+			}
+			st.addError(w.errorOf(c, n, d.Name, fmt.Errorf("compensating: %w", err)))
+			return w.retryLater(ctx, c, st, k, n)
+		}
+		d.Compensated = true
+		if err := checkpoint(ctx, c, st.encode(), r.ops); err != nil {
+			d.Compensated = false
+			if refused(err) {
+				st.addError(w.errorOf(c, n, d.Name, fmt.Errorf("compensating: its checkpoint was refused: %w", err)))
+				return w.retryLater(ctx, c, st, k, n)
+			}
+			return w.notSaved(c, step, err)
+		}
+	}
+	st.Outcome = Failed
+	w.log.Info("idem: job failed and compensated", "job", c.Key().Digest(), "failure", st.Failure)
+	return etcdstore.Outcome{Body: st.encode(), Err: st.Failure}, etcdstore.EndSave
+}
+
+func (k *Kind) step(name string) *Step {
+	for i := range k.Steps {
+		if k.Steps[i].Name == name {
+			return &k.Steps[i]
+		}
+	}
+	return nil
+}
+
+// retryLater ends a failed attempt: the job waits for its backoff, or is
+// parked once it has had its attempts.
+func (w *Worker) retryLater(ctx context.Context, c *etcdstore.Claim, st *state, k *Kind, n int) (etcdstore.Outcome, etcdstore.End) {
+	if n >= k.MaxAttempts {
+		return w.park(ctx, c, st, n)
+	}
+	st.NotBefore = w.q.clock.now().Add(k.backoff(n, rand.Float64())).UnixMilli()
+	_ = checkpoint(ctx, c, st.encode(), nil) // not saved: retried at once, one attempt counted all the same
+	return etcdstore.Outcome{}, etcdstore.EndAbandon
+}
+
+// park gives the job up until an operator retries or cancels it.
+func (w *Worker) park(ctx context.Context, c *etcdstore.Claim, st *state, n int) (etcdstore.Outcome, etcdstore.End) {
+	st.Parked, st.NotBefore = true, 0
+	w.log.Warn("idem: job parked after its last attempt", "job", c.Key().Digest(), "attempts", n, "err", st.lastError())
+	_ = checkpoint(ctx, c, st.encode(), nil) // not saved: the next attempt finds the count past the limit and parks it
+	return etcdstore.Outcome{}, etcdstore.EndAbandon
+}
+
+// giveBack ends a claim that ran nothing: the job is abandoned as it was,
+// and the takeover that claimed it is not counted as an attempt.
+func (w *Worker) giveBack(ctx context.Context, c *etcdstore.Claim, st *state) (etcdstore.Outcome, etcdstore.End) {
+	st.Base++
+	_ = checkpoint(ctx, c, st.encode(), nil) // not saved: one attempt too many counted, which is safe
+	return etcdstore.Outcome{}, etcdstore.EndAbandon
+}
+
+// interrupted ends an attempt whose context ended: its claim was lost
+// (session, deadline), or the worker is closing, when the attempt is given
+// back uncounted.
+func (w *Worker) interrupted(ctx context.Context, c *etcdstore.Claim, st *state) (etcdstore.Outcome, etcdstore.End) {
+	if errors.Is(context.Cause(ctx), errClosing) && c.Err() == nil {
+		return w.giveBack(ctx, c, st)
+	}
+	return etcdstore.Outcome{}, etcdstore.EndAbandon
+}
+
+// notSaved ends an attempt whose step ran but whose checkpoint did not
+// land: fenced (the job is another's now), or etcd did not answer (the next
+// attempt runs the step again).
+func (w *Worker) notSaved(c *etcdstore.Claim, step *Step, err error) (etcdstore.Outcome, etcdstore.End) {
+	w.log.Info("idem: a job's checkpoint was not saved; the next attempt resumes before it", "job", c.Key().Digest(), "step", step.Name, "err", err)
+	return etcdstore.Outcome{}, etcdstore.EndAbandon
+}
+
+// refused reports whether a checkpoint was refused for what it held, not
+// for etcd's or the claim's state: a retry would be refused again.
+func refused(err error) bool {
+	return errors.Is(err, etcdstore.ErrTooLarge) || errors.Is(err, etcdstore.ErrInvalidArgument)
+}
+
+func (w *Worker) errorOf(c *etcdstore.Claim, n int, step string, err error) attemptError {
+	return attemptError{Attempt: n, Token: int64(c.Token()), Step: step, Err: err.Error(), At: w.q.clock.now().UnixMilli()}
+}
+
+// checkpoint saves a job's state (and ops) as the claim's recovery point,
+// retrying while etcd's answer is unknown: a retry recognises a write that
+// landed, so the ops apply once. It goes on after the step's context
+// ended: what the step did must be recorded if the claim still holds. It
+// stops once the claim is lost.
+func checkpoint(ctx context.Context, c *etcdstore.Claim, data []byte, ops []clientv3.Op) error {
+	ctx = context.WithoutCancel(ctx)
+	var err error
+	for try := 0; try < 8; try++ {
+		if err = c.Checkpoint(ctx, data, ops...); err == nil || !errors.Is(err, etcdstore.ErrUnavailable) || c.Err() != nil {
+			return err
+		}
+		if !sim.NoWaits(ctx) {
+			time.Sleep(time.Duration(50<<min(try, 5)) * time.Millisecond)
+		}
+	}
+	return err
+}
