@@ -25,12 +25,12 @@ import (
 type completer struct {
 	w *Worker
 
-	mu      sync.Mutex
-	jobs    map[string]*entry // in-flight jobs of registered kinds, by id
-	owners  map[string]bool   // live sessions
-	due     dueQueue          // when each entry may be tried, by time
-	free    int               // slots for jobs
-	kick    chan struct{}
+	mu     sync.Mutex
+	jobs   map[string]*entry // in-flight jobs of registered kinds, by id
+	owners map[string]bool   // live sessions
+	due    dueQueue          // when each entry may be tried, by time
+	free   int               // slots for jobs
+	kick   chan struct{}
 }
 
 // entry is what the completer knows of one in-flight job.

@@ -44,7 +44,12 @@ func TestStepsRunOnceInOrder(t *testing.T) {
 	var order []string
 	var mu sync.Mutex
 	k := threeSteps("order", sk, map[string]func(context.Context, *Run) error{
-		"reserve": func(ctx context.Context, r *Run) error { mu.Lock(); order = append(order, "reserve"); mu.Unlock(); return nil },
+		"reserve": func(ctx context.Context, r *Run) error {
+			mu.Lock()
+			order = append(order, "reserve")
+			mu.Unlock()
+			return nil
+		},
 		"charge": func(ctx context.Context, r *Run) error {
 			mu.Lock()
 			order = append(order, "charge")
@@ -54,7 +59,12 @@ func TestStepsRunOnceInOrder(t *testing.T) {
 			}
 			return nil
 		},
-		"ship": func(ctx context.Context, r *Run) error { mu.Lock(); order = append(order, "ship"); mu.Unlock(); return nil },
+		"ship": func(ctx context.Context, r *Run) error {
+			mu.Lock()
+			order = append(order, "ship")
+			mu.Unlock()
+			return nil
+		},
 	})
 	w := newWorker(t, q, []Kind{k}, Concurrency(0))
 
@@ -173,7 +183,7 @@ func TestTakeoverResumesAtTheUnfinishedStep(t *testing.T) {
 		t.Fatalf("reserve applied %d, called %d times; want once: a finished step is never run again", applied, calls)
 	}
 	close(release) // the paused worker wakes and calls the sink late
-	<-ran // the old worker's attempt ends, fenced
+	<-ran          // the old worker's attempt ends, fenced
 	toks := sk.tokens("jobs:o-1.charge")
 	if len(toks) != 2 || toks[0] != second || toks[1] != first {
 		t.Fatalf("charge called with tokens %v; want the new worker's %d then the old one's %d (late)", toks, second, first)
@@ -522,7 +532,9 @@ func TestRefusedCheckpointIsTheStepsFailure(t *testing.T) {
 	q := newQueue(t, newStore(t, prefix, etcdstore.WithMaxRecordSize(4096)))
 	k := Kind{Name: "big", MaxAttempts: 2, Backoff: 10 * time.Millisecond, Steps: []Step{
 		{Name: "huge", OnError: Fail, Run: func(ctx context.Context, r *Run) ([]byte, error) { return make([]byte, 8192), nil }},
-		{Name: "never", Run: func(ctx context.Context, r *Run) ([]byte, error) { return nil, errors.New("ran after a refused checkpoint") }},
+		{Name: "never", Run: func(ctx context.Context, r *Run) ([]byte, error) {
+			return nil, errors.New("ran after a refused checkpoint")
+		}},
 	}}
 	inside := Kind{Name: "inside", MaxAttempts: 2, Backoff: 10 * time.Millisecond, Steps: []Step{
 		{Name: "bad-op", Run: func(ctx context.Context, r *Run) ([]byte, error) {

@@ -92,7 +92,7 @@ func endSession(t testing.TB, s *etcdstore.Store) {
 type sink struct {
 	mu      sync.Mutex
 	fence   fencing.Checker
-	applied map[string]int           // step key -> effects applied
+	applied map[string]int             // step key -> effects applied
 	calls   map[string][]fencing.Token // step key -> tokens of every call
 	refused int
 }
