@@ -52,7 +52,10 @@ func lastStep(cp []byte) int {
 // spawnActor adds an actor of a random kind.
 func (w *world) spawnActor(n int) {
 	name := fmt.Sprintf("a%d", n)
-	switch w.rng.IntN(4) {
+	switch w.rng.IntN(5) {
+	case 4:
+		p := w.procs[w.rng.IntN(len(w.procs))]
+		w.s.spawn(name+"/job", p, func(a *actor) { w.jobWorker(a, p) })
 	case 0:
 		p := w.procs[w.rng.IntN(len(w.procs))]
 		w.s.spawn(name+"/do", p, func(a *actor) { w.doWorker(a, p) })

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/jobs"
 )
 
 var (
@@ -88,6 +89,7 @@ const parallel = 6
 // stats counts what schedules did.
 type stats struct {
 	steps, actors, faults, grants, takeovers, effects, refused, results, crashes, closes, sessions, clocks int
+	jobSteps, jobsEnded, jobsParked                                                                        int
 }
 
 func (s *stats) add(o stats) {
@@ -103,11 +105,14 @@ func (s *stats) add(o stats) {
 	s.closes += o.closes
 	s.sessions += o.sessions
 	s.clocks += o.clocks
+	s.jobSteps += o.jobSteps
+	s.jobsEnded += o.jobsEnded
+	s.jobsParked += o.jobsParked
 }
 
 func (s stats) String() string {
-	return fmt.Sprintf("%d steps, %d actors, %d injected faults, %d claims run (%d takeovers), %d effects (%d refused by fencing), %d answers, %d crashes, %d closes, %d sessions ended, %d clock jumps",
-		s.steps, s.actors, s.faults, s.grants, s.takeovers, s.effects, s.refused, s.results, s.crashes, s.closes, s.sessions, s.clocks)
+	return fmt.Sprintf("%d steps, %d actors, %d injected faults, %d claims run (%d takeovers), %d effects (%d refused by fencing), %d answers, %d crashes, %d closes, %d sessions ended, %d clock jumps; jobs: %d step runs, %d ended, %d parked",
+		s.steps, s.actors, s.faults, s.grants, s.takeovers, s.effects, s.refused, s.results, s.crashes, s.closes, s.sessions, s.clocks, s.jobSteps, s.jobsEnded, s.jobsParked)
 }
 
 // runSchedule runs the schedule of seed and checks its invariants.
@@ -180,6 +185,7 @@ func runSchedule(seed uint64) (st stats, err error) {
 	}
 	w.observeSessions()
 	w.observers.Wait()
+	stuck := w.drainJobs()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -188,12 +194,16 @@ func runSchedule(seed uint64) (st stats, err error) {
 		fatal("reading the history: %v", err)
 	}
 	final := map[string]*etcdstore.Record{}
-	for _, key := range append(append([]string{}, storeKeys...), httpKeys...) {
-		if rec, err := w.procs[0].store.Admin.Get(ctx, etcdstore.Key{ID: key}); err == nil {
+	names := append(append([]string{}, storeKeys...), httpKeys...)
+	for _, id := range jobKeys {
+		names = append(names, jobKey(id))
+	}
+	for _, key := range names {
+		if rec, err := w.procs[0].store.Admin.Get(ctx, storeKey(key)); err == nil {
 			final[key] = rec
 		}
 	}
-	if bad := w.check(hist, final); len(bad) > 0 {
+	if bad := append(w.check(hist, final), stuck...); len(bad) > 0 {
 		fatal("%d invariants broken:\n  %s", len(bad), strings.Join(bad, "\n  "))
 	}
 	if *verboseFlag {
@@ -208,11 +218,23 @@ func runSchedule(seed uint64) (st stats, err error) {
 			}
 		case evEffect:
 			st.effects++
-			if !e.accepted {
+			if strings.HasPrefix(e.via, "job") {
+				st.jobSteps++
+			}
+			if !e.accepted && e.via != "job-commit" {
 				st.refused++
 			}
 		case evResult:
 			st.results++
+		}
+	}
+	for _, id := range jobKeys {
+		if rec := final[jobKey(id)]; rec != nil {
+			if j, err := jobs.FromRecord(rec, w.s.Now()); err == nil && j.State.Final() {
+				st.jobsEnded++
+			} else if err == nil && j.State == jobs.Parked {
+				st.jobsParked++
+			}
 		}
 	}
 	st.faults = w.faults

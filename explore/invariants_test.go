@@ -150,6 +150,7 @@ func (w *world) history(ctx context.Context) (map[string][]version, error) {
 	}
 	out := make(map[string][]version)
 	records := w.prefix + "k/default/"
+	jobRecords := w.prefix + "k/" + jobTenant + "/"
 	for {
 		var wr clientv3.WatchResponse
 		select {
@@ -171,7 +172,10 @@ func (w *world) history(ctx context.Context) (map[string][]version, error) {
 			}
 			id, ok := strings.CutPrefix(k, records)
 			if !ok {
-				continue
+				if id, ok = strings.CutPrefix(k, jobRecords); !ok {
+					continue
+				}
+				id = jobKey(id)
 			}
 			v := version{rev: ev.Kv.ModRevision, deleted: ev.Type == mvccpb.DELETE}
 			if !v.deleted {
@@ -270,14 +274,22 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 							continue
 						}
 						held := h.until == 0 || h.until > e.seq
-						if done, ok := pendingFinish[fmt.Sprintf("default/%q %d", h.grant.key, h.grant.token)]; ok && done > e.seq {
+						if done, ok := pendingFinish[fmt.Sprintf("%s %d", storeKey(h.grant.key), h.grant.token)]; ok && done > e.seq {
 							held = true
 						}
 						sessionEnded := false
 						if s, ok := ended[claims[h.grant.token].owner]; ok && s < e.seq {
 							sessionEnded = true
 						}
-						pastDeadline := !prev.Deadline.IsZero() && !e.at.Before(prev.Deadline)
+						// The claim's own deadline, the latest its writes set:
+						// the version replaced may be an abandon, which clears it
+						// (the store's reaper abandons a claim of this process
+						// whose deadline passed, on its behalf).
+						dl := prev.Deadline
+						if cw := claims[h.grant.token]; cw != nil && cw.deadline.After(dl) {
+							dl = cw.deadline
+						}
+						pastDeadline := !dl.IsZero() && !e.at.Before(dl)
 						if held && !sessionEnded && !pastDeadline {
 							fail("two live owners of %s: token %d (%s, granted at %d; record owner %q, deadline %v) still held, its session live and its deadline not passed, when token %d (%s) took the key over at %d (clock %v)",
 								e.key, h.grant.token, h.grant.actor, h.grant.seq, prev.Owner, prev.Deadline.Format("15:04:05.000"), e.token, e.actor, e.seq, e.at.Format("15:04:05.000"))
@@ -357,8 +369,11 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 		}
 	}
 
-	// 5. Checkpoints.
+	// 5. Checkpoints (a job's progress is checked as 9).
 	for key, vs := range hist {
+		if strings.HasPrefix(key, jobTenant+"/") {
+			continue
+		}
 		high := 0
 		for _, v := range vs {
 			if v.deleted {
@@ -391,6 +406,7 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 			}
 		}
 	}
+	bad = append(bad, w.checkJobs(hist, final)...)
 	sort.Strings(bad)
 	return bad
 }

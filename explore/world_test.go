@@ -69,9 +69,10 @@ type world struct {
 	up      *httptest.Server
 	start   int64 // etcd revision before the schedule
 
-	faultRate float64 // share of actor calls that get a fault
-	healed    bool    // no more faults
-	faults    int     // faults injected
+	faultRate float64    // share of actor calls that get a fault
+	jobs      jobsConfig // how the schedule's jobs fail
+	healed    bool       // no more faults
+	faults    int        // faults injected
 
 	mu     sync.Mutex
 	events []event // the log the invariants are checked on
@@ -138,6 +139,7 @@ func newWorld(seed uint64) (*world, error) {
 		prefix: fmt.Sprintf("/explore/%d/", seed),
 	}
 	w.faultRate = []float64{0, 0.05, 0.15, 0.3}[w.rng.IntN(4)]
+	w.pickJobs()
 	admin, err := cluster.Client()
 	if err != nil {
 		return nil, err

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
+	"hash/fnv"
 	"sync"
 	"time"
 
@@ -352,7 +352,7 @@ func (w *Worker) retryLater(ctx context.Context, c *etcdstore.Claim, st *state, 
 	if n >= k.MaxAttempts {
 		return w.park(ctx, c, st, n)
 	}
-	st.NotBefore = w.q.clock.now().Add(k.backoff(n, rand.Float64())).UnixMilli()
+	st.NotBefore = w.q.clock.now().Add(k.backoff(n, jitter(c.Key(), n))).UnixMilli()
 	_ = checkpoint(ctx, c, st.encode(), nil) // not saved: retried at once, one attempt counted all the same
 	return etcdstore.Outcome{}, etcdstore.EndAbandon
 }
@@ -418,4 +418,13 @@ func checkpoint(ctx context.Context, c *etcdstore.Claim, data []byte, ops []clie
 		}
 	}
 	return err
+}
+
+// jitter spreads the retries of jobs that failed together: a fraction in
+// [0, 1) drawn from the job's key and attempt, so that a replayed run
+// (package explore's simulations) retries at the same times.
+func jitter(k etcdstore.Key, n int) float64 {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s/%d", k, n)
+	return float64(h.Sum64()>>11) / (1 << 53)
 }

@@ -1,0 +1,297 @@
+package explore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/jobs"
+)
+
+// Jobs (package jobs) in the schedules: each is a key of tenant "jobs" with
+// three steps, run by job actors through any process (a Worker without a
+// completer, told to Run), with a fault at every store call as for the
+// other actors. Steps 1 and 3 act at the fenced sink; step 2 commits an
+// etcd effect with its checkpoint; step 1 has a compensation that commits
+// one too. Each world picks how often a step fails and what its failure
+// means (retry, fail, compensate).
+var jobKeys = []string{"j0", "j1"}
+
+const jobTenant = "jobs"
+
+// jobKey is a job's name in the schedule's events and history.
+func jobKey(id string) string { return jobTenant + "/" + id }
+
+// storeKey returns the store key of a key's name in the events.
+func storeKey(name string) etcdstore.Key {
+	if t, id, ok := strings.Cut(name, "/"); ok {
+		return etcdstore.Key{Tenant: t, ID: id}
+	}
+	return etcdstore.Key{ID: name}
+}
+
+// jobsConfig is a world's choice of how its jobs fail.
+type jobsConfig struct {
+	failRate float64       // share of step runs that fail
+	policy   jobs.OnError  // what step 2's failure means
+	deadline time.Duration // the kind's attempt deadline, or 0
+	maxTries int
+}
+
+func (w *world) pickJobs() {
+	w.jobs = jobsConfig{
+		failRate: []float64{0, 0.15, 0.35}[w.rng.IntN(3)],
+		policy:   []jobs.OnError{jobs.Retry, jobs.Retry, jobs.Fail, jobs.Compensate}[w.rng.IntN(4)],
+		maxTries: 2 + w.rng.IntN(3),
+	}
+	if w.rng.IntN(3) == 0 {
+		w.jobs.deadline = time.Duration(5+w.rng.IntN(20)) * time.Second
+	}
+}
+
+// effectKey is the etcd key of a job step's committed effect.
+func (w *world) effectKey(id, what string) string {
+	return "/explore-effects/" + w.prefix + id + "/" + what
+}
+
+// jobKind is the world's job kind as actor a runs it (a nil a: the driver,
+// after healing, which neither yields nor fails).
+func (w *world) jobKind(a *actor) jobs.Kind {
+	name := "driver"
+	if a != nil {
+		name = a.name
+	}
+	// effect applies a step's effect; it reports whether the sink accepted
+	// it, or, for an effect committed with the checkpoint, nothing: etcd
+	// applies it or not with the checkpoint (checked as invariant 8).
+	step := func(n int, effect func(r *jobs.Run) (accepted, committed bool)) func(ctx context.Context, r *jobs.Run) ([]byte, error) {
+		return func(ctx context.Context, r *jobs.Run) ([]byte, error) {
+			key := jobKey(r.Key().ID)
+			deaf := false
+			if a != nil {
+				w.s.step(a)
+				deaf = w.rng.IntN(3) == 0 // a slow worker: it does not notice a lost claim
+				if w.rng.Float64() < w.jobs.failRate {
+					w.note("%s: job %s step %d fails (attempt %d)", name, key, n, r.Attempt())
+					return nil, fmt.Errorf("step %d failed on attempt %d", n, r.Attempt())
+				}
+			}
+			if ctx.Err() != nil && !deaf {
+				return nil, ctx.Err()
+			}
+			accepted, committed := effect(r)
+			via := "job"
+			if committed {
+				via = "job-commit"
+			}
+			w.log(event{kind: evEffect, key: key, step: n, token: int64(r.Token()), accepted: accepted, actor: name, via: via})
+			return []byte(fmt.Sprintf("%s step %d by %d", key, n, r.Token())), nil
+		}
+	}
+	atSink := func(n int) func(r *jobs.Run) (bool, bool) {
+		return func(r *jobs.Run) (bool, bool) {
+			return w.sink.apply(jobKey(r.Key().ID), n, int64(r.Token()), name), false
+		}
+	}
+	committed := func(r *jobs.Run) (bool, bool) {
+		r.Commit(clientv3.OpPut(w.effectKey(r.Key().ID, "s2"), fmt.Sprint(r.Token())))
+		return false, true
+	}
+	return jobs.Kind{
+		Name:        "explore",
+		MaxAttempts: w.jobs.maxTries,
+		Backoff:     time.Second,
+		MaxBackoff:  4 * time.Second,
+		Deadline:    w.jobs.deadline,
+		Steps: []jobs.Step{
+			{Name: "s1", Run: step(1, atSink(1)), Compensate: func(ctx context.Context, r *jobs.Run) error {
+				if a != nil {
+					w.s.step(a)
+				}
+				r.Commit(clientv3.OpPut(w.effectKey(r.Key().ID, "undo-s1"), fmt.Sprint(r.Token())))
+				return nil
+			}},
+			{Name: "s2", Run: step(2, committed), OnError: w.jobs.policy},
+			{Name: "s3", Run: step(3, atSink(3))},
+		},
+	}
+}
+
+// jobWorker submits a job through p and runs it there, retrying each call
+// a few times, as a worker told to run it would.
+func (w *world) jobWorker(a *actor, p *process) {
+	id := jobKeys[w.rng.IntN(len(jobKeys))]
+	q, err := jobs.New(p.store)
+	if err != nil {
+		panic(err)
+	}
+	wk, err := jobs.NewWorker(q, []jobs.Kind{w.jobKind(a)}, jobs.Concurrency(0))
+	if err != nil {
+		panic(err)
+	}
+	defer wk.Close()
+	for try := 0; try < 3; try++ {
+		w.s.step(a)
+		if _, err := q.Submit(w.ctx(a, p), id, "explore", []byte(`{"job":true}`)); err == nil || !retryable(err) {
+			break
+		}
+	}
+	for try := 0; try < 3; try++ {
+		w.s.step(a)
+		j, err := wk.Run(w.ctx(a, p), id)
+		if err == nil {
+			w.note("%s: job %s is %s after %d attempts", a.name, id, j.State, j.Attempts)
+			if j.State.Final() || j.State == jobs.Parked {
+				return
+			}
+		} else if errors.Is(err, etcdstore.ErrNotFound) || !retryable(err) {
+			return
+		}
+	}
+}
+
+// drainJobs runs every job to its end (or to parked) after healing, on the
+// driver: once faults stop, a job always ends.
+func (w *world) drainJobs() []string {
+	var bad []string
+	p := w.procs[0]
+	q, err := jobs.New(p.store)
+	if err != nil {
+		return []string{err.Error()}
+	}
+	wk, err := jobs.NewWorker(q, []jobs.Kind{w.jobKind(nil)}, jobs.Concurrency(0))
+	if err != nil {
+		return []string{err.Error()}
+	}
+	defer wk.Close()
+	ctx := withCall(context.Background(), &call{p: p, noHold: true})
+	for _, id := range jobKeys {
+		var j *jobs.Job
+		for round := 0; round < 20; round++ {
+			j, err = wk.Run(ctx, id)
+			if errors.Is(err, etcdstore.ErrNotFound) {
+				break
+			}
+			if err != nil {
+				bad = append(bad, fmt.Sprintf("job %s: running it after healing: %v", id, err))
+				break
+			}
+			if j.State.Final() || j.State == jobs.Parked {
+				break
+			}
+			switch j.State {
+			case jobs.Scheduled:
+				w.s.advance(j.NotBefore.Sub(w.s.Now()) + time.Millisecond)
+			case jobs.Running:
+				// Its claim's owner is a dead session (taken over next
+				// round) or the claim's deadline is to pass.
+				w.s.advance(time.Second)
+			}
+		}
+		if j != nil && !j.State.Final() && j.State != jobs.Parked {
+			bad = append(bad, fmt.Sprintf("job %s still %s (attempts %d, owner %q) after healing and 20 rounds of running it", id, j.State, j.Attempts, j.Owner))
+		}
+	}
+	return bad
+}
+
+// checkJobs checks what jobs promise beyond the claims' invariants:
+//
+//  7. A finished step is never run again: no run of a step by a claim
+//     whose token is greater than the one that finished it.
+//  8. A step's etcd effect is applied exactly when its step finished:
+//     the effect key exists, written once, if and only if the job's final
+//     state says the step finished (likewise a compensation's).
+//  9. Progress never goes back: along a job's history, the steps
+//     finished (and compensated) only grow.
+func (w *world) checkJobs(hist map[string][]version, final map[string]*etcdstore.Record) []string {
+	var bad []string
+	fail := func(format string, args ...any) { bad = append(bad, fmt.Sprintf(format, args...)) }
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, id := range jobKeys {
+		key := jobKey(id)
+		finishedBy := map[int]int64{} // step -> token that finished it
+		high := 0
+		for _, v := range hist[key] {
+			if v.deleted {
+				finishedBy, high = map[int]int64{}, 0
+				continue
+			}
+			j, err := jobs.FromRecord(v.rec, v.rec.Created)
+			if err != nil {
+				fail("%s at revision %d: %v", key, v.rev, err)
+				continue
+			}
+			progress := 0
+			for n, s := range j.Steps {
+				if s.Finished {
+					progress++
+					if _, ok := finishedBy[n+1]; !ok {
+						finishedBy[n+1] = int64(s.Token)
+					}
+				}
+				if s.Compensated {
+					progress++
+				}
+			}
+			if progress < high {
+				fail("%s: progress went back from %d to %d at revision %d (token %d)", key, high, progress, v.rev, v.rec.Token)
+			}
+			high = max(high, progress)
+		}
+		for _, e := range w.events {
+			if e.kind == evEffect && (e.via == "job" || e.via == "job-commit") && e.key == key {
+				if by, ok := finishedBy[e.step]; ok && e.token > by {
+					fail("%s step %d ran again at %d by token %d after token %d finished it", key, e.step, e.seq, e.token, by)
+				}
+			}
+		}
+		rec := final[key]
+		var j *jobs.Job
+		if rec != nil {
+			var err error
+			if j, err = jobs.FromRecord(rec, w.s.Now()); err != nil {
+				fail("%s final record: %v", key, err)
+				continue
+			}
+		}
+		for _, c := range []struct {
+			what string
+			done func(*jobs.Job) bool
+		}{
+			{"s2", func(j *jobs.Job) bool { return stepOf(j, "s2").Finished }},
+			{"undo-s1", func(j *jobs.Job) bool { return stepOf(j, "s1").Compensated }},
+		} {
+			resp, err := w.admin.Get(ctx, w.effectKey(id, c.what))
+			if err != nil {
+				fail("%s: reading its effect %s: %v", key, c.what, err)
+				continue
+			}
+			exists := len(resp.Kvs) == 1
+			switch {
+			case exists && resp.Kvs[0].Version != 1:
+				fail("%s: effect %s written %d times", key, c.what, resp.Kvs[0].Version)
+			case j == nil && exists:
+				fail("%s: effect %s exists but the job does not", key, c.what)
+			case j != nil && exists != c.done(j):
+				fail("%s: effect %s exists %v, but the job's final state says done %v (%s)", key, c.what, exists, c.done(j), j.State)
+			}
+		}
+	}
+	return bad
+}
+
+func stepOf(j *jobs.Job, name string) jobs.StepInfo {
+	for _, s := range j.Steps {
+		if s.Name == name {
+			return s
+		}
+	}
+	return jobs.StepInfo{}
+}
