@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"hash/fnv"
+	"log/slog"
 	"sync"
 	"time"
 
