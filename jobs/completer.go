@@ -272,21 +272,17 @@ func (c *completer) when(e *entry, now time.Time) (time.Time, bool) {
 		t = now // its worker's session is gone
 	case !e.deadline.IsZero():
 		t = e.deadline
-	case e.owner == c.w.q.store.Owner() && !c.w.isRunning(e.id):
-		t = now // this process's claim that nothing here runs: an orphan
 	default:
+		// A live owner. (This process's own claims all end, on every
+		// path: the store retries an end it could not write, and reaps a
+		// claim whose write had an unknown outcome. A claim of ours seen
+		// here is one whose end has not reached the watch yet.)
 		return time.Time{}, false
 	}
 	if e.retryAt.After(t) {
 		t = e.retryAt
 	}
 	return t, true
-}
-
-func (w *Worker) isRunning(id string) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.running[id]
 }
 
 // schedule (re)queues e at the time it may be tried.

@@ -258,7 +258,7 @@ func TestRetryBackoffParkAndRetry(t *testing.T) {
 		},
 	})
 	k.MaxAttempts = 3
-	newWorker(t, q, []Kind{k}, Concurrency(2))
+	w := newWorker(t, q, []Kind{k}, Concurrency(2))
 	if _, err := q.Submit(ctx, "o-1", "order", nil); err != nil {
 		t.Fatal(err)
 	}
@@ -266,6 +266,13 @@ func TestRetryBackoffParkAndRetry(t *testing.T) {
 	if j.State != Parked || j.Attempts != 3 || len(j.Errors) != 3 {
 		t.Fatalf("job %+v; want parked after 3 attempts with 3 errors", j)
 	}
+	// Nothing touches a parked job: not the completer that parked it
+	// (whose own writes reach its watch after the attempt ends).
+	w.Close()
+	if again, err := q.Get(ctx, "o-1"); err != nil || again.Token != j.Token || again.State != Parked {
+		t.Fatalf("parked job afterwards: %+v, %v; want it untouched (token %d)", again, err, j.Token)
+	}
+	newWorker(t, q, []Kind{k}, Concurrency(2))
 	for i, e := range j.Errors {
 		if e.Attempt != i+1 || e.Step != "charge" || !strings.Contains(e.Err, fmt.Sprintf("attempt %d", i+1)) {
 			t.Fatalf("error %d: %+v", i, e)

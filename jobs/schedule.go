@@ -331,14 +331,17 @@ type cursorValue struct {
 	Spec string `json:"spec"`
 }
 
-// CursorPrefix returns the etcd prefix of the schedule cursors of q's
-// tenant; a cursor's key is this followed by the schedule's name.
-func (q *Queue) CursorPrefix() string { return q.store.Prefix() + "j/s/" + q.tenant + "/" }
+// cursorPrefix returns the etcd prefix of the schedule cursors of a
+// tenant of the store under prefix; a cursor's key is this followed by the
+// schedule's name.
+func cursorPrefix(prefix, tenant string) string { return prefix + "j/s/" + tenant + "/" }
+
+func (q *Queue) cursorPrefix() string { return cursorPrefix(q.store.Prefix(), q.tenant) }
 
 // cursor reads sc's cursor, creating it at now when the schedule is new
 // (so a new schedule starts with its next occurrence, not its past).
 func (s *Scheduler) cursor(ctx context.Context, sc *Schedule, now time.Time) (cursorValue, error) {
-	key := s.q.CursorPrefix() + sc.Name
+	key := s.q.cursorPrefix() + sc.Name
 	cli := s.q.store.Client()
 	rctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), 10*time.Second)
 	defer cancel()
@@ -374,7 +377,7 @@ func (s *Scheduler) cursor(ctx context.Context, sc *Schedule, now time.Time) (cu
 // advance moves sc's cursor forward to last, never back: a compare-and-set
 // on its revision, read again when another scheduler moved it meanwhile.
 func (s *Scheduler) advance(ctx context.Context, sc *Schedule, last time.Time) error {
-	key := s.q.CursorPrefix() + sc.Name
+	key := s.q.cursorPrefix() + sc.Name
 	cli := s.q.store.Client()
 	for try := 0; try < 8; try++ {
 		rctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), 10*time.Second)
@@ -428,10 +431,16 @@ type ScheduleInfo struct {
 	Last time.Time
 }
 
-// Schedules returns the schedules of q's tenant that schedulers have run,
-// from their cursors in etcd, in name order.
-func (q *Queue) Schedules(ctx context.Context) ([]ScheduleInfo, error) {
-	resp, err := q.store.Client().Get(clientv3.WithRequireLeader(ctx), q.CursorPrefix(), clientv3.WithPrefix())
+// Schedules returns the schedules of tenant (DefaultTenant when empty) that
+// schedulers ran on the store under prefix, from their cursors in etcd, in
+// name order. It needs only an etcd client: operators' tools call it
+// without a session.
+func Schedules(ctx context.Context, cli *clientv3.Client, prefix, tenant string) ([]ScheduleInfo, error) {
+	if tenant == "" {
+		tenant = DefaultTenant
+	}
+	cp := cursorPrefix(prefix, tenant)
+	resp, err := cli.Get(clientv3.WithRequireLeader(ctx), cp, clientv3.WithPrefix())
 	if err != nil {
 		return nil, fmt.Errorf("schedules: %w: %w", etcdstore.ErrUnavailable, err)
 	}
@@ -441,7 +450,7 @@ func (q *Queue) Schedules(ctx context.Context) ([]ScheduleInfo, error) {
 		if err := json.Unmarshal(kv.Value, &cv); err != nil {
 			continue
 		}
-		out = append(out, ScheduleInfo{Name: string(kv.Key[len(q.CursorPrefix()):]), Kind: cv.Kind, Spec: cv.Spec, Last: cv.Last})
+		out = append(out, ScheduleInfo{Name: string(kv.Key[len(cp):]), Kind: cv.Kind, Spec: cv.Spec, Last: cv.Last})
 	}
 	return out, nil
 }

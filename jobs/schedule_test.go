@@ -42,7 +42,7 @@ func waitCursor(t testing.TB, q *Queue, name string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cli := q.store.Client()
-	key := q.CursorPrefix() + name
+	key := q.cursorPrefix() + name
 	resp, err := cli.Get(ctx, key)
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +120,7 @@ func TestScheduleEachOccurrenceOnce(t *testing.T) {
 			t.Fatalf("occurrence %s ran %d times; want once", id, ran[id])
 		}
 	}
-	infos, err := wq.Schedules(testCtx(t))
+	infos, err := Schedules(testCtx(t), wq.store.Client(), prefix, "")
 	// The cursor is moved after each submission: it is at the 4th or 5th.
 	if err != nil || len(infos) != 1 || infos[0].Name != sc.Name || infos[0].Kind != "report" || infos[0].Spec != "every 1m0s" ||
 		infos[0].Last.Before(base.Truncate(time.Minute).Add(4*time.Minute)) {

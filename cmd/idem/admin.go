@@ -16,6 +16,7 @@ import (
 
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/idemhttp"
+	"github.com/idem-dev/idem/jobs"
 	"github.com/idem-dev/idem/shard"
 )
 
@@ -356,6 +357,12 @@ func printRecords(w io.Writer, format string, recs []*etcdstore.Record, detail b
 		if v.Deadline != nil {
 			fmt.Fprintf(w, " deadline=%s", v.Deadline.Format(time.RFC3339))
 		}
+		if j := v.Job; j != nil {
+			fmt.Fprintf(w, " job=%s kind=%s attempts=%d", j.State, j.Kind, j.Attempts)
+			if j.Error != "" {
+				fmt.Fprintf(w, " job_error=%q", oneLine(j.Error, 200))
+			}
+		}
 		fmt.Fprintln(w)
 		if detail && len(v.bodyBytes) > 0 {
 			fmt.Fprintf(w, "%s\n", printable(v.bodyBytes))
@@ -368,13 +375,27 @@ func printRecords(w io.Writer, format string, recs []*etcdstore.Record, detail b
 type recordView struct {
 	Tenant string `json:"tenant"`
 	idemhttp.RecordJSON
-	Owner     string `json:"owner,omitempty"`
-	Attempt   string `json:"attempt,omitempty"`
+	Owner   string `json:"owner,omitempty"`
+	Attempt string `json:"attempt,omitempty"`
+	// Job is set when the record holds a job (package jobs): idem jobs get
+	// shows the rest.
+	Job       *jobSummary `json:"job,omitempty"`
 	bodyBytes []byte
+}
+
+// jobSummary is what get and ls show of a job.
+type jobSummary struct {
+	Kind     string     `json:"kind"`
+	State    jobs.State `json:"state"`
+	Attempts int        `json:"attempts"`
+	Error    string     `json:"error,omitempty"`
 }
 
 func view(r *etcdstore.Record) recordView {
 	v := recordView{Tenant: r.Key.Tenant, Owner: r.Owner, Attempt: r.Attempt, RecordJSON: idemhttp.RecordView(r)}
+	if j, err := jobs.FromRecord(r, time.Now()); err == nil {
+		v.Job = &jobSummary{Kind: j.Kind, State: j.State, Attempts: j.Attempts, Error: j.Err}
+	}
 	if r.Outcome != nil {
 		v.bodyBytes = r.Outcome.Body
 	}

@@ -86,7 +86,8 @@ func TestCommands(t *testing.T) {
 		t.Fatalf("ls --tenant a/b = %v; want a usage error", err)
 	}
 	// Help asked for is not an error: exit 0, as idem --help.
-	for _, args := range [][]string{{"--help"}, {"serve", "-h"}, {"serve", "--help"}, {"get", "-h"}, {"ls", "-h"}, {"evict", "-h"}, {"status", "-h"}, {"echo", "-h"}} {
+	for _, args := range [][]string{{"--help"}, {"serve", "-h"}, {"serve", "--help"}, {"get", "-h"}, {"ls", "-h"}, {"evict", "-h"}, {"status", "-h"}, {"echo", "-h"},
+		{"jobs", "-h"}, {"jobs", "ls", "-h"}, {"jobs", "get", "-h"}, {"jobs", "retry", "-h"}, {"jobs", "cancel", "-h"}, {"jobs", "schedules", "-h"}} {
 		if _, err := runCmd(t, args...); exitCode(err) != 0 {
 			t.Errorf("idem %s = %v (exit %d); want exit 0", strings.Join(args, " "), err, exitCode(err))
 		}
@@ -100,7 +101,10 @@ func TestCLIDocNamesEveryFlag(t *testing.T) {
 		t.Fatal(err)
 	}
 	var c serveConfig
-	sets := []*flag.FlagSet{c.flags(io.Discard), newAdminCmd("ls", "", io.Discard).fs}
+	cancel := newJobsCmd("cancel", "", io.Discard)
+	cancel.fs.String("reason", "", "")
+	cancel.fs.Duration("retention", 0, "")
+	sets := []*flag.FlagSet{c.flags(io.Discard), newAdminCmd("ls", "", io.Discard).fs, cancel.fs}
 	for _, fs := range sets {
 		fs.VisitAll(func(f *flag.Flag) {
 			if !strings.Contains(string(doc), "-"+f.Name+" ") && !strings.Contains(string(doc), "-"+f.Name+"\n") {

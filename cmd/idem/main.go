@@ -43,6 +43,7 @@ Commands:
   ls        list keys:              idem ls [--tenant T] [--state in_flight|done]
   evict     forget a key:           idem evict [--tenant T] KEY
   status    etcd cluster and keys:  idem status
+  jobs      jobs and schedules:     idem jobs ls|get|retry|cancel|schedules
   echo      a non-idempotent demo upstream, to put idem in front of
   version   print the version
 
@@ -67,6 +68,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return adminEvict(ctx, rest, stdout, stderr)
 	case "status":
 		return adminStatus(ctx, rest, stdout, stderr)
+	case "jobs":
+		return jobsCmd(ctx, rest, stdout, stderr)
 	case "echo":
 		return echo(ctx, rest, stdout, stderr)
 	case "version", "--version":

@@ -1,0 +1,362 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/jobs"
+)
+
+const jobsUsage = `usage: idem jobs COMMAND [flags]
+
+Jobs (package jobs) are records of a tenant ("jobs" by default) that
+workers run step by step; these commands show and administer them.
+
+Commands:
+  ls         list jobs:                 idem jobs ls [--state running|queued|scheduled|parked|succeeded|failed|cancelled]
+  get        one job, steps, attempts:  idem jobs get ID
+  retry      queue a parked job again:  idem jobs retry [--retention D] ID
+  cancel     end a job no worker runs:  idem jobs cancel [--reason R] [--retention D] ID
+  schedules  the schedules' cursors:    idem jobs schedules
+
+Run "idem jobs COMMAND -h" for a command's flags.
+`
+
+// jobsCmd runs "idem jobs ...".
+func jobsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, jobsUsage)
+		return errUsage
+	}
+	switch args[0] {
+	case "ls":
+		return jobsList(ctx, args[1:], stdout, stderr)
+	case "get":
+		return jobsGet(ctx, args[1:], stdout, stderr)
+	case "retry", "cancel":
+		return jobsOperate(ctx, args[0], args[1:], stdout, stderr)
+	case "schedules":
+		return jobsSchedules(ctx, args[1:], stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, jobsUsage)
+		return nil
+	}
+	fmt.Fprint(stderr, jobsUsage)
+	return usageError{fmt.Errorf("unknown jobs command %q", args[0])}
+}
+
+// newJobsCmd is newAdminCmd for a jobs command: the jobs tenant by default,
+// and one etcd cluster (a Queue runs on one store).
+func newJobsCmd(name, synopsis string, stderr io.Writer) *adminCmd {
+	a := newAdminCmd("jobs "+name, "jobs "+synopsis, stderr)
+	a.tenant = jobs.DefaultTenant
+	a.fs.Lookup("tenant").DefValue = jobs.DefaultTenant
+	a.fs.Lookup("tenant").Usage = "tenant of the jobs"
+	return a
+}
+
+// openJobs connects as the admin commands do, refusing --shards-file.
+func (a *adminCmd) openJobs(ctx context.Context, args []string, nargs int) (cluster, context.Context, func(), error) {
+	_, cs, cctx, done, err := a.open(ctx, args, nargs)
+	if err != nil {
+		return cluster{}, nil, nil, err
+	}
+	if a.shards != "" {
+		done()
+		return cluster{}, nil, nil, usageError{errors.New("--shards-file: jobs run on one etcd cluster; name it with --endpoints")}
+	}
+	return cs[0], cctx, done, nil
+}
+
+func jobsList(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
+	a := newJobsCmd("ls", "ls [--tenant T] [--state S] [--limit N] [-w simple|json|table]", stderr)
+	defer func() { err = a.explain(err) }()
+	state := a.fs.String("state", "", "only jobs in this state: running, queued, scheduled, parked, succeeded, failed or cancelled")
+	limit := a.fs.Int("limit", 0, "at most this many jobs (0: all)")
+	c, ctx, done, err := a.openJobs(ctx, args, 0)
+	if err != nil {
+		return err
+	}
+	defer done()
+	switch s := jobs.State(*state); s {
+	case "", jobs.Running, jobs.Queued, jobs.Scheduled, jobs.Parked, jobs.Succeeded, jobs.Failed, jobs.Cancelled:
+	default:
+		return usageError{fmt.Errorf("--state %q: must be running, queued, scheduled, parked, succeeded, failed or cancelled", *state)}
+	}
+	var out []*jobs.Job
+	var after *etcdstore.Key
+	for {
+		recs, err := c.adm.List(ctx, a.tenant, etcdstore.ListOptions{After: after, Limit: etcdstore.MaxListLimit})
+		if err != nil && len(recs) == 0 {
+			return err
+		}
+		for _, r := range recs {
+			j, err := jobs.FromRecord(r, time.Now())
+			if err != nil || (*state != "" && j.State != jobs.State(*state)) {
+				continue
+			}
+			out = append(out, j)
+		}
+		if len(recs) < etcdstore.MaxListLimit || *limit > 0 && len(out) >= *limit {
+			break
+		}
+		after = &recs[len(recs)-1].Key
+	}
+	if *limit > 0 && len(out) > *limit {
+		out = out[:*limit]
+	}
+	return printJobs(stdout, a.format, out, false)
+}
+
+func jobsGet(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
+	a := newJobsCmd("get", "get [--tenant T] [-w simple|json|table] ID", stderr)
+	defer func() { err = a.explain(err) }()
+	c, ctx, done, err := a.openJobs(ctx, args, 1)
+	if err != nil {
+		return err
+	}
+	defer done()
+	key, err := a.key()
+	if err != nil {
+		return err
+	}
+	rec, err := c.adm.Get(ctx, key)
+	if err != nil {
+		return err
+	}
+	j, err := jobs.FromRecord(rec, time.Now())
+	if err != nil {
+		return err
+	}
+	return printJobs(stdout, a.format, []*jobs.Job{j}, true)
+}
+
+// jobsOperate runs retry or cancel: each takes the job over with a claim,
+// so it runs a store (with a session) for the command's length.
+func jobsOperate(ctx context.Context, op string, args []string, stdout, stderr io.Writer) (err error) {
+	synopsis := "retry [--tenant T] [--retention D] ID"
+	if op == "cancel" {
+		synopsis = "cancel [--tenant T] [--reason R] [--retention D] ID"
+	}
+	a := newJobsCmd(op, synopsis, stderr)
+	defer func() { err = a.explain(err) }()
+	reason := new(string)
+	if op == "cancel" {
+		reason = a.fs.String("reason", "cancelled by an operator", "why, saved with the job")
+	}
+	retention := a.fs.Duration("retention", etcdstore.DefaultRetention, "the retention of the workers' store (idem serve --retention, etcdstore.WithRetention): the job is rewritten with it")
+	c, ctx, done, err := a.openJobs(ctx, args, 1)
+	if err != nil {
+		return err
+	}
+	defer done()
+	key, err := a.key()
+	if err != nil {
+		return err
+	}
+	store, err := etcdstore.New(ctx, c.cli, etcdstore.WithPrefix(a.etcd.prefix), etcdstore.WithRetention(*retention))
+	if err != nil {
+		if errors.Is(err, etcdstore.ErrInvalidArgument) {
+			return usageError{err}
+		}
+		return err
+	}
+	defer store.Close()
+	q, err := jobs.New(store, jobs.WithTenant(a.tenant))
+	if err != nil {
+		return usageError{err}
+	}
+	var j *jobs.Job
+	if op == "retry" {
+		j, err = q.Retry(ctx, key.ID)
+	} else {
+		j, err = q.Cancel(ctx, key.ID, *reason)
+	}
+	if err != nil {
+		return err
+	}
+	return printJobs(stdout, a.format, []*jobs.Job{j}, false)
+}
+
+func jobsSchedules(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
+	a := newJobsCmd("schedules", "schedules [--tenant T] [-w simple|json|table]", stderr)
+	defer func() { err = a.explain(err) }()
+	c, ctx, done, err := a.openJobs(ctx, args, 0)
+	if err != nil {
+		return err
+	}
+	defer done()
+	infos, err := jobs.Schedules(ctx, c.cli, a.etcd.prefix, a.tenant)
+	if err != nil {
+		return err
+	}
+	switch a.format {
+	case "json":
+		out := make([]map[string]any, len(infos))
+		for i, s := range infos {
+			out[i] = map[string]any{"name": s.Name, "kind": s.Kind, "spec": s.Spec, "last": s.Last}
+		}
+		return json.NewEncoder(stdout).Encode(out)
+	case "table":
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "SCHEDULE\tKIND\tSPEC\tLAST OCCURRENCE")
+		for _, s := range infos {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", s.Name, s.Kind, s.Spec, s.Last.Format(time.RFC3339))
+		}
+		return tw.Flush()
+	}
+	for _, s := range infos {
+		fmt.Fprintf(stdout, "%s kind=%s spec=%q last=%s\n", s.Name, s.Kind, s.Spec, s.Last.Format(time.RFC3339))
+	}
+	return nil
+}
+
+// jobView is a job as the commands show it in JSON.
+type jobView struct {
+	Tenant    string        `json:"tenant"`
+	ID        string        `json:"id"`
+	Kind      string        `json:"kind"`
+	State     jobs.State    `json:"state"`
+	Attempts  int           `json:"attempts"`
+	Token     int64         `json:"token"`
+	Owner     string        `json:"owner,omitempty"`
+	Error     string        `json:"error,omitempty"`
+	NotBefore *time.Time    `json:"not_before,omitempty"`
+	Params    string        `json:"params,omitempty"`
+	Steps     []stepView    `json:"steps,omitempty"`
+	Errors    []attemptView `json:"errors,omitempty"`
+	Created   time.Time     `json:"created"`
+	Expires   time.Time     `json:"expires"`
+}
+
+type stepView struct {
+	Name        string     `json:"name"`
+	Finished    bool       `json:"finished"`
+	Token       int64      `json:"token,omitempty"`
+	At          *time.Time `json:"at,omitempty"`
+	Output      string     `json:"output,omitempty"`
+	Compensated bool       `json:"compensated,omitempty"`
+}
+
+type attemptView struct {
+	Attempt int       `json:"attempt"`
+	Token   int64     `json:"token"`
+	Step    string    `json:"step,omitempty"`
+	Error   string    `json:"error"`
+	At      time.Time `json:"at"`
+}
+
+func viewJob(j *jobs.Job) jobView {
+	v := jobView{Tenant: j.Key.Tenant, ID: j.Key.ID, Kind: j.Kind, State: j.State, Attempts: j.Attempts, Token: int64(j.Token),
+		Owner: j.Owner, Error: j.Err, Params: string(j.Params), Created: j.Created, Expires: j.Expires}
+	if !j.NotBefore.IsZero() {
+		t := j.NotBefore
+		v.NotBefore = &t
+	}
+	for _, s := range j.Steps {
+		sv := stepView{Name: s.Name, Finished: s.Finished, Token: int64(s.Token), Output: string(s.Output), Compensated: s.Compensated}
+		if s.Finished {
+			t := s.At
+			sv.At = &t
+		}
+		v.Steps = append(v.Steps, sv)
+	}
+	for _, e := range j.Errors {
+		v.Errors = append(v.Errors, attemptView{Attempt: e.Attempt, Token: int64(e.Token), Step: e.Step, Error: e.Err, At: e.At})
+	}
+	return v
+}
+
+// printJobs writes jobs in the chosen format; detail adds steps, errors
+// and params to simple output.
+func printJobs(w io.Writer, format string, js []*jobs.Job, detail bool) error {
+	switch format {
+	case "json":
+		out := make([]jobView, len(js))
+		for i, j := range js {
+			out[i] = viewJob(j)
+		}
+		enc := json.NewEncoder(w)
+		if detail && len(out) == 1 {
+			return enc.Encode(out[0])
+		}
+		return enc.Encode(out)
+	case "table":
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tKIND\tSTATE\tATTEMPTS\tSTEPS DONE\tTOKEN\tERROR")
+		for _, j := range js {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%s\n", j.Key.ID, j.Kind, j.State, j.Attempts, stepsDone(j), j.Token, oneLine(j.Err, 60))
+		}
+		return tw.Flush()
+	}
+	for _, j := range js {
+		fmt.Fprintf(w, "%s/%s kind=%s state=%s attempts=%d steps=%s token=%d", j.Key.Tenant, j.Key.ID, j.Kind, j.State, j.Attempts, stepsDone(j), j.Token)
+		if j.Owner != "" {
+			fmt.Fprintf(w, " owner=%s", j.Owner)
+		}
+		if !j.NotBefore.IsZero() {
+			fmt.Fprintf(w, " not_before=%s", j.NotBefore.Format(time.RFC3339))
+		}
+		if j.Err != "" {
+			fmt.Fprintf(w, " error=%q", oneLine(j.Err, 200))
+		}
+		fmt.Fprintln(w)
+		if !detail {
+			continue
+		}
+		fmt.Fprintf(w, "  created %s, expires %s\n", j.Created.Format(time.RFC3339), j.Expires.Format(time.RFC3339))
+		if len(j.Params) > 0 {
+			fmt.Fprintf(w, "  params %s\n", printable(j.Params))
+		}
+		for _, s := range j.Steps {
+			switch {
+			case s.Compensated:
+				fmt.Fprintf(w, "  step %s: finished (token %d, %s), compensated\n", s.Name, s.Token, s.At.Format(time.RFC3339))
+			case s.Finished:
+				fmt.Fprintf(w, "  step %s: finished (token %d, %s)", s.Name, s.Token, s.At.Format(time.RFC3339))
+				if len(s.Output) > 0 {
+					fmt.Fprintf(w, " output %s", oneLine(printable(s.Output), 120))
+				}
+				fmt.Fprintln(w)
+			default:
+				fmt.Fprintf(w, "  step %s: not finished\n", s.Name)
+			}
+		}
+		for _, e := range j.Errors {
+			fmt.Fprintf(w, "  attempt %d (token %d, %s) failed", e.Attempt, e.Token, e.At.Format(time.RFC3339))
+			if e.Step != "" {
+				fmt.Fprintf(w, " in step %s", e.Step)
+			}
+			fmt.Fprintf(w, ": %s\n", oneLine(e.Err, 200))
+		}
+	}
+	return nil
+}
+
+func stepsDone(j *jobs.Job) string {
+	n := 0
+	for _, s := range j.Steps {
+		if s.Finished {
+			n++
+		}
+	}
+	if len(j.Steps) == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%d/%d", n, len(j.Steps))
+}
+
+func oneLine(s string, n int) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
+}

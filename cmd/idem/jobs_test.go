@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/etcdcluster"
+	"github.com/idem-dev/idem/jobs"
+)
+
+// An operator sees jobs by state, one job with its steps and attempts, and
+// retries or cancels parked ones, with idem jobs; idem get and ls show that
+// a record is a job.
+func TestJobsCommands(t *testing.T) {
+	c, err := etcdcluster.New(t.TempDir(), 1, etcdcluster.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	ep := c.Endpoints()[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	store, err := etcdstore.New(ctx, c.MustClient(t), etcdstore.WithSessionTTL(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	q, err := jobs.New(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var broken atomic.Bool
+	broken.Store(true)
+	ok := func(ctx context.Context, r *jobs.Run) ([]byte, error) { return []byte(`{"ok":true}`), nil }
+	kind := jobs.Kind{Name: "invoice", MaxAttempts: 2, Backoff: 10 * time.Millisecond, Steps: []jobs.Step{
+		{Name: "compute", Run: ok},
+		{Name: "charge", Run: func(ctx context.Context, r *jobs.Run) ([]byte, error) {
+			if broken.Load() {
+				return nil, errors.New("card processor down")
+			}
+			return nil, nil
+		}},
+		{Name: "email", Run: ok},
+	}}
+	w, err := jobs.NewWorker(q, []jobs.Kind{kind}, jobs.Concurrency(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := q.Submit(ctx, "inv-1", "invoice", []byte(`{"customer":"acme"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Submit(ctx, "later-1", "refund", nil); err != nil { // no worker runs refunds
+		t.Fatal(err)
+	}
+	if j, err := q.Wait(ctx, "inv-1"); err != nil || j.State != jobs.Parked {
+		t.Fatalf("inv-1 = %+v, %v; want parked", j, err)
+	}
+	sched, err := jobs.NewScheduler(q, []jobs.Schedule{{Name: "monthly-invoices", Cron: "0 3 1 * *", Kind: "invoice-run"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sched.Close()
+
+	// withEndpoints puts --endpoints after the command's words, before its
+	// flags and arguments (flags stop at the first argument).
+	withEndpoints := func(args []string) []string {
+		n := 1
+		if args[0] == "jobs" && len(args) > 1 {
+			n = 2
+		}
+		return append(append(append([]string{}, args[:n]...), "--endpoints", ep), args[n:]...)
+	}
+	idem := func(args ...string) string {
+		t.Helper()
+		out, err := runCmd(t, withEndpoints(args)...)
+		if err != nil {
+			t.Fatalf("idem %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return out
+	}
+	out := idem("jobs", "ls")
+	if !strings.Contains(out, "jobs/inv-1 kind=invoice state=parked attempts=2 steps=1/3") || !strings.Contains(out, "jobs/later-1 kind=refund state=queued") {
+		t.Fatalf("jobs ls:\n%s", out)
+	}
+	if out := idem("jobs", "ls", "--state", "parked"); strings.Contains(out, "later-1") || !strings.Contains(out, "inv-1") {
+		t.Fatalf("jobs ls --state parked:\n%s", out)
+	}
+	out = idem("jobs", "get", "inv-1")
+	for _, want := range []string{`params {"customer":"acme"}`, "step compute: finished", "step charge: not finished", "step email: not finished",
+		"attempt 1 (token", "attempt 2 (token", "in step charge: card processor down", `error="step charge: card processor down"`} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("jobs get lacks %q:\n%s", want, out)
+		}
+	}
+	var v jobView
+	if err := json.Unmarshal([]byte(idem("jobs", "get", "-w", "json", "inv-1")), &v); err != nil || v.State != jobs.Parked || len(v.Errors) != 2 || !v.Steps[0].Finished {
+		t.Fatalf("jobs get -w json = %+v, %v", v, err)
+	}
+	if out := idem("ls", "--tenant", "jobs"); !strings.Contains(out, "job=parked kind=invoice attempts=2") {
+		t.Fatalf("idem ls --tenant jobs does not say it holds a parked job:\n%s", out)
+	}
+	if out := idem("jobs", "schedules"); !strings.Contains(out, `monthly-invoices kind=invoice-run spec="0 3 1 * *"`) {
+		t.Fatalf("jobs schedules:\n%s", out)
+	}
+
+	broken.Store(false)
+	if out := idem("jobs", "retry", "inv-1"); !strings.Contains(out, "jobs/inv-1") {
+		t.Fatalf("jobs retry:\n%s", out)
+	}
+	if j, err := q.Wait(ctx, "inv-1"); err != nil || j.State != jobs.Succeeded || j.Attempts != 1 {
+		t.Fatalf("inv-1 after retry = %+v, %v; want succeeded", j, err)
+	}
+	if out := idem("jobs", "cancel", "--reason", "refunds are off", "later-1"); !strings.Contains(out, "state=cancelled") || !strings.Contains(out, "refunds are off") {
+		t.Fatalf("jobs cancel:\n%s", out)
+	}
+	// Refusals say why, and change nothing.
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"jobs", "cancel", "inv-1"}, 1, "job has ended"},
+		{[]string{"jobs", "retry", "later-1"}, 1, "job has ended"},
+		{[]string{"jobs", "get", "no-such-job"}, 1, "not found"},
+		{[]string{"jobs", "ls", "--state", "done"}, 2, "--state"},
+		{[]string{"jobs", "get"}, 2, "takes 1 argument"},
+		{[]string{"jobs", "frobnicate"}, 2, "unknown jobs command"},
+		{[]string{"jobs", "retry", "--retention", "500ms", "inv-1"}, 2, "retention"},
+	} {
+		out, err := runCmd(t, withEndpoints(tc.args)...)
+		if exitCode(err) != tc.code || !strings.Contains(out+errString(err), tc.want) {
+			t.Errorf("idem %s = %q, %v (exit %d); want exit %d saying %q", strings.Join(tc.args, " "), out, err, exitCode(err), tc.code, tc.want)
+		}
+	}
+	if j, err := q.Get(ctx, "inv-1"); err != nil || j.State != jobs.Succeeded {
+		t.Fatalf("inv-1 after refused commands = %+v, %v", j, err)
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
