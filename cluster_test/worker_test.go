@@ -28,6 +28,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("IDEM_CLUSTER_WORKER") == "1" {
 		os.Exit(runWorker())
 	}
+	if os.Getenv("IDEM_CLUSTER_JOBWORKER") == "1" {
+		os.Exit(runJobWorker())
+	}
 	if os.Getenv("IDEM_CLUSTER_MEMBER") != "" {
 		os.Exit(runMember())
 	}

@@ -23,10 +23,11 @@ type Proxy struct {
 	Dropped   atomic.Int64 // bytes swallowed by a blackhole
 	Resets    atomic.Int64 // connections closed by DropConnections
 
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
-	closed bool
-	wg     sync.WaitGroup
+	mu      sync.Mutex
+	conns   map[net.Conn]struct{}
+	closed  bool
+	release chan struct{} // while held (Hold): closed by Heal
+	wg      sync.WaitGroup
 }
 
 // NewProxy starts a proxy to target ("host:port").
@@ -51,11 +52,36 @@ func (p *Proxy) URL() string { return "http://" + p.Addr() }
 // connections: like a network partition, the peer sees nothing at all.
 func (p *Proxy) Blackhole() { p.blackhole.Store(true) }
 
-// Heal ends a blackhole and removes delays.
+// Hold keeps every chunk, in both directions, until Heal, then delivers
+// them in order: a partition that TCP outlives (its retransmissions deliver
+// what was sent once the link is back), so a request sent during the cut
+// arrives late, after the cut heals.
+func (p *Proxy) Hold() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.release == nil {
+		p.release = make(chan struct{})
+	}
+}
+
+// Heal ends a blackhole and a hold, and removes delays.
 func (p *Proxy) Heal() {
 	p.blackhole.Store(false)
 	p.delay.Store(0)
 	p.jitter.Store(0)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.release != nil {
+		close(p.release)
+		p.release = nil
+	}
+}
+
+// held returns the channel a chunk read now waits on, or nil.
+func (p *Proxy) held() chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.release
 }
 
 // Delay adds d (plus up to jitter) to every chunk in each direction, so a
@@ -80,6 +106,10 @@ func (p *Proxy) DropConnections() {
 func (p *Proxy) Close() {
 	p.mu.Lock()
 	p.closed = true
+	if p.release != nil {
+		close(p.release) // held chunks go nowhere: their connections close
+		p.release = nil
+	}
 	p.mu.Unlock()
 	p.ln.Close()
 	p.DropConnections()
@@ -132,6 +162,7 @@ func (p *Proxy) untrack(c net.Conn) {
 type chunk struct {
 	at   time.Time
 	data []byte
+	hold chan struct{} // deliver once closed (Hold)
 }
 
 // pipe copies src to dst through a queue, so a delay shifts every chunk by
@@ -143,6 +174,9 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 	go func() {
 		defer close(done)
 		for c := range queue {
+			if c.hold != nil {
+				<-c.hold // held until Heal
+			}
 			if wait := time.Until(c.at); wait > 0 {
 				time.Sleep(wait) // simulated wire latency, not synchronisation
 			}
@@ -165,7 +199,7 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 				if j := p.jitter.Load(); j > 0 {
 					d += time.Duration(time.Now().UnixNano() % j)
 				}
-				queue <- chunk{at: time.Now().Add(d), data: append([]byte(nil), buf[:n]...)}
+				queue <- chunk{at: time.Now().Add(d), data: append([]byte(nil), buf[:n]...), hold: p.held()}
 			}
 		}
 		if err != nil { // EOF, reset, or closed by DropConnections

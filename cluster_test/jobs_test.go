@@ -1,0 +1,602 @@
+package cluster_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/fencing"
+	"github.com/idem-dev/idem/internal/etcdcluster"
+	"github.com/idem-dev/idem/jobs"
+)
+
+// Jobs across three data centres: a three-member cluster whose members are
+// 50 ms apart, in each data centre a scheduler (in this process) and a
+// worker (a real process), submitted jobs and a schedule's occurrences
+// running all along, every step acting at a fenced sink that applies it once
+// per step key. The faults: a worker killed mid-step, a worker paused
+// (SIGSTOP) mid-step past its session's TTL, and a data centre cut off
+// (its member isolated, its worker's link to the sink held, as TCP holds
+// what it cannot deliver) for longer than the TTL.
+//
+// At the end: every job and every occurrence finished; each step applied
+// once at the sink, and its etcd effect written once; no finished step ran
+// again under a later claim (each takeover resumed at the first unfinished
+// step); and the late calls of the paused worker and of the cut-off data
+// centre were refused by the sink's fencing.
+func TestJobsAcrossThreeDataCentres(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fault scenarios skipped in -short mode")
+	}
+	start := time.Now()
+	c, err := etcdcluster.New(t.TempDir(), 3, etcdcluster.Options{Proxies: true, TickMs: 100, ElectionMs: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	for _, m := range c.Members {
+		m.PeerProxy.Delay(25*time.Millisecond, 2*time.Millisecond) // 50 ms between data centres
+	}
+	prefix := fmt.Sprintf("/idem-jobs-%d/", time.Now().UnixNano())
+	admin := c.MustClient(t) // the test's own view, on every member directly
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	rev0, err := admin.Get(ctx, "/none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hist := admin.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev0.Header.Revision+1))
+
+	sk := newStepSink(t)
+	var sinkLinks []*etcdcluster.Proxy
+	dcs := []string{"dc0", "dc1", "dc2"}
+	for range dcs {
+		p, err := etcdcluster.NewProxy(strings.TrimPrefix(sk.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		sinkLinks = append(sinkLinks, p)
+	}
+	env := func(i int) []string {
+		return []string{"IDEM_CLUSTER_JOBWORKER=1", "JOBS_DC=" + dcs[i], "JOBS_ENDPOINTS=" + c.Members[i].ClientProxy.URL(),
+			"JOBS_PREFIX=" + prefix, "JOBS_SINK=" + sinkLinks[i].URL()}
+	}
+	steps := make(chan stepLine, 4096) // every step any worker starts
+	workers := make([]*jobWorker, 3)
+	for i := range workers {
+		workers[i] = startJobWorker(t, i, env(i), steps)
+	}
+	// nextStep returns the next step a worker starts from now on. The
+	// faults hit whichever worker is busy: the workers of the leader's data
+	// centre win most races for a job (their claims commit a round trip
+	// sooner), so the others may be idle.
+	nextStep := func() stepLine {
+		t.Helper()
+		for drained := false; !drained; {
+			select {
+			case <-steps:
+			default:
+				drained = true
+			}
+		}
+		select {
+		case s := <-steps:
+			return s
+		case <-time.After(60 * time.Second):
+			t.Fatal("no worker started a step for a minute")
+			return stepLine{}
+		}
+	}
+
+	// A queue and a scheduler per data centre, each on its own member.
+	var queues []*jobs.Queue
+	var scheds []*jobs.Scheduler
+	schedule := jobs.Schedule{Name: "reconcile", Every: time.Second, Kind: "report", CatchUp: jobs.CatchUpAll, MaxCatchUp: 100}
+	for i := range dcs {
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{c.Members[i].ClientProxy.URL()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cli.Close() })
+		st, err := etcdstore.New(ctx, cli, etcdstore.WithPrefix(prefix), etcdstore.WithSessionTTL(sessionTTL), etcdstore.WithRequestTimeout(requestTimeout))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		q, err := jobs.New(st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		queues = append(queues, q)
+		s, err := jobs.NewScheduler(q, []jobs.Schedule{schedule})
+		if err != nil {
+			t.Fatal(err)
+		}
+		scheds = append(scheds, s)
+	}
+	closeScheds := sync.OnceFunc(func() {
+		for _, s := range scheds {
+			s.Close()
+		}
+	})
+	t.Cleanup(closeScheds)
+
+	// Orders are submitted all along, each through some data centre,
+	// retried (through the next one) until it is in.
+	const orders = 80
+	submitted := make(chan struct{})
+	go func() {
+		defer close(submitted)
+		for n := 0; n < orders && ctx.Err() == nil; n++ {
+			id := fmt.Sprintf("order-%03d", n)
+			for try := 0; ctx.Err() == nil; try++ {
+				sctx, scancel := context.WithTimeout(ctx, 3*time.Second)
+				_, err := queues[(n+try)%3].Submit(sctx, id, "order", []byte(fmt.Sprintf(`{"order":%d}`, n)))
+				scancel()
+				if err == nil {
+					break
+				}
+			}
+			time.Sleep(200 * time.Millisecond) // the arrival rate of orders, not synchronisation
+		}
+	}()
+	// waitDone waits until job id succeeded, seen from data centre i.
+	waitDone := func(i int, id string) {
+		t.Helper()
+		wctx, wcancel := context.WithTimeout(ctx, 90*time.Second)
+		defer wcancel()
+		j, err := queues[i].Wait(wctx, id)
+		if err != nil || j.State != jobs.Succeeded {
+			t.Fatalf("job %s (seen from %s): %+v, %v", id, dcs[i], j, err)
+		}
+	}
+	// ownerGone waits until a worker's session is gone, seen from member i
+	// (one that is not cut off: a watch on a member that is would wait for
+	// the cut to heal).
+	memberClients := make([]*clientv3.Client, 3)
+	for i, m := range c.Members {
+		memberClients[i] = c.MustClient(t, m.ClientURL)
+	}
+	ownerGone := func(i int, owner string) {
+		t.Helper()
+		key := prefix + "o/" + owner
+		admin := memberClients[i]
+		resp, err := admin.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Kvs) == 0 {
+			return
+		}
+		for wr := range admin.Watch(ctx, key, clientv3.WithRev(resp.Header.Revision+1)) {
+			for _, ev := range wr.Events {
+				if ev.Type == mvccpb.DELETE {
+					return
+				}
+			}
+		}
+		t.Fatalf("the session of %s did not end", owner)
+	}
+
+	// 1. A worker is killed mid-step; it restarts at once, as a supervisor
+	// would restart it. The job is resumed by whichever worker claims it
+	// once the dead one's session expires.
+	killed := nextStep()
+	workers[killed.dc].cmd.Process.Kill()
+	workers[killed.dc].cmd.Wait()
+	workers[killed.dc] = startJobWorker(t, killed.dc, env(killed.dc), steps)
+	waitDone((killed.dc+1)%3, killed.job)
+	t.Logf("killed %s's worker in %s/%s (token %d): resumed", dcs[killed.dc], killed.job, killed.step, killed.token)
+
+	// 2. A worker is paused mid-step past its session's TTL, until its job
+	// was taken over and finished elsewhere; then it wakes up and carries on
+	// with its step, late.
+	paused := nextStep()
+	pw := workers[paused.dc]
+	pw.cmd.Process.Signal(syscall.SIGSTOP)
+	ownerGone((paused.dc+1)%3, pw.owner)
+	waitDone((paused.dc+1)%3, paused.job)
+	pw.cmd.Process.Signal(syscall.SIGCONT)
+	t.Logf("paused %s's worker in %s/%s (token %d) past its lease: resumed elsewhere", dcs[paused.dc], paused.job, paused.step, paused.token)
+
+	// 3. A data centre is cut off while its worker is mid-step: its member
+	// from the others, its worker's calls to the sink held until the cut
+	// heals; longer than the TTL, until its job was finished elsewhere.
+	cut := nextStep()
+	leader := c.Leader()
+	if err := c.Isolate(cut.dc); err != nil {
+		t.Fatal(err)
+	}
+	sinkLinks[cut.dc].Hold()
+	if err := c.WaitIsolated(ctx, cut.dc); err != nil {
+		t.Fatal(err)
+	}
+	cutAt := time.Now()
+	ownerGone((cut.dc+1)%3, workers[cut.dc].owner)
+	waitDone((cut.dc+1)%3, cut.job)
+	c.Heal()
+	sinkLinks[cut.dc].Heal()
+	if _, err := c.WaitLeader(ctx, c.All()); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("cut %s off (the leader's data centre: %v) in %s/%s (token %d) for %v: resumed elsewhere",
+		dcs[cut.dc], leader == cut.dc, cut.job, cut.step, cut.token, time.Since(cutAt).Round(time.Millisecond))
+
+	<-submitted
+	// The schedulers run a few more occurrences after the faults.
+	cursor := func() time.Time {
+		infos, err := jobs.Schedules(ctx, admin, prefix, "")
+		if err != nil || len(infos) != 1 {
+			t.Fatalf("schedules: %v, %v", infos, err)
+		}
+		return infos[0].Last
+	}
+	until := cursor().Add(3 * time.Second)
+	ckey := prefix + "j/s/" + jobs.DefaultTenant + "/" + schedule.Name
+	for wr := range admin.Watch(ctx, ckey) {
+		if wr.Err() != nil {
+			t.Fatal(wr.Err())
+		}
+		if !cursor().Before(until) {
+			break
+		}
+	}
+	closeScheds()
+
+	// Every job ends.
+	recs, err := queues[0].List(ctx, jobs.ListOptions{Limit: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids, occurrences []string
+	for _, j := range recs {
+		ids = append(ids, j.Key.ID)
+		if strings.HasPrefix(j.Key.ID, schedule.Name+"@") {
+			occurrences = append(occurrences, j.Key.ID)
+		}
+	}
+	for _, id := range ids {
+		waitDone(0, id)
+	}
+	// The occurrences have no gap: each second from the first to the last.
+	sort.Strings(occurrences)
+	first, _ := time.Parse("2006-01-02T15:04:05Z", strings.TrimPrefix(occurrences[0], schedule.Name+"@"))
+	for i, id := range occurrences {
+		if want := jobs.OccurrenceID(schedule.Name, first.Add(time.Duration(i)*time.Second)); id != want {
+			t.Fatalf("occurrence %d is %s; want %s: a second was skipped or doubled", i, id, want)
+		}
+	}
+	if len(ids)-len(occurrences) != orders {
+		t.Fatalf("%d orders in the queue; want %d", len(ids)-len(occurrences), orders)
+	}
+
+	// The history of every job record, up to a sentinel.
+	end := prefix + "zz-end"
+	if _, err := admin.Put(ctx, end, ""); err != nil {
+		t.Fatal(err)
+	}
+	versions := map[string][]*etcdstore.Record{}
+	dec, err := etcdstore.NewAdmin(admin, etcdstore.WithPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenant := dec.TenantPrefix(jobs.DefaultTenant)
+history:
+	for wr := range hist {
+		if wr.Err() != nil {
+			t.Fatal(wr.Err())
+		}
+		for _, ev := range wr.Events {
+			k := string(ev.Kv.Key)
+			if k == end {
+				break history
+			}
+			if !strings.HasPrefix(k, tenant) || ev.Type != mvccpb.PUT {
+				continue
+			}
+			rec, err := dec.DecodeRecord(ev.Kv)
+			if err != nil {
+				t.Fatal(err)
+			}
+			versions[rec.Key.ID] = append(versions[rec.Key.ID], rec)
+		}
+	}
+
+	// Each step applied once; no finished step ran again under a later
+	// claim; the late calls were refused.
+	calls := sk.snapshot()
+	var takeovers, reruns, nsteps int
+	for _, id := range ids {
+		finishedBy := map[string]fencing.Token{}
+		claims := map[fencing.Token]bool{}
+		for _, rec := range versions[id] {
+			claims[rec.Token] = true
+			j, err := jobs.FromRecord(rec, time.Now())
+			if err != nil {
+				t.Fatalf("%s at revision %d: %v", id, rec.Revision, err)
+			}
+			for _, s := range j.Steps {
+				if _, ok := finishedBy[s.Name]; s.Finished && !ok {
+					finishedBy[s.Name] = s.Token
+				}
+			}
+		}
+		takeovers += len(claims) - 2 // the enqueue, and the first attempt's claim
+		kind := "order"
+		if strings.HasPrefix(id, schedule.Name+"@") {
+			kind = "report"
+		}
+		for _, step := range stepNames(kind) {
+			nsteps++
+			by, ok := finishedBy[step]
+			if !ok {
+				t.Errorf("%s: step %s never finished", id, step)
+				continue
+			}
+			cs := calls["jobs:"+id+"."+step]
+			applied := 0
+			for _, cl := range cs {
+				if cl.result == "applied" {
+					applied++
+				}
+				if cl.token > by {
+					t.Errorf("%s: step %s ran again under token %d (%s) after token %d finished it", id, step, cl.token, cl.dc, by)
+				}
+			}
+			if applied != 1 {
+				t.Errorf("%s: step %s applied %d times at the sink: %+v", id, step, applied, cs)
+			}
+			if len(cs) > 1 {
+				reruns++
+			}
+		}
+		if kind == "order" {
+			resp, err := admin.Get(ctx, "/jobs-effects"+prefix+id)
+			if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].Version != 1 {
+				t.Errorf("%s: the ship step's etcd effect: %v, %v; want written once", id, resp, err)
+			}
+		}
+	}
+	lateRefused := map[string]int{}
+	for _, cs := range calls {
+		for _, cl := range cs {
+			if cl.result == "fenced" {
+				lateRefused[cl.dc]++
+			}
+		}
+	}
+	if lateRefused[dcs[paused.dc]] == 0 {
+		t.Errorf("INVALID: no late call of the paused worker (%s) reached the sink: %v", dcs[paused.dc], lateRefused)
+	}
+	if lateRefused[dcs[cut.dc]] == 0 {
+		t.Errorf("INVALID: no late call of the cut-off data centre (%s) reached the sink: %v", dcs[cut.dc], lateRefused)
+	}
+	if takeovers < 3 {
+		t.Errorf("INVALID: %d takeovers; the three faults should each have caused one", takeovers)
+	}
+	t.Logf("%d orders and %d occurrences, %d steps: all finished, each step applied once; %d takeovers, %d steps called more than once (unfinished when their worker stopped), late calls refused by fencing %v; %v",
+		orders, len(occurrences), nsteps, takeovers, reruns, lateRefused, time.Since(start).Round(time.Second))
+}
+
+// stepNames are the steps of a kind of the scenario.
+func stepNames(kind string) []string {
+	if kind == "report" {
+		return []string{"gather", "send"}
+	}
+	return []string{"reserve", "charge", "ship"}
+}
+
+// runJobWorker is a data centre's worker process: it runs the scenario's
+// kinds with a completer until its stdin closes.
+func runJobWorker() int {
+	ctx := context.Background()
+	dc, sinkURL, prefix := os.Getenv("JOBS_DC"), os.Getenv("JOBS_SINK"), os.Getenv("JOBS_PREFIX")
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{os.Getenv("JOBS_ENDPOINTS")}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	defer cli.Close()
+	store, err := etcdstore.New(ctx, cli, etcdstore.WithPrefix(prefix), etcdstore.WithSessionTTL(sessionTTL), etcdstore.WithRequestTimeout(requestTimeout))
+	if err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	defer store.Close()
+	q, err := jobs.New(store, jobs.WithLogger(storeLogger()))
+	if err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	var out sync.Mutex
+	step := func(name string) jobs.Step {
+		return jobs.Step{Name: name, Run: func(ctx context.Context, r *jobs.Run) ([]byte, error) {
+			out.Lock()
+			fmt.Printf("step %s %s %d\n", r.Key().ID, name, r.Token())
+			out.Unlock()
+			time.Sleep(time.Duration(100+rand.IntN(300)) * time.Millisecond) // the step's work, not synchronisation
+			if name == "ship" {
+				r.Commit(clientv3.OpPut("/jobs-effects"+prefix+r.Key().ID, strconv.FormatInt(int64(r.Token()), 10)))
+			}
+			// A worker that does not notice it lost its claim: the call
+			// goes out whatever happened meanwhile, and fencing refuses it.
+			return nil, callSink(context.WithoutCancel(ctx), sinkURL, dc, r)
+		}}
+	}
+	kinds := []jobs.Kind{
+		{Name: "order", MaxAttempts: 20, Backoff: 100 * time.Millisecond, Steps: []jobs.Step{step("reserve"), step("charge"), step("ship")}},
+		{Name: "report", MaxAttempts: 20, Backoff: 100 * time.Millisecond, Steps: []jobs.Step{step("gather"), step("send")}},
+	}
+	w, err := jobs.NewWorker(q, kinds, jobs.Concurrency(2))
+	if err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	fmt.Println("ready", store.Owner())
+	io.Copy(io.Discard, os.Stdin)
+	w.Close()
+	return 0
+}
+
+func callSink(ctx context.Context, sinkURL, dc string, r *jobs.Run) error {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, "POST", sinkURL+"/effect?dc="+dc, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Idempotency-Key", r.StepKey())
+	req.Header.Set("X-Job", r.Key().ID)
+	fencing.SetHeader(req.Header, r.Token())
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("sink: %s", resp.Status)
+	}
+	return nil
+}
+
+// stepSink is the downstream of every step: it applies a step once per
+// step key (a repeat is answered as done), and refuses a token lower than
+// the highest it has seen for the job.
+type stepSink struct {
+	*httptest.Server
+	mu    sync.Mutex
+	fence fencing.Checker
+	done  map[string]bool
+	calls map[string][]sinkCall
+}
+
+type sinkCall struct {
+	dc     string
+	token  fencing.Token
+	result string // applied, repeat, fenced
+}
+
+func newStepSink(t *testing.T) *stepSink {
+	s := &stepSink{done: map[string]bool{}, calls: map[string][]sinkCall{}}
+	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tok, _, err := fencing.FromHeader(r.Header)
+		if err != nil || tok == 0 {
+			http.Error(w, "a step needs a fencing token", http.StatusBadRequest)
+			return
+		}
+		key, job := r.Header.Get("Idempotency-Key"), r.Header.Get("X-Job")
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		call := sinkCall{dc: r.URL.Query().Get("dc"), token: tok}
+		switch {
+		case s.fence.Check(job, tok) != nil:
+			call.result = "fenced"
+			w.WriteHeader(http.StatusConflict)
+		case s.done[key]:
+			call.result = "repeat"
+		default:
+			call.result = "applied"
+			s.done[key] = true
+		}
+		s.calls[key] = append(s.calls[key], call)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+func (s *stepSink) snapshot() map[string][]sinkCall {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string][]sinkCall, len(s.calls))
+	for k, v := range s.calls {
+		out[k] = append([]sinkCall(nil), v...)
+	}
+	return out
+}
+
+// jobWorker is a running worker process.
+type jobWorker struct {
+	cmd   *exec.Cmd
+	owner string
+}
+
+// stepLine is a step a worker started.
+type stepLine struct {
+	dc        int
+	job, step string
+	token     int64
+}
+
+// startJobWorker starts data centre dc's worker process, which reports the
+// steps it starts on steps.
+func startJobWorker(t *testing.T, dc int, env []string, steps chan<- stepLine) *jobWorker {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), env...)
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w := &jobWorker{cmd: cmd}
+	ready := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			f := strings.Fields(sc.Text())
+			switch {
+			case len(f) == 2 && f[0] == "ready":
+				ready <- f[1]
+			case len(f) == 4 && f[0] == "step":
+				tok, _ := strconv.ParseInt(f[3], 10, 64)
+				select {
+				case steps <- stepLine{dc, f[1], f[2], tok}:
+				default: // nobody is waiting for old steps
+				}
+			}
+		}
+		close(ready)
+	}()
+	t.Cleanup(func() {
+		stdin.Close()
+		cmd.Process.Signal(syscall.SIGCONT)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	select {
+	case owner, ok := <-ready:
+		if !ok {
+			t.Fatal("the worker exited before it was ready")
+		}
+		w.owner = owner
+	case <-time.After(60 * time.Second):
+		t.Fatal("the worker did not start")
+	}
+	return w
+}
