@@ -1,0 +1,151 @@
+package jobs_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/fencing"
+	"github.com/idem-dev/idem/jobs"
+)
+
+// endpoints returns the test cluster's endpoints (set by TestMain); in your
+// code, your etcd cluster's.
+func endpoints() []string { return strings.Split(os.Getenv("IDEM_TEST_ETCD_ENDPOINTS"), ",") }
+
+func ExampleWorker() {
+	ctx := context.Background()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints(), Logger: zap.NewNop()})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cli.Close()
+	store, err := etcdstore.New(ctx, cli, etcdstore.WithPrefix("/example/"+uuid.NewString()+"/"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	q, err := jobs.New(store)
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	// A kind is named steps; each one finished is a recovery point.
+	refund := jobs.Kind{Name: "refund", Steps: []jobs.Step{
+		{Name: "reverse", Run: func(ctx context.Context, r *jobs.Run) ([]byte, error) {
+			fmt.Println("reversing the charge, idempotency key", r.StepKey())
+			return []byte(`"re_1"`), nil
+		}},
+		{Name: "notify", Run: func(ctx context.Context, r *jobs.Run) ([]byte, error) {
+			fmt.Printf("telling the customer about %s\n", r.Output("reverse"))
+			return nil, nil
+		}},
+	}}
+	w, err := jobs.NewWorker(q, []jobs.Kind{refund}) // its completer runs waiting jobs
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer w.Close()
+
+	// Submitted twice (a retried request, a redelivered message): one job.
+	for range 2 {
+		if _, err := q.Submit(ctx, "refund-order-42", "refund", []byte(`{"order":42}`)); err != nil {
+			log.Fatal(err)
+		}
+	}
+	j, err := q.Wait(ctx, "refund-order-42")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(j.State, "after", j.Attempts, "attempt")
+	// Output:
+	// reversing the charge, idempotency key jobs:refund-order-42.reverse
+	// telling the customer about "re_1"
+	// succeeded after 1 attempt
+}
+
+// The monthly invoice run of docs/JOBS.md: the same program runs in each
+// data centre. Each process schedules the run and works on jobs; the run
+// fans out one job per account.
+func Example_invoiceRun() {
+	ctx := context.Background()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints(), Logger: zap.NewNop()})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cli.Close()
+	// A month of jobs must be remembered for longer than a day.
+	store, err := etcdstore.New(ctx, cli, etcdstore.WithRetention(45*24*time.Hour))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	q, err := jobs.New(store, jobs.WithTenant("billing"))
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	run := jobs.Kind{Name: "invoice-run", Steps: []jobs.Step{
+		{Name: "select-accounts", Run: func(ctx context.Context, r *jobs.Run) ([]byte, error) {
+			return json.Marshal(accountsToBill(ctx, r.Params())) // saved: never selected twice
+		}},
+		{Name: "fan-out", Run: func(ctx context.Context, r *jobs.Run) ([]byte, error) {
+			var accounts []string
+			json.Unmarshal(r.Output("select-accounts"), &accounts)
+			for _, a := range accounts { // a retried fan-out submits the same jobs: nothing twice
+				id := "invoice:" + a + ":" + string(r.Params())
+				if _, err := q.Submit(ctx, id, "invoice", []byte(`"`+a+`"`)); err != nil {
+					return nil, err
+				}
+			}
+			return nil, nil
+		}},
+	}}
+	invoice := jobs.Kind{Name: "invoice", MaxAttempts: 8, Steps: []jobs.Step{
+		{Name: "charge", Run: func(ctx context.Context, r *jobs.Run) ([]byte, error) {
+			// The provider deduplicates by the step key and refuses a
+			// token lower than the highest it has seen.
+			req, _ := http.NewRequestWithContext(ctx, "POST", "https://payments.example/charges", nil)
+			req.Header.Set("Idempotency-Key", r.StepKey())
+			fencing.SetHeader(req.Header, r.Token())
+			return nil, chargeAccount(req)
+		}},
+		{Name: "record", Run: func(ctx context.Context, r *jobs.Run) ([]byte, error) {
+			r.Commit(clientv3.OpPut("/ledger/"+r.Key().ID, "charged")) // exactly once, with the checkpoint
+			return nil, nil
+		}},
+		{Name: "email", OnError: jobs.Retry, Run: func(ctx context.Context, r *jobs.Run) ([]byte, error) {
+			return nil, sendInvoiceEmail(ctx, r.StepKey(), r.Params())
+		}},
+	}}
+	w, err := jobs.NewWorker(q, []jobs.Kind{run, invoice}, jobs.Concurrency(16))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer w.Close()
+	paris, _ := time.LoadLocation("Europe/Paris")
+	s, err := jobs.NewScheduler(q, []jobs.Schedule{{
+		Name: "monthly-invoices", Cron: "0 3 1 * *", Location: paris, Kind: "invoice-run",
+		CatchUp: jobs.CatchUpAll, // a month missed while every data centre was down still runs
+		Params:  func(t time.Time) []byte { return []byte(t.AddDate(0, -1, 0).Format("2006-01")) },
+	}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+	<-ctx.Done() // serve until told to stop
+}
+
+func accountsToBill(ctx context.Context, month []byte) []string           { return nil }
+func chargeAccount(req *http.Request) error                               { return nil }
+func sendInvoiceEmail(ctx context.Context, key string, acct []byte) error { return nil }
