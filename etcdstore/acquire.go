@@ -9,6 +9,7 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
 
 	"github.com/idem-dev/idem/fencing"
 	"github.com/idem-dev/idem/lease"
@@ -235,6 +236,11 @@ func (s *Store) writeRecord(ctx context.Context, k Key, owner string, cmps []con
 			s.buckets.Invalidate(id)
 			continue
 		}
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) && len(extra) > 0 {
+			// Not found with a fresh bucket lease too: a lease of the
+			// caller's ops. Nothing was applied.
+			return res, fmt.Errorf("%w: a lease in the extra ops does not exist (%v)", ErrInvalidArgument, err)
+		}
 		return res, err
 	}
 }
@@ -286,7 +292,7 @@ func (s *Store) conflict(k Key, cur *Record, now time.Time) error {
 // wrapEtcd adds context to an error from etcd, marking it ErrUnavailable
 // unless it is the store's own.
 func wrapEtcd(op string, k Key, err error) error {
-	if errors.Is(err, ErrCorrupt) {
+	if errors.Is(err, ErrCorrupt) || errors.Is(err, ErrInvalidArgument) {
 		return fmt.Errorf("%s %s: %w", op, k, err)
 	}
 	if errors.Is(err, rpctypes.ErrRequestTooLarge) || errors.Is(err, rpctypes.ErrTooManyOps) {
@@ -294,6 +300,12 @@ func wrapEtcd(op string, k Key, err error) error {
 	}
 	if errors.Is(err, rpctypes.ErrNoSpace) {
 		return fmt.Errorf("%s %s: %w: %w: %w", op, k, ErrStoreFull, ErrUnavailable, err)
+	}
+	if etcdCode(err) == codes.InvalidArgument {
+		// etcd refused the request for what it holds (a duplicate or empty
+		// key in the caller's ops): nothing was applied, and a retry would
+		// be refused again.
+		return fmt.Errorf("%s %s: %w: %w", op, k, ErrInvalidArgument, err)
 	}
 	return unavailable(op, k, err)
 }

@@ -163,3 +163,32 @@ func TestCheckpointOpsInsidePrefix(t *testing.T) {
 		t.Fatalf("revision moved from %d to %d", rev, r)
 	}
 }
+
+// Extra ops that etcd refuses for what they hold (a key written twice, an
+// empty key, a lease that does not exist) fail with ErrInvalidArgument,
+// not as an outage to retry: nothing was applied, and the claim still holds.
+func TestRefusedOpsAreInvalidArguments(t *testing.T) {
+	cli := client(t)
+	s := newStore(t, cli, testPrefix(t))
+	ctx := testCtx(t)
+	c, _, err := s.Claim(ctx, Key{ID: "k"}, fpOf(t, "p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, ops := range map[string][]clientv3.Op{
+		"a key written twice": {clientv3.OpPut("/ops/a", "1"), clientv3.OpPut("/ops/a", "2")},
+		"an empty key":        {clientv3.OpPut("", "1")},
+		"a lease that is not": {clientv3.OpPut("/ops/b", "1", clientv3.WithLease(0x7fff_0000_dead))},
+	} {
+		rev := revision(t, cli)
+		if err := c.Checkpoint(ctx, []byte(name), ops...); !errors.Is(err, ErrInvalidArgument) || errors.Is(err, ErrUnavailable) {
+			t.Errorf("%s: %v; want ErrInvalidArgument, not ErrUnavailable", name, err)
+		}
+		if r := revision(t, cli); r != rev {
+			t.Errorf("%s: revision moved from %d to %d", name, rev, r)
+		}
+	}
+	if err := c.Checkpoint(ctx, []byte("ok"), clientv3.OpPut("/ops/c", "1")); err != nil {
+		t.Fatalf("the claim after refused ops: %v; want it still held", err)
+	}
+}

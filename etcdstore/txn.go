@@ -189,7 +189,7 @@ func (w write) op() clientv3.Op {
 // trying again is safe because every write is conditional and the attempt id
 // lets the store recognise its own earlier write.
 func retryable(ctx context.Context, err error) bool {
-	if ctx.Err() != nil || err == nil {
+	if ctx.Err() != nil || err == nil || errors.Is(err, ErrInvalidArgument) {
 		return false
 	}
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
@@ -198,16 +198,20 @@ func retryable(ctx context.Context, err error) bool {
 	// etcd's own errors carry their gRPC code; others may be transport
 	// errors. A request timeout (not the caller's) surfaces as
 	// DeadlineExceeded while ctx is still alive: the outcome is unknown.
-	code := status.Code(err)
-	var ee rpctypes.EtcdError
-	if errors.As(err, &ee) {
-		code = ee.Code()
-	}
-	switch code {
+	switch etcdCode(err) {
 	case codes.Unavailable, codes.Unknown, codes.Internal, codes.Aborted, codes.DeadlineExceeded, codes.Canceled:
 		return true
 	}
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+}
+
+// etcdCode returns the gRPC code of an error from etcd.
+func etcdCode(err error) codes.Code {
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		return ee.Code()
+	}
+	return status.Code(err)
 }
 
 // mayHaveLanded reports whether a write that failed with err may have been

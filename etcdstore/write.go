@@ -247,11 +247,21 @@ func (s *Store) checkOps(ops []clientv3.Op) error {
 		return fmt.Errorf("%w: %d extra ops, limit %d", ErrInvalidArgument, len(ops), MaxExtraOps)
 	}
 	lo, hi := s.ks.prefix, clientv3.GetPrefixRangeEnd(s.ks.prefix)
+	written := map[string]int{}
 	for i, op := range ops {
 		if op.IsTxn() {
 			return fmt.Errorf("%w: extra op %d is a nested txn", ErrInvalidArgument, i)
 		}
 		k, end := string(op.KeyBytes()), string(op.RangeBytes())
+		if k == "" {
+			return fmt.Errorf("%w: extra op %d has an empty key", ErrInvalidArgument, i)
+		}
+		if (op.IsPut() || op.IsDelete()) && end == "" {
+			if j, dup := written[k]; dup {
+				return fmt.Errorf("%w: extra ops %d and %d both write key %q (etcd refuses a key written twice in one txn)", ErrInvalidArgument, j, i, k)
+			}
+			written[k] = i
+		}
 		inside := k >= lo && k < hi
 		if end != "" {
 			// A range [k, end) ("\x00" means to the end of the keyspace)

@@ -281,13 +281,21 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 						if s, ok := ended[claims[h.grant.token].owner]; ok && s < e.seq {
 							sessionEnded = true
 						}
-						// The claim's own deadline, the latest its writes set:
-						// the version replaced may be an abandon, which clears it
-						// (the store's reaper abandons a claim of this process
-						// whose deadline passed, on its behalf).
+						// The claim's deadline as its last write before the
+						// takeover set it. When that write is an abandon (which
+						// clears it: the store's reaper abandons, on its behalf,
+						// a claim of this process whose deadline passed), the one
+						// its last write before the abandon set.
 						dl := prev.Deadline
-						if cw := claims[h.grant.token]; cw != nil && cw.deadline.After(dl) {
-							dl = cw.deadline
+						if prev.Owner == "" {
+							for _, v := range hist[e.key] {
+								if v.rev >= prev.Revision {
+									break
+								}
+								if !v.deleted && v.rec.Token == prev.Token && v.rec.Owner != "" {
+									dl = v.rec.Deadline
+								}
+							}
 						}
 						pastDeadline := !dl.IsZero() && !e.at.Before(dl)
 						if held && !sessionEnded && !pastDeadline {

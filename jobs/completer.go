@@ -4,12 +4,16 @@ import (
 	"container/heap"
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/idem-dev/idem/etcdstore"
 )
@@ -31,6 +35,7 @@ type completer struct {
 	due    dueQueue          // when each entry may be tried, by time
 	free   int               // slots for jobs
 	kick   chan struct{}
+	gen    int // watch streams opened, to give each its own
 }
 
 // entry is what the completer knows of one in-flight job.
@@ -54,6 +59,10 @@ type entry struct {
 	running bool
 	version int // bumps with every change, to skip stale queue items
 }
+
+// stallAfter is how long the completer's watch stream may deliver nothing,
+// progress notifications included, before it is given up.
+const stallAfter = 10 * time.Second
 
 func newCompleter(w *Worker) *completer {
 	return &completer{w: w, jobs: map[string]*entry{}, owners: map[string]bool{}, free: w.conc, kick: make(chan struct{}, 1)}
@@ -154,21 +163,53 @@ func (c *completer) load(ctx context.Context) (int64, error) {
 	return rev, nil
 }
 
-// watch follows the records and the sessions from rev+1 until a watch
-// breaks or ctx ends.
+// watch follows the records and the sessions from rev until a watch
+// breaks, stalls, or ctx ends.
+//
+// A watch whose connection stops moving bytes delivers nothing and reports
+// no error, so "no event" cannot mean "nothing changed": both watches share
+// a gRPC stream of their own, on which the completer asks etcd for a
+// progress notification every stallAfter/4; a stream that answers nothing
+// for stallAfter is given up, and the queue read again. The watches start
+// at the read's own revision, not the next: etcd answers no progress
+// request of a watch that starts in the future. (Events at rev are state
+// the read saw: applying them again changes nothing.)
 func (c *completer) watch(ctx context.Context, rev int64) error {
 	st := c.w.q.store
 	cli := st.Client()
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	c.gen++
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(metadata.AppendToOutgoingContext(ctx, "idem-jobs-watch", strconv.Itoa(c.gen))))
 	defer cancel()
-	recs := cli.Watch(wctx, st.TenantPrefix(c.w.q.tenant), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-	owners := cli.Watch(wctx, st.OwnerPrefix(), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	recs := cli.Watch(wctx, st.TenantPrefix(c.w.q.tenant), clientv3.WithPrefix(), clientv3.WithRev(rev))
+	owners := cli.Watch(wctx, st.OwnerPrefix(), clientv3.WithPrefix(), clientv3.WithRev(rev))
+	var heard atomic.Int64 // when the stream last delivered anything
+	heard.Store(time.Now().UnixNano())
+	stalled := make(chan struct{})
+	go func() {
+		t := time.NewTicker(stallAfter / 4)
+		defer t.Stop()
+		for {
+			select {
+			case <-wctx.Done():
+				return
+			case <-t.C:
+			}
+			if time.Since(time.Unix(0, heard.Load())) > stallAfter {
+				close(stalled)
+				return
+			}
+			cli.RequestProgress(wctx)
+		}
+	}()
 	for {
 		select {
+		case <-stalled:
+			return fmt.Errorf("the watch delivered nothing for %v", stallAfter)
 		case wr, ok := <-recs:
 			if !ok || wr.Err() != nil {
 				return watchErr(wr, ok)
 			}
+			heard.Store(time.Now().UnixNano())
 			c.mu.Lock()
 			for _, ev := range wr.Events {
 				c.recordChanged(ev)
@@ -178,6 +219,7 @@ func (c *completer) watch(ctx context.Context, rev int64) error {
 			if !ok || wr.Err() != nil {
 				return watchErr(wr, ok)
 			}
+			heard.Store(time.Now().UnixNano())
 			c.mu.Lock()
 			for _, ev := range wr.Events {
 				id := strings.TrimPrefix(string(ev.Kv.Key), st.OwnerPrefix())
@@ -261,8 +303,16 @@ func (c *completer) entryOf(kv *mvccpb.KeyValue) *entry {
 // when returns when e may be tried, or false while it must wait for an
 // event (a live owner, parked, running here).
 func (c *completer) when(e *entry, now time.Time) (time.Time, bool) {
-	if e.running || e.parked || !now.Before(e.expires) || e.held == e.rev {
+	if e.running || e.parked || !now.Before(e.expires) {
 		return time.Time{}, false
+	}
+	if e.held == e.rev {
+		// A live owner holds it: only its death (which clears held) or
+		// its deadline can make it due.
+		if e.deadline.IsZero() || e.owner == "" {
+			return time.Time{}, false
+		}
+		return maxTime(e.deadline, e.retryAt), true
 	}
 	var t time.Time
 	switch {
@@ -354,9 +404,16 @@ func (c *completer) run(e entry) {
 	}
 	cur.running = false
 	switch {
+	case errors.Is(err, etcdstore.ErrConflict) && !c.owners[cur.owner]:
+		// Held by an owner this index has not seen alive (its session's
+		// event is still on its way, or it died meanwhile): try again
+		// soon rather than wait for an event that may have come already.
+		cur.fails++
+		cur.retryAt = c.w.q.clock.now().Add(min(time.Duration(100<<min(cur.fails, 6))*time.Millisecond, 5*time.Second))
 	case err == nil || errors.Is(err, etcdstore.ErrConflict) || errors.Is(err, etcdstore.ErrFenced):
-		// Ran, or held by another: the record has changed, or will
-		// change, and its events say what next.
+		// Ran, or held by a live owner: the record has changed, or will
+		// change, and its events (or its owner's death, or its deadline)
+		// say what next.
 		cur.held, cur.fails, cur.retryAt = e.rev, 0, time.Time{}
 	default:
 		cur.fails++

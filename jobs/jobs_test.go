@@ -332,6 +332,9 @@ func TestCompensatePolicy(t *testing.T) {
 	flaky.Store(1)
 	undo := func(name string) func(ctx context.Context, r *Run) error {
 		return func(ctx context.Context, r *Run) error {
+			if want := "jobs:trip-1." + name + "!undo"; r.StepKey() != want || !r.Compensating() {
+				return fmt.Errorf("compensation's step key %q; want %q, apart from the step's own", r.StepKey(), want)
+			}
 			if name == "reserve" && flaky.Add(-1) >= 0 {
 				return errors.New("warehouse busy") // a compensation is retried like a step
 			}
@@ -486,14 +489,15 @@ func TestCancelAndRefusals(t *testing.T) {
 			t.Fatalf("Submit(%q, %q) succeeded", bad.id, bad.kind)
 		}
 	}
-	if _, err := q.Submit(ctx, "far", "order", nil, RunAt(time.Now().Add(48*time.Hour))); !errors.Is(err, ErrInvalid) {
-		t.Fatalf("RunAt past the retention = %v; want ErrInvalid", err)
+	if _, err := q.Submit(ctx, "far", "order", nil, RunAt(time.Now().Add(13*time.Hour))); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("RunAt past half the retention = %v; want ErrInvalid", err)
 	}
 	if after := rev(); after != before {
 		t.Fatalf("bad input moved the revision from %d to %d", before, after)
 	}
 	for _, k := range []Kind{{}, {Name: "x"}, {Name: "x", Steps: []Step{{Name: "a"}}}, {Name: "x", Steps: []Step{{Name: "a.b", Run: k.Steps[0].Run}}},
-		{Name: "x", Steps: []Step{{Name: "a", Run: k.Steps[0].Run}, {Name: "a", Run: k.Steps[0].Run}}}} {
+		{Name: "x", Steps: []Step{{Name: "a", Run: k.Steps[0].Run}, {Name: "a", Run: k.Steps[0].Run}}},
+		{Name: "x", MaxBackoff: 13 * time.Hour, Steps: []Step{{Name: "a", Run: k.Steps[0].Run}}}} {
 		if _, err := NewWorker(q, []Kind{k}); !errors.Is(err, ErrInvalid) {
 			t.Fatalf("NewWorker(%+v) = %v; want ErrInvalid", k, err)
 		}
@@ -558,5 +562,73 @@ func TestRefusedCheckpointIsTheStepsFailure(t *testing.T) {
 	}
 	if j := waitJob(t, q, "i-1"); j.State != Parked || j.Attempts != 2 || !strings.Contains(j.Err, "inside the store's prefix") {
 		t.Fatalf("job %+v; want parked after 2 attempts, saying the op was refused", j)
+	}
+}
+
+// The last step's output, which is saved with the job's end, is held to
+// the record's limit like any step's: its failure, as its policy says, not
+// a job lost with its outputs.
+func TestLastStepOutputTooLarge(t *testing.T) {
+	ctx := testCtx(t)
+	q := newQueue(t, newStore(t, testPrefix(t), etcdstore.WithMaxRecordSize(4096)))
+	k := Kind{Name: "big", Steps: []Step{
+		{Name: "small", Run: func(ctx context.Context, r *Run) ([]byte, error) { return []byte("ok"), nil }},
+		{Name: "huge", OnError: Fail, Run: func(ctx context.Context, r *Run) ([]byte, error) { return make([]byte, 8192), nil }},
+	}}
+	w := newWorker(t, q, []Kind{k}, Concurrency(0))
+	q.Submit(ctx, "b-1", "big", nil)
+	j, err := w.Run(ctx, "b-1")
+	if err != nil || j.State != Failed || len(j.Steps) != 2 || !j.Steps[0].Finished || j.Steps[1].Finished ||
+		len(j.Errors) != 1 || j.Errors[0].Step != "huge" || !strings.Contains(j.Err, "too large") {
+		t.Fatalf("job %+v, %v; want failed in step huge, step small's output kept", j, err)
+	}
+}
+
+// A job whose state nears the record's limit still gets its backoff and is
+// still parked: the errors it collects are cut to the last one rather than
+// let its bookkeeping be refused (and the job retried at once, forever).
+func TestStateNearTheLimitIsStillParked(t *testing.T) {
+	ctx := testCtx(t)
+	q := newQueue(t, newStore(t, testPrefix(t), etcdstore.WithMaxRecordSize(4096)))
+	k := Kind{Name: "near", MaxAttempts: 3, Backoff: 10 * time.Millisecond, Steps: []Step{
+		{Name: "fill", Run: func(ctx context.Context, r *Run) ([]byte, error) { return make([]byte, 1800), nil }}, // 2,400 bytes as base64 in the state
+		{Name: "fail", Run: func(ctx context.Context, r *Run) ([]byte, error) {
+			return nil, errors.New(strings.Repeat("x", 900))
+		}},
+	}}
+	newWorker(t, q, []Kind{k}, Concurrency(1))
+	q.Submit(ctx, "n-1", "near", nil)
+	j := waitJob(t, q, "n-1")
+	if j.State != Parked || j.Attempts != 3 || len(j.Errors) == 0 || len(j.Errors) == 3 {
+		t.Fatalf("job %s after %d attempts with %d errors; want parked after 3, its errors cut to fit", j.State, j.Attempts, len(j.Errors))
+	}
+}
+
+// A job whose worker died is cancelled (taken over); only a live worker's
+// job is refused.
+func TestCancelAJobWhoseWorkerDied(t *testing.T) {
+	ctx := testCtx(t)
+	prefix := testPrefix(t)
+	s := newStore(t, prefix)
+	entered := make(chan struct{})
+	k := Kind{Name: "retired", Steps: []Step{{Name: "one", Run: func(ctx context.Context, r *Run) ([]byte, error) {
+		close(entered)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}}}}
+	w := newWorker(t, newQueue(t, s), []Kind{k}, Concurrency(0))
+	q := newQueue(t, newStore(t, prefix))
+	q.Submit(ctx, "r-1", "retired", nil)
+	done := make(chan struct{})
+	go func() { w.Run(ctx, "r-1"); close(done) }()
+	<-entered
+	if _, err := q.Cancel(ctx, "r-1", ""); !errors.Is(err, ErrRunning) {
+		t.Fatalf("Cancel while its worker lives = %v; want ErrRunning", err)
+	}
+	endSession(t, s) // the worker dies
+	<-done
+	j, err := q.Cancel(ctx, "r-1", "its kind was retired")
+	if err != nil || j.State != Cancelled {
+		t.Fatalf("Cancel after its worker died = %+v, %v; want cancelled", j, err)
 	}
 }

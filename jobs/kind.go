@@ -96,8 +96,9 @@ func (o OnError) String() string {
 	return fmt.Sprintf("OnError(%d)", int(o))
 }
 
-// validate checks k and fills its defaults.
-func (k *Kind) validate() error {
+// validate checks k and fills its defaults. A job is forgotten a retention
+// after its last write, so nothing may hold it back for half of one.
+func (k *Kind) validate(retention time.Duration) error {
 	if err := validName(k.Name, 64, true); err != nil {
 		return fmt.Errorf("%w: kind name %q: %v", ErrInvalid, k.Name, err)
 	}
@@ -135,6 +136,10 @@ func (k *Kind) validate() error {
 	if k.MaxBackoff == 0 {
 		k.MaxBackoff = max(DefaultMaxBackoff, k.Backoff)
 	}
+	if k.MaxBackoff*6/5 >= retention/2 || k.Deadline >= retention/2 {
+		return fmt.Errorf("%w: kind %s: MaxBackoff %v and Deadline %v must be under half the store's retention (%v): a job waiting longer would be forgotten",
+			ErrInvalid, k.Name, k.MaxBackoff, k.Deadline, retention)
+	}
 	return nil
 }
 
@@ -166,12 +171,13 @@ func (k *Kind) backoff(n int, jitter float64) time.Duration {
 
 // Run is what a step sees of its job's attempt.
 type Run struct {
-	claim   *etcdstore.Claim
-	tenant  string
-	st      *state
-	step    string
-	attempt int
-	ops     []clientv3.Op
+	claim        *etcdstore.Claim
+	tenant       string
+	st           *state
+	step         string
+	attempt      int
+	compensating bool
+	ops          []clientv3.Op
 }
 
 // Key returns the job's key.
@@ -198,12 +204,19 @@ func (r *Run) Token() fencing.Token { return r.claim.Token() }
 // StepKey returns an idempotency key for the step's downstream call,
 // "<tenant>:<job id>.<step>": the same on every attempt, so a downstream
 // that deduplicates by it applies the step's effect once however often the
-// step runs. Tenants have no ':' and steps no '.', so no two steps of two
-// jobs share one.
+// step runs. A compensation's is "<tenant>:<job id>.<step>!undo": a refund
+// must not be answered with the charge it undoes. Tenants have no ':' and
+// steps neither '.' nor '!', so no two steps of two jobs share one.
 func (r *Run) StepKey() string {
-	k := r.claim.Key()
-	return r.tenant + ":" + k.ID + "." + r.step
+	k := r.tenant + ":" + r.claim.Key().ID + "." + r.step
+	if r.compensating {
+		k += "!undo"
+	}
+	return k
 }
+
+// Compensating reports whether the run is a compensation of its step.
+func (r *Run) Compensating() bool { return r.compensating }
 
 // Output returns the output of a finished step of this job, or nil.
 func (r *Run) Output(step string) []byte {

@@ -84,7 +84,7 @@ func (q *Queue) Key(id string) etcdstore.Key { return etcdstore.Key{Tenant: q.te
 type SubmitOption func(*state)
 
 // RunAt holds the job's first attempt back until t: it is Scheduled until
-// then. t must lie within the store's retention.
+// then. t must lie within half the store's retention.
 func RunAt(t time.Time) SubmitOption {
 	return func(s *state) { s.NotBefore = t.UnixMilli() }
 }
@@ -116,8 +116,8 @@ func (q *Queue) Submit(ctx context.Context, id, kind string, params []byte, opts
 	for _, o := range opts {
 		o(st)
 	}
-	if st.NotBefore != 0 && time.UnixMilli(st.NotBefore).After(q.clock.now().Add(q.store.Retention())) {
-		return nil, fmt.Errorf("submit %s: %w: RunAt %v is past the store's retention (%v): the job would be forgotten before it runs",
+	if st.NotBefore != 0 && time.UnixMilli(st.NotBefore).After(q.clock.now().Add(q.store.Retention()/2)) {
+		return nil, fmt.Errorf("submit %s: %w: RunAt %v is past half the store's retention (%v): the job could be forgotten before it runs",
 			id, ErrInvalid, time.UnixMilli(st.NotBefore), q.store.Retention())
 	}
 	rec, err := q.store.Enqueue(ctx, key, fp, st.encode())
@@ -178,16 +178,20 @@ func (q *Queue) List(ctx context.Context, o ListOptions) ([]*Job, error) {
 		after = &k
 	}
 	var out []*Job
+	var listErr error
 	for len(out) < limit {
 		recs, err := q.store.List(ctx, q.tenant, etcdstore.ListOptions{After: after, Limit: etcdstore.MaxListLimit})
 		if err != nil && len(recs) == 0 {
 			return out, err
 		}
+		if err != nil {
+			listErr = err // records that did not decode, counted after the page
+		}
 		for _, rec := range recs {
 			if j, err := FromRecord(rec, q.clock.now()); err == nil && (o.State == "" || j.State == o.State) {
 				out = append(out, j)
 				if len(out) == limit {
-					return out, nil
+					return out, listErr
 				}
 			}
 		}
@@ -197,7 +201,7 @@ func (q *Queue) List(ctx context.Context, o ListOptions) ([]*Job, error) {
 		k := recs[len(recs)-1].Key
 		after = &k
 	}
-	return out, nil
+	return out, listErr
 }
 
 // Wait blocks, on an etcd Watch, until job id has ended (succeeded, failed
@@ -298,6 +302,9 @@ func (q *Queue) Cancel(ctx context.Context, id, reason string) (*Job, error) {
 	if reason == "" {
 		reason = "cancelled"
 	}
+	if len(reason) > maxErrorLen {
+		reason = reason[:maxErrorLen] + "..."
+	}
 	return q.operate(ctx, "cancel", id, nil, func(c *etcdstore.Claim, st *state) (etcdstore.Outcome, etcdstore.End, error) {
 		st.Outcome, st.Parked, st.NotBefore = Cancelled, false, 0
 		return etcdstore.Outcome{Body: st.encode(), Err: "cancelled: " + reason}, etcdstore.EndSave, nil
@@ -319,9 +326,9 @@ func (q *Queue) operate(ctx context.Context, name, id string, check func(*Job) e
 		return nil, fmt.Errorf("%s: %w", name, err)
 	case j.State.Final():
 		return j, fmt.Errorf("%s %s: %w: %s", name, key, ErrFinal, j.State)
-	case j.State == Running:
-		return j, fmt.Errorf("%s %s: %w (owner %s)", name, key, ErrRunning, j.Owner)
 	}
+	// A running job's owner may be dead: the claim decides (a conflict
+	// while it lives, a takeover once it is gone).
 	if check != nil {
 		if err := check(j); err != nil {
 			return j, fmt.Errorf("%s %s: %w", name, key, err)

@@ -128,6 +128,10 @@ func (s *Schedule) validate(retention time.Duration) error {
 				sp.Location = s.Location
 			}
 		}
+		// A spec that names no real date ("0 0 30 2 *") never comes.
+		if spec.Next(time.Now()).IsZero() {
+			return fmt.Errorf("%w: schedule %s: cron %q never comes (no date matches it)", ErrInvalid, s.Name, s.Cron)
+		}
 		s.spec = spec
 	default:
 		return fmt.Errorf("%w: schedule %s has neither Cron nor Every", ErrInvalid, s.Name)
@@ -260,11 +264,13 @@ func (s *Scheduler) tick(ctx context.Context, sc *Schedule) (time.Time, error) {
 	submit, last, skipped := sc.plan(cur.Last, now, s.q.store.Retention())
 	for _, t := range submit {
 		_, err := s.q.Submit(ctx, OccurrenceID(sc.Name, t), sc.Kind, sc.params(t))
-		if errors.Is(err, etcdstore.ErrMismatch) {
+		switch {
+		case errors.Is(err, etcdstore.ErrMismatch):
 			s.q.log.Error("idem: schedule: another scheduler submitted this occurrence with other params; keeping its job", "schedule", sc.Name, "occurrence", t, "err", err)
-			continue
-		}
-		if err != nil {
+		case errors.Is(err, etcdstore.ErrTooLarge), errors.Is(err, etcdstore.ErrInvalidParams), errors.Is(err, ErrNotJob), errors.Is(err, ErrInvalid):
+			// A retry would fail alike, and hold every later occurrence.
+			s.q.log.Error("idem: schedule: skipping an occurrence that cannot be submitted", "schedule", sc.Name, "occurrence", t, "err", err)
+		case err != nil:
 			return time.Time{}, fmt.Errorf("occurrence %s: %w", t.Format(occurrenceLayout), err)
 		}
 	}
@@ -276,7 +282,11 @@ func (s *Scheduler) tick(ctx context.Context, sc *Schedule) (time.Time, error) {
 			return time.Time{}, err
 		}
 	}
-	return sc.spec.Next(maxTime(last, cur.Last, now.Add(-time.Second))), nil
+	next := sc.spec.Next(maxTime(last, cur.Last, now.Add(-time.Second)))
+	if next.IsZero() {
+		next = now.Add(time.Hour) // a cron spec with no date left: look again later
+	}
+	return next, nil
 }
 
 // plan returns the occurrences after from, up to now, to submit, the latest
@@ -284,10 +294,14 @@ func (s *Scheduler) tick(ctx context.Context, sc *Schedule) (time.Time, error) {
 func (sc *Schedule) plan(from, now time.Time, retention time.Duration) (submit []time.Time, last time.Time, skipped int) {
 	oldest := now.Add(-retention / 2)
 	if from.Before(oldest) {
-		from = oldest // older ones may be forgotten: never submitted again
+		// Older ones may be forgotten: never submitted again.
+		for t := sc.spec.Next(from); !t.IsZero() && t.Before(oldest) && skipped < 1_000_000; t = sc.spec.Next(t) {
+			skipped++
+		}
+		from = oldest
 	}
 	var missed []time.Time
-	for t := sc.spec.Next(from); !t.After(now); t = sc.spec.Next(t) {
+	for t := sc.spec.Next(from); !t.IsZero() && !t.After(now); t = sc.spec.Next(t) {
 		last = t
 		if t.Before(now.Add(-sc.Lateness)) {
 			missed = append(missed, t)

@@ -200,6 +200,7 @@ func TestScheduleValidation(t *testing.T) {
 		{Name: "s", Every: time.Minute, Cron: "* * * * *", Kind: "k"},
 		{Name: "s", Cron: "@every 1m", Kind: "k"},
 		{Name: "s", Cron: "61 * * * *", Kind: "k"},
+		{Name: "s", Cron: "0 0 30 2 *", Kind: "k"}, // never comes
 		{Name: "s", Every: 1500 * time.Millisecond, Kind: "k"},
 		{Name: "s", Every: time.Minute},
 		{Name: "s", Every: time.Minute, Kind: "k", Lateness: 30 * time.Minute},

@@ -87,7 +87,7 @@ func NewWorker(q *Queue, kinds []Kind, opts ...WorkerOption) (*Worker, error) {
 		stopping: make(chan struct{}), running: map[string]bool{}}
 	for i := range kinds {
 		k := kinds[i]
-		if err := k.validate(); err != nil {
+		if err := k.validate(q.store.Retention()); err != nil {
 			return nil, fmt.Errorf("new worker: %w", err)
 		}
 		if w.kinds[k.Name] != nil {
@@ -208,6 +208,12 @@ func (w *Worker) execute(ctx context.Context, id string, fp etcdstore.Fingerprin
 // order, each finished by a fenced checkpoint, and says how the claim ends.
 func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind) (etcdstore.Outcome, etcdstore.End) {
 	st, err := decodeState(c.LastCheckpoint())
+	if err != nil && !c.TookOver() && len(c.LastCheckpoint()) == 0 {
+		// A fresh claim, not a takeover: the job's record passed its
+		// retention between the read that found it and the claim, and the
+		// key names nothing now. Leave it absent, as it was.
+		return etcdstore.Outcome{}, etcdstore.EndRelease
+	}
 	if err != nil || st.Kind != k.Name {
 		// Not a job of this kind (a newer format, or damage): never run
 		// it, never rewrite it.
@@ -257,8 +263,17 @@ func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind) (etcd
 		}
 	}
 	st.Outcome = Succeeded
+	body := st.encode()
+	if last := &k.Steps[len(k.Steps)-1]; len(body) > w.q.store.MaxRecordSize() {
+		// The last step's output outgrew the record: a failure of that
+		// step, as its checkpoint's refusal would be.
+		st.Outcome = ""
+		st.Done = st.Done[:len(st.Done)-1]
+		return w.stepFailed(ctx, c, st, k, last, n, fmt.Errorf("its checkpoint was refused: %w: the job's state would be %d bytes, limit %d",
+			etcdstore.ErrTooLarge, len(body), w.q.store.MaxRecordSize()))
+	}
 	w.log.Debug("idem: job succeeded", "job", c.Key().Digest(), "attempt", n, "token", c.Token())
-	return etcdstore.Outcome{Body: st.encode()}, etcdstore.EndSave
+	return etcdstore.Outcome{Body: body}, etcdstore.EndSave
 }
 
 // callStep runs a step, turning a panic into its error: the step may have
@@ -314,7 +329,7 @@ func (w *Worker) compensate(ctx context.Context, c *etcdstore.Claim, st *state, 
 		if d.Compensated || step == nil || step.Compensate == nil {
 			continue
 		}
-		r := &Run{claim: c, tenant: w.q.tenant, st: st, step: d.Name, attempt: n}
+		r := &Run{claim: c, tenant: w.q.tenant, st: st, step: d.Name, attempt: n, compensating: true}
 		if err := callCompensate(ctx, step, r); err != nil {
 			if ctx.Err() != nil {
 				return w.interrupted(ctx, c, st)
@@ -353,32 +368,58 @@ func (w *Worker) retryLater(ctx context.Context, c *etcdstore.Claim, st *state, 
 		return w.park(ctx, c, st, n)
 	}
 	st.NotBefore = w.q.clock.now().Add(k.backoff(n, jitter(c.Key(), n))).UnixMilli()
-	_ = checkpoint(ctx, c, st.encode(), nil) // not saved: retried at once, one attempt counted all the same
-	return etcdstore.Outcome{}, etcdstore.EndAbandon
+	return w.keep(ctx, c, st) // not saved: retried at once, one attempt counted all the same
 }
 
 // park gives the job up until an operator retries or cancels it.
 func (w *Worker) park(ctx context.Context, c *etcdstore.Claim, st *state, n int) (etcdstore.Outcome, etcdstore.End) {
 	st.Parked, st.NotBefore = true, 0
 	w.log.Warn("idem: job parked after its last attempt", "job", c.Key().Digest(), "attempts", n, "err", st.lastError())
-	_ = checkpoint(ctx, c, st.encode(), nil) // not saved: the next attempt finds the count past the limit and parks it
-	return etcdstore.Outcome{}, etcdstore.EndAbandon
+	return w.keep(ctx, c, st) // not saved: the next attempt finds the count past the limit and parks it
 }
 
 // giveBack ends a claim that ran nothing: the job is abandoned as it was,
 // and the takeover that claimed it is not counted as an attempt.
 func (w *Worker) giveBack(ctx context.Context, c *etcdstore.Claim, st *state) (etcdstore.Outcome, etcdstore.End) {
 	st.Base++
-	_ = checkpoint(ctx, c, st.encode(), nil) // not saved: one attempt too many counted, which is safe
-	return etcdstore.Outcome{}, etcdstore.EndAbandon
+	return w.keep(ctx, c, st) // not saved: one attempt too many counted, which is safe
+}
+
+// keep saves st and abandons the claim, for the next attempt (or an
+// operator) to find. A state refused for its size (its errors grew it past
+// the record's limit) is saved with its errors cut to the last one; one
+// refused even so ends the job as failed, with the outputs left out,
+// rather than leave it to be retried without its backoff, or never parked.
+func (w *Worker) keep(ctx context.Context, c *etcdstore.Claim, st *state) (etcdstore.Outcome, etcdstore.End) {
+	err := checkpoint(ctx, c, st.encode(), nil)
+	if refused(err) && len(st.Errors) > 1 {
+		st.Errors = st.Errors[len(st.Errors)-1:]
+		err = checkpoint(ctx, c, st.encode(), nil)
+	}
+	if !refused(err) {
+		return etcdstore.Outcome{}, etcdstore.EndAbandon
+	}
+	for i := range st.Done {
+		st.Done[i].Output = nil
+	}
+	st.Outcome, st.Parked, st.NotBefore = Failed, false, 0
+	msg := fmt.Sprintf("the job's state is too large to save (%v); last error: %s", err, st.lastError())
+	w.log.Error("idem: job failed: its state outgrew the record", "job", c.Key().Digest(), "err", err)
+	return etcdstore.Outcome{Body: st.encode(), Err: msg}, etcdstore.EndSave
 }
 
 // interrupted ends an attempt whose context ended: its claim was lost
 // (session, deadline), or the worker is closing, when the attempt is given
-// back uncounted.
+// back uncounted. An attempt past its kind's Deadline records so, for the
+// next one (which another worker may be running already: fenced, the
+// record stays theirs).
 func (w *Worker) interrupted(ctx context.Context, c *etcdstore.Claim, st *state) (etcdstore.Outcome, etcdstore.End) {
-	if errors.Is(context.Cause(ctx), errClosing) && c.Err() == nil {
+	switch cause := context.Cause(ctx); {
+	case errors.Is(cause, errClosing) && c.Err() == nil:
 		return w.giveBack(ctx, c, st)
+	case errors.Is(cause, etcdstore.ErrDeadline):
+		st.addError(w.errorOf(c, c.Takeovers()-st.Base, "", fmt.Errorf("the attempt passed its deadline")))
+		return w.keep(ctx, c, st)
 	}
 	return etcdstore.Outcome{}, etcdstore.EndAbandon
 }
