@@ -64,6 +64,7 @@ type Store struct {
 	claimPath ClaimPath
 	hitRate   atomic.Int64 // recent share of claims that found a record, in 1/65536
 
+	batch     *batcher                                       // group commit; nil without
 	bg        *background                                    // retried writes that outlive their call
 	afterFunc func(time.Duration, func()) (stop func() bool) // deadline timers
 
@@ -94,6 +95,8 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 		requestTimeout: DefaultRequestTimeout,
 		cacheStaleness: DefaultCacheStaleness,
 		format:         recordVersion,
+		batchMembers:   DefaultBatchMembers,
+		batchBytes:     DefaultBatchBytes,
 	}
 	for _, o := range opts {
 		if err := o.apply(&c); err != nil {
@@ -146,6 +149,10 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 		afterFunc:  afterFunc,
 	}
 	b.Request = s.try
+	if !c.noBatching && hooks == nil {
+		// (A simulation runs one caller at a time: nothing to batch.)
+		s.batch = newBatcher(s.kv, s.try, c.batchMembers, c.batchBytes)
+	}
 	if c.epochs {
 		s.epochs = true
 		if _, err := s.loadEpoch(ctx); err != nil {

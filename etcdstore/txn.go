@@ -121,7 +121,9 @@ func (s *Store) cas(ctx context.Context, k Key, owner string, cmps []cond, w wri
 			req.Failure = append(req.Failure, &pb.RequestOp{Request: &pb.RequestOp_RequestRange{RequestRange: &pb.RangeRequest{Key: []byte(s.epochKey())}}})
 		}
 		var r *pb.TxnResponse
-		if r, err = s.kv.Txn(rctx, req, callOpts...); err != nil {
+		if s.batch != nil {
+			r, err = s.batch.do(ctx, req, []string{w.key})
+		} else if r, err = s.kv.Txn(rctx, req, callOpts...); err != nil {
 			err = clientv3.ContextError(rctx, err)
 		}
 		resp = (*clientv3.TxnResponse)(r)

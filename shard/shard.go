@@ -486,6 +486,18 @@ func (s *Store) CacheStats() etcdstore.CacheStats {
 	return out
 }
 
+// BatchStats sums the shards' group commit counters.
+func (s *Store) BatchStats() etcdstore.BatchStats {
+	var out etcdstore.BatchStats
+	for _, st := range s.shards {
+		b := st.BatchStats()
+		out.Batches += b.Batches
+		out.Members += b.Members
+		out.Split += b.Split
+	}
+	return out
+}
+
 // Owner names this process's session on each shard: "a=<id>,b=<id>".
 func (s *Store) Owner() string {
 	var parts []string

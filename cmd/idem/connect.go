@@ -43,6 +43,8 @@ func (s *server) connect(ctx context.Context, timeout time.Duration) error {
 		etcdstore.WithCacheStaleness(c.cacheStaleness),
 		etcdstore.WithKeysPerLease(c.keysPerLease),
 		etcdstore.WithRecordFormat(c.recordFormat),
+		etcdstore.WithBatching(c.batching),
+		etcdstore.WithBatchLimits(c.batchMembers, c.batchBytes),
 		etcdstore.WithLogger(s.log),
 	}
 	where := strings.Join(c.etcd.endpoints, ",")

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -191,6 +192,22 @@ func TestEtcdLeastPrivilege(t *testing.T) {
 	}
 	if _, err := s.Wait(ctx, etcdstore.Key{ID: "k1"}); err != nil {
 		t.Fatalf("Wait as the idem user: %v", err)
+	}
+	// Group commit: concurrent writes go as one Txn of Txns, each checked
+	// against the role.
+	var wg sync.WaitGroup
+	for i := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := s.Do(ctx, etcdstore.Key{ID: fmt.Sprintf("b%d", i)}, []byte("p"), work); err != nil {
+				t.Errorf("batched Do as the idem user: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	if st := s.BatchStats(); st.Members <= st.Batches {
+		t.Fatalf("batch stats %+v: no batch was sent as the idem user", st)
 	}
 	creds := []string{"--endpoints", ep, "--user", "idem:idem-pw", "--command-timeout", "5s"}
 	for _, args := range [][]string{{"get", "k1"}, {"ls"}, {"status"}, {"evict", "k1"}} {

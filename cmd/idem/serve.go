@@ -82,6 +82,9 @@ type serveConfig struct {
 	readyWhenFull  bool
 	keysPerLease   int64
 	recordFormat   int
+	batching       bool
+	batchMembers   int
+	batchBytes     int
 	shardsFile     string
 	shardNames     []string // from --shards-file, in its order
 
@@ -152,6 +155,9 @@ func (c *serveConfig) flags(stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&c.cacheStaleness, "cache-staleness", etcdstore.DefaultCacheStaleness, "with --cache-size: the cache answers only while it provably lags etcd by less than this (a cut-off process stops replaying from memory after it)")
 	fs.Int64Var(&c.keysPerLease, "keys-per-lease", 20000, "writes this process attaches to one retention lease before its bucket rolls to a fresh lease (a lease's expiry deletes its keys in one raft entry)")
 	fs.StringVar(&c.shardsFile, "shards-file", "", "spread keys over several etcd clusters, as this YAML file says (docs/OPERATIONS.md, \"Sharding\"); instead of --endpoints")
+	fs.BoolVar(&c.batching, "batching", true, "group commit: send the writes of concurrent requests to etcd together, as one Txn of Txns (etcd 3.3 or later)")
+	fs.IntVar(&c.batchMembers, "batch-max-writes", etcdstore.DefaultBatchMembers, "most writes in one batch: at most 127, under etcd's --max-txn-ops (default 128)")
+	fs.IntVar(&c.batchBytes, "batch-max-bytes", etcdstore.DefaultBatchBytes, "most request bytes in one batch, under etcd's --max-request-bytes (default 1.5 MiB); a larger write goes alone")
 	fs.IntVar(&c.recordFormat, "record-format", 3, "format of the records written (every format is read): 1 or 2 while older idem processes (0.1, 0.2) still run, then 3 (compressed against a shared dictionary where that saves space)")
 	fs.StringVar(&c.dataDir, "data-dir", "idem-data", "data directory of the embedded etcd (without --endpoints)")
 	fs.StringVar(&c.embeddedClientURL, "embedded-client-url", "", "client URL of the embedded etcd (default: the unix socket DATA-DIR/etcd.sock, mode 0600 in a 0700 directory: no other local user reaches it; an http:// URL has no TLS and no auth)")
@@ -234,6 +240,12 @@ func (c *serveConfig) validate() error {
 	}
 	if c.recordFormat < 1 || c.recordFormat > 3 {
 		return fmt.Errorf("--record-format %d: must be 1, 2 or 3", c.recordFormat)
+	}
+	if c.batchMembers < 1 || c.batchMembers > 127 {
+		return fmt.Errorf("--batch-max-writes %d: must be between 1 and 127", c.batchMembers)
+	}
+	if c.batchBytes < 4096 {
+		return fmt.Errorf("--batch-max-bytes %d: must be at least 4096", c.batchBytes)
 	}
 	if c.maxConnections < 0 {
 		return fmt.Errorf("--max-connections %d must not be negative", c.maxConnections)

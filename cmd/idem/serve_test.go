@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -327,6 +329,26 @@ func TestServeExternalEtcd(t *testing.T) {
 	if err != nil || !strings.Contains(out, "version=3.4") || !strings.Contains(out, "keys=1") {
 		t.Fatalf("idem status against etcd 3.4 = %q, %v", out, err)
 	}
+	// Group commit works on etcd 3.4: 64 concurrent new keys go in batches
+	// (Txns of Txns), each its own outcome.
+	var wg sync.WaitGroup
+	for i := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if r := send(t, "POST", idem.listen+"/pay", fmt.Sprintf("burst-%d", i), `{"a":1}`); r.status != 201 {
+				t.Errorf("burst-%d against etcd 3.4: %d %s", i, r.status, r.body)
+			}
+		}()
+	}
+	wg.Wait()
+	metrics := send(t, "GET", idem.admin+"/metrics", "", "").body
+	if batches, writes := metricValue(metrics, "idem_etcd_batches_total"), metricValue(metrics, "idem_etcd_batched_writes_total"); writes <= batches {
+		t.Fatalf("against etcd 3.4: %v writes in %v batches: nothing was batched", writes, batches)
+	}
+	if _, effects := up.counts(); effects != 65 {
+		t.Fatalf("the upstream charged %d times for 65 keys", effects)
+	}
 	if err := idem.terminate(); err != nil {
 		t.Fatalf("exit: %v", err)
 	}
@@ -398,4 +420,18 @@ func TestEtcdCutOffRefusesKeyedRequests(t *testing.T) {
 		t.Fatalf("keyless request while etcd is cut off = %d %q; want it passed through", r.status, r.body)
 	}
 	t.Logf("keyed request refused after %v (--request-timeout 2s)", took.Round(time.Millisecond))
+}
+
+// metricValue returns the value of an unlabelled metric in a Prometheus text
+// exposition, or -1.
+func metricValue(text, name string) float64 {
+	for _, line := range strings.Split(text, "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err == nil {
+				return f
+			}
+		}
+	}
+	return -1
 }

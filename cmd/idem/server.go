@@ -129,6 +129,18 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 		gauge("idem_cache_lag_seconds", "How long ago the cache last proved itself current (an etcd progress notification); past --cache-staleness it answers nothing.",
 			func(st backend) float64 { return st.CacheStats().Lag.Seconds() })
 	}
+	batches := func(name, help string, f func(etcdstore.BatchStats) int64) {
+		s.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 {
+			if st := s.current(); st != nil {
+				return float64(f(st.BatchStats()))
+			}
+			return 0
+		}))
+	}
+	batches("idem_etcd_batches_total", "etcd Txns that carried the store's writes (group commit): idem_etcd_batched_writes_total over this is the mean batch size.",
+		func(b etcdstore.BatchStats) int64 { return b.Batches })
+	batches("idem_etcd_batched_writes_total", "The store's writes sent in those Txns.", func(b etcdstore.BatchStats) int64 { return b.Members })
+	batches("idem_etcd_batches_split_total", "Batches etcd refused as a whole, whose writes went again one by one.", func(b etcdstore.BatchStats) int64 { return b.Split })
 	s.metrics = idemhttp.NewMetrics(s.reg)
 	if s.waiting, err = c.waitingEdge(); err != nil {
 		return nil, err

@@ -23,6 +23,7 @@ type backend interface {
 	Full() bool
 	CheckFull(ctx context.Context) (bool, error)
 	CacheStats() etcdstore.CacheStats
+	BatchStats() etcdstore.BatchStats
 	Owner() string
 	Close() error
 }
