@@ -77,6 +77,16 @@ func (b *batcher) do(ctx context.Context, req *pb.TxnRequest, keys []string) (*p
 	m := &member{req: req, keys: keys, size: proto.Size(req), ctx: ctx, done: make(chan struct{})}
 	b.mu.Lock()
 	b.queue = append(b.queue, m)
+	if b.inflight == 0 {
+		// Idle: this caller sends the batch itself (at once, and most
+		// often alone), sparing a hand-over to another goroutine.
+		if batch := b.takeLocked(); len(batch) > 0 {
+			b.inflight++
+			b.mu.Unlock()
+			b.send(batch)
+			b.mu.Lock()
+		}
+	}
 	b.launchLocked()
 	b.mu.Unlock()
 	select {
@@ -87,9 +97,14 @@ func (b *batcher) do(ctx context.Context, req *pb.TxnRequest, keys []string) (*p
 	}
 }
 
-// launchLocked starts batches while slots are free and writes wait.
+// launchLocked starts batches while writes wait: one whenever none is in
+// flight, and more (up to maxInflight) only while a full batch waits. One
+// batch at a time makes batches large, which is what etcd's apply and fsync
+// reward; a full batch waiting means writes arrive faster than one batch
+// at a time carries them (a long round trip to a distant quorum), and then
+// a second one pays.
 func (b *batcher) launchLocked() {
-	for b.inflight < b.maxInflight && len(b.queue) > 0 {
+	for len(b.queue) > 0 && (b.inflight == 0 || b.inflight < b.maxInflight && len(b.queue) >= b.maxMembers) {
 		batch := b.takeLocked()
 		if len(batch) == 0 {
 			return

@@ -102,10 +102,8 @@ func (s *Store) cas(ctx context.Context, k Key, owner string, cmps []cond, w wri
 	}
 	guarded := false // a claim or move under a shard epoch (WithEpochs)
 	for _, c := range cmps {
-		guarded = guarded || c.key == s.epochKey() && s.epochs
+		guarded = guarded || s.epochs && c.key == s.epochKey()
 	}
-	rctx, cancel := s.try(ctx)
-	defer cancel()
 	var resp *clientv3.TxnResponse
 	var err error
 	if len(extra) == 0 {
@@ -122,12 +120,18 @@ func (s *Store) cas(ctx context.Context, k Key, owner string, cmps []cond, w wri
 		}
 		var r *pb.TxnResponse
 		if s.batch != nil {
-			r, err = s.batch.do(ctx, req, []string{w.key})
-		} else if r, err = s.kv.Txn(rctx, req, callOpts...); err != nil {
-			err = clientv3.ContextError(rctx, err)
+			r, err = s.batch.do(ctx, req, []string{w.key}) // the batch has its own try context
+		} else {
+			rctx, cancel := s.try(ctx)
+			if r, err = s.kv.Txn(rctx, req, callOpts...); err != nil {
+				err = clientv3.ContextError(rctx, err)
+			}
+			cancel()
 		}
 		resp = (*clientv3.TxnResponse)(r)
 	} else {
+		rctx, cancel := s.try(ctx)
+		defer cancel()
 		els := []clientv3.Op{clientv3.OpGet(ekey)}
 		if okey != "" {
 			els = append(els, clientv3.OpGet(okey, clientv3.WithCountOnly()))
