@@ -30,8 +30,13 @@ trap cleanup EXIT
 
 as_pg "$bin/initdb" -D "$data/db" -A trust -U idem >/dev/null
 as_pg "$bin/pg_ctl" -D "$data/db" -l "$data/log" -w \
-	-o "-c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$data -c max_connections=200 -c fsync=on -c synchronous_commit=on" start >/dev/null
+	-o "-c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$data -c max_connections=300 -c fsync=on -c synchronous_commit=on" start >/dev/null
 as_pg "$bin/createdb" -h 127.0.0.1 -p "$port" -U idem idem
+
+# What fsync costs PostgreSQL on this disk (its WAL uses fdatasync here):
+# the ratios move with it, so the run says what it was.
+echo "PostgreSQL fsync on this machine (pg_test_fsync, 8 kB writes):"
+as_pg "$bin/pg_test_fsync" -s 2 -f "$data/fsync.test" 2>/dev/null | grep -E "^\s+(fdatasync|open_datasync) " | head -2 || true
 
 args=("$@")
 [ ${#args[@]} -eq 0 ] && args=(--suite mix)

@@ -67,3 +67,9 @@ func hookedClient(t testing.TB, hook interceptor) *clientv3.Client {
 // errLost is what a hookedClient's caller sees for a call whose reply was
 // lost, or that failed before it reached etcd.
 var errLost = status.Error(codes.Unavailable, "test: connection lost")
+
+// setSweepPace makes the sweeper sweep a bucket margin after its records
+// expired, within window: a test's retention is seconds, not hours.
+func (s *Store) setSweepPace(margin, window time.Duration) {
+	s.sweepMargin, s.sweepWindow = margin, window
+}

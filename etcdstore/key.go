@@ -114,6 +114,9 @@ func (ks keyspace) owner(id string) string {
 }
 func (ks keyspace) buckets() string { return ks.prefix + "l/" }
 
+// sweeps is where a sweeper locks the lease it sweeps (<prefix>x/<lease id>).
+func (ks keyspace) sweeps() string { return ks.prefix + "x/" }
+
 // parseRecord splits a record's etcd key back into its Key.
 func (ks keyspace) parseRecord(etcdKey string) (Key, bool) {
 	rest, ok := strings.CutPrefix(etcdKey, ks.records())

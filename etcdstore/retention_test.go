@@ -17,11 +17,11 @@ import (
 	"github.com/idem-dev/idem/internal/etcdcluster"
 )
 
-// After retention the shared bucket lease deletes the record, and the same key
-// is a new operation.
+// After retention the shared bucket lease deletes the record (the backstop
+// of the sweeper, here off), and the same key is a new operation.
 func TestRetentionLeasePrunesKeyAndKeyIsNew(t *testing.T) {
 	cli := client(t)
-	s := newStore(t, cli, testPrefix(t), WithRetention(2*time.Second), WithBucketWidth(time.Second))
+	s := newStore(t, cli, testPrefix(t), WithRetention(2*time.Second), WithBucketWidth(time.Second), WithExpirySweep(false))
 	ctx := testCtx(t)
 	key := Key{ID: "k"}
 	var runs atomic.Int32

@@ -65,6 +65,9 @@ type Store struct {
 	hitRate   atomic.Int64 // recent share of claims that found a record, in 1/65536
 
 	batch     *batcher                                       // group commit; nil without
+	sweep     *sweeper                                       // expiry without stalls; nil without
+	// Pace of the sweeper, for tests; zero: by the bucket width.
+	sweepMargin, sweepWindow time.Duration
 	bg        *background                                    // retried writes that outlive their call
 	afterFunc func(time.Duration, func()) (stop func() bool) // deadline timers
 
@@ -117,6 +120,11 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 	if c.keysPerLease > 0 {
 		b.SetMaxUses(c.keysPerLease)
 	}
+	hooks := sim.Lookup(client)
+	sweeping := !c.noSweep && hooks == nil // (a simulation's clock is not the sweeper's)
+	if sweeping {
+		b.SetGrace(2 * c.bucketWidth)
+	}
 	if c.sessionTTL < lease.MinTTL || c.sessionTTL%time.Second != 0 {
 		return nil, fmt.Errorf("new store: %w: session ttl %v must be whole seconds, at least %v", ErrInvalidArgument, c.sessionTTL, lease.MinTTL)
 	}
@@ -124,7 +132,6 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 	if err != nil {
 		return nil, fmt.Errorf("new store: %w: %w", ErrUnavailable, err)
 	}
-	hooks := sim.Lookup(client)
 	now, afterFunc := time.Now, func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
 	if hooks != nil {
 		now, afterFunc = hooks.Now, hooks.AfterFunc
@@ -171,6 +178,11 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 	}
 	s.wg.Add(1)
 	go s.superviseSession(sess)
+	if sweeping {
+		s.sweep = &sweeper{}
+		s.wg.Add(1)
+		go s.runSweeper()
+	}
 	if c.cacheBytes > 0 {
 		s.cache = newDoneCache(c.cacheBytes, c.cacheStaleness)
 		s.cache.decode = s.decode

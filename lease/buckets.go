@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,6 +24,7 @@ type Buckets struct {
 	retention time.Duration
 	width     time.Duration
 	maxUses   int64 // writes on one lease before the bucket rolls to the next
+	grace     time.Duration
 
 	// Request, when set, prepares the context of each etcd request For
 	// makes (a timeout, say). It is not called when the bucket's lease is
@@ -79,6 +81,48 @@ func NewBuckets(client *clientv3.Client, prefix string, retention, width time.Du
 // SetMaxUses sets how many writes one lease takes before its bucket moves
 // to a fresh one (at least 1). Call it before the Buckets are used.
 func (b *Buckets) SetMaxUses(n int64) { b.maxUses = max(1, n) }
+
+// SetGrace keeps each lease grace longer than its records need: time for a
+// sweeper to delete them a few at a time before etcd deletes what is left
+// all at once when the lease expires. Call it before the Buckets are used.
+func (b *Buckets) SetGrace(grace time.Duration) { b.grace = max(0, grace) }
+
+// Width returns the width of a bucket.
+func (b *Buckets) Width() time.Duration { return b.width }
+
+// Bucket is what a bucket key says of its lease.
+type Bucket struct {
+	Retention, Width time.Duration
+	Index, Shard     int64
+}
+
+// End returns when the bucket's time span ends: its records all expire by
+// End plus Retention.
+func (k Bucket) End() time.Time { return time.Unix(0, (k.Index+1)*int64(k.Width)) }
+
+// ParseBucketKey reads a bucket key under prefix (the Buckets' prefix),
+// whatever retention and width it was made with.
+func ParseBucketKey(prefix, key string) (Bucket, bool) {
+	rest, ok := strings.CutPrefix(key, prefix)
+	if !ok {
+		return Bucket{}, false
+	}
+	parts := strings.Split(rest, "/")
+	if len(parts) != 4 || !strings.HasSuffix(parts[0], "s") || !strings.HasSuffix(parts[1], "s") {
+		return Bucket{}, false
+	}
+	r, err1 := strconv.ParseInt(strings.TrimSuffix(parts[0], "s"), 10, 64)
+	w, err2 := strconv.ParseInt(strings.TrimSuffix(parts[1], "s"), 10, 64)
+	idx, err3 := strconv.ParseInt(parts[2], 10, 64)
+	shard, err4 := strconv.ParseInt(parts[3], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || r <= 0 || w <= 0 {
+		return Bucket{}, false
+	}
+	return Bucket{Retention: time.Duration(r) * time.Second, Width: time.Duration(w) * time.Second, Index: idx, Shard: shard}, true
+}
+
+// ParseLeaseID reads the lease id a bucket key holds.
+func ParseLeaseID(key string, v []byte) (clientv3.LeaseID, error) { return parseLeaseID(key, v) }
 
 // For returns the lease to attach a record written at now to. The lease
 // expires no earlier than now + retention (on the etcd leader's clock, see the
@@ -163,7 +207,7 @@ func (b *Buckets) resolve(ctx context.Context, idx, shard int64, now time.Time) 
 		return id, err
 	}
 	end := time.Unix(0, (idx+1)*int64(b.width))
-	ttl := end.Add(b.retention).Sub(now)
+	ttl := end.Add(b.retention + b.grace).Sub(now)
 	ttl = (ttl + time.Second - 1).Truncate(time.Second) // round up
 	if ttl < MinTTL {
 		ttl = MinTTL

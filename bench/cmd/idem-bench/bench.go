@@ -34,32 +34,37 @@ Suites (--suite, comma-separated):
   http    the HTTP proxy against the library call and the upstream called directly
   scale   throughput and size with 10k, 100k and 1M retained keys; bucket expiry
   wan     3 members 50 ms apart: claim latency against one raft round
+  expiry  keys written at a steady rate expire under a claim load: p99 and the longest stall
 
 Flags:
 `
 
 // benchConfig is what idem-bench is told.
 type benchConfig struct {
-	etcd         etcdFlags
-	suites       listFlag
-	members      listFlag
-	concurrency  int
-	duration     time.Duration
-	ops          int
-	rounds       int
-	keys         int
-	payload      int
-	body         string
-	recordFormat int
-	retries      float64
-	duplicates   float64
-	target       string
-	pg           string
-	scaleKeys    listFlag
-	jsonOut      bool
-	histogram    bool
-	fsync        bool
-	batching     bool
+	etcd                         etcdFlags
+	suites                       listFlag
+	members                      listFlag
+	concurrency                  int
+	duration                     time.Duration
+	ops                          int
+	rounds                       int
+	keys                         int
+	payload                      int
+	body                         string
+	recordFormat                 int
+	retries                      float64
+	duplicates                   float64
+	target                       string
+	pg                           string
+	scaleKeys                    listFlag
+	jsonOut                      bool
+	histogram                    bool
+	fsync                        bool
+	batching                     bool
+	sweep                        bool
+	expiryKeys                   int
+	expiryRate                   int
+	expiryRetention, expiryWidth time.Duration
 }
 
 func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -88,6 +93,11 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Var(&c.scaleKeys, "scale-keys", "retained key counts of the scale suite")
 	fs.BoolVar(&c.jsonOut, "json", false, "print results as JSON")
 	fs.BoolVar(&c.histogram, "histogram", false, "print a latency histogram for each measurement")
+	fs.BoolVar(&c.sweep, "sweep", true, "the expiry sweeper in the idem stores measured (etcdstore.WithExpirySweep); false: etcd's lease expiry alone")
+	fs.IntVar(&c.expiryKeys, "expiry-keys", 1000000, "keys the expiry suite writes and lets expire")
+	fs.IntVar(&c.expiryRate, "expiry-rate", 4000, "keys per second the expiry suite writes")
+	fs.DurationVar(&c.expiryRetention, "expiry-retention", time.Minute, "retention of the expiry suite's keys (whole seconds)")
+	fs.DurationVar(&c.expiryWidth, "expiry-width", 10*time.Second, "bucket width of the expiry suite's stores")
 	fs.BoolVar(&c.batching, "batching", true, "group commit in the idem stores measured (etcdstore.WithBatching)")
 	fs.BoolVar(&c.fsync, "fsync", true, "embedded etcd fsyncs (as in production); false only to look at CPU costs")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
@@ -112,10 +122,14 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return usageError{fmt.Errorf("--body %q: must be json or fill", c.body)}
 	case c.keys < 1 || c.payload < 0:
 		return usageError{errors.New("--keys must be positive and --payload not negative")}
+	case c.expiryKeys < 1 || c.expiryRate < 1:
+		return usageError{errors.New("--expiry-keys and --expiry-rate must be positive")}
+	case c.expiryRetention < time.Second || c.expiryRetention%time.Second != 0 || c.expiryWidth < time.Second || c.expiryWidth%time.Second != 0 || c.expiryWidth > c.expiryRetention:
+		return usageError{errors.New("--expiry-retention and --expiry-width must be whole seconds, the width at most the retention")}
 	}
 	for _, s := range c.suites.vals {
 		if _, ok := suites[s]; !ok {
-			return usageError{fmt.Errorf("--suite %q: unknown (do, replay, mix, mutex, http, scale, wan, shards)", s)}
+			return usageError{fmt.Errorf("--suite %q: unknown (do, replay, mix, mutex, http, scale, wan, shards, expiry)", s)}
 		}
 	}
 	if *cpuprofile != "" {

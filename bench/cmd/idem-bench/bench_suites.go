@@ -22,7 +22,7 @@ var suites map[string]func(context.Context, *bencher) ([]suiteReport, error)
 func init() {
 	suites = map[string]func(context.Context, *bencher) ([]suiteReport, error){
 		"do": suiteDo, "replay": suiteReplay, "mix": suiteMix, "mutex": suiteMutex,
-		"http": suiteHTTP, "scale": suiteScale, "wan": suiteWAN, "shards": suiteShards,
+		"http": suiteHTTP, "scale": suiteScale, "wan": suiteWAN, "shards": suiteShards, "expiry": suiteExpiry,
 	}
 }
 

@@ -1,0 +1,90 @@
+package etcdstore
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Expired records are deleted by the sweeper a chunk at a time, never all of
+// a lease's in one raft entry, and their leases are revoked once empty; a
+// record written again on a newer lease stays.
+func TestSweeperDeletesExpiredRecordsInChunks(t *testing.T) {
+	cli := client(t)
+	prefix := testPrefix(t)
+	// Leases of up to 800 writes: were etcd to delete a lease's records on
+	// its expiry, one raft entry would delete all of them.
+	s := newStore(t, cli, prefix, WithRetention(2*time.Second), WithBucketWidth(2*time.Second), WithKeysPerLease(800))
+	s.setSweepPace(500*time.Millisecond, time.Second)
+	ctx := testCtx(t)
+	start := revision(t, cli)
+	const n = 300
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := s.Do(ctx, Key{ID: fmt.Sprintf("r%03d", i)}, nil, func(context.Context, *Claim) ([]byte, error) { return []byte("ok"), nil }); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	// A claim whose record keeps being written (a long job checkpointing):
+	// its key moves to newer leases and must survive the sweeps of the old.
+	live, _, err := s.Claim(ctx, Key{ID: "live"}, fpOf(t, "p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deletes := map[int64]int{} // revision -> records deleted at it
+	gone := 0
+	w := cli.Watch(ctx, s.ks.records(), clientv3.WithPrefix(), clientv3.WithRev(start+1))
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for gone < n {
+		select {
+		case wr := <-w:
+			for _, ev := range wr.Events {
+				if ev.Type == mvccpb.DELETE {
+					deletes[ev.Kv.ModRevision]++
+					gone++
+				}
+			}
+		case <-tick.C:
+			if err := live.Checkpoint(ctx, []byte("still going")); err != nil {
+				t.Fatalf("the live claim's checkpoint: %v", err)
+			}
+		case <-ctx.Done():
+			t.Fatalf("%d of %d expired records deleted: %v", gone, n, ctx.Err())
+		}
+	}
+	most := 0
+	for _, d := range deletes {
+		most = max(most, d)
+	}
+	if most > sweepChunk || len(deletes) < n/sweepChunk {
+		t.Fatalf("%d records deleted in %d raft entries, at most %d in one; want chunks of at most %d", n, len(deletes), most, sweepChunk)
+	}
+	// Then the emptied leases are revoked: their bucket keys go (long
+	// before their TTL, two bucket widths later), and the sweep locks.
+	bw := cli.Watch(ctx, s.ks.buckets(), clientv3.WithPrefix(), clientv3.WithRev(start+1))
+	for revoked := false; !revoked; {
+		select {
+		case wr := <-bw:
+			for _, ev := range wr.Events {
+				revoked = revoked || ev.Type == mvccpb.DELETE
+			}
+		case <-ctx.Done():
+			t.Fatal("no emptied lease was revoked")
+		}
+	}
+	if err := live.Checkpoint(ctx, []byte("done soon")); err != nil {
+		t.Fatalf("the live claim after the sweeps: %v", err)
+	}
+	t.Logf("%d records deleted in %d Txns (at most %d in one)", n, len(deletes), most)
+}
