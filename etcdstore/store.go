@@ -64,12 +64,12 @@ type Store struct {
 	claimPath ClaimPath
 	hitRate   atomic.Int64 // recent share of claims that found a record, in 1/65536
 
-	batch     *batcher                                       // group commit; nil without
-	sweep     *sweeper                                       // expiry without stalls; nil without
+	batch *batcher // group commit; nil without
+	sweep *sweeper // expiry without stalls; nil without
 	// Pace of the sweeper, for tests; zero: by the bucket width.
 	sweepMargin, sweepWindow time.Duration
-	bg        *background                                    // retried writes that outlive their call
-	afterFunc func(time.Duration, func()) (stop func() bool) // deadline timers
+	bg                       *background                                    // retried writes that outlive their call
+	afterFunc                func(time.Duration, func()) (stop func() bool) // deadline timers
 
 	mu      sync.Mutex
 	sess    *lease.Session // nil while a lost session is being replaced
