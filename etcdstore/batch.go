@@ -40,6 +40,8 @@ type batcher struct {
 	mu       sync.Mutex
 	queue    []*member
 	inflight int
+	lastSent time.Time
+	timer    *time.Timer // armed to launch a batch when spacing allows
 
 	// Counters, for Store.BatchStats.
 	batches, members, split atomic.Int64
@@ -63,6 +65,7 @@ const (
 	DefaultBatchMembers = 64
 	DefaultBatchBytes   = 1 << 20
 	batchesInflight     = 4
+	batchSpacing        = 2 * time.Millisecond
 	batchTimeout        = 30 * time.Second
 )
 
@@ -82,6 +85,7 @@ func (b *batcher) do(ctx context.Context, req *pb.TxnRequest, keys []string) (*p
 		// often alone), sparing a hand-over to another goroutine.
 		if batch := b.takeLocked(); len(batch) > 0 {
 			b.inflight++
+			b.lastSent = time.Now()
 			b.mu.Unlock()
 			b.send(batch)
 			b.mu.Lock()
@@ -98,18 +102,34 @@ func (b *batcher) do(ctx context.Context, req *pb.TxnRequest, keys []string) (*p
 }
 
 // launchLocked starts batches while writes wait: one whenever none is in
-// flight, and more (up to maxInflight) only while a full batch waits. One
-// batch at a time makes batches large, which is what etcd's apply and fsync
-// reward; a full batch waiting means writes arrive faster than one batch
-// at a time carries them (a long round trip to a distant quorum), and then
-// a second one pays.
+// flight; another (up to maxInflight) when a full batch waits, or when
+// batchSpacing has passed since the last one was sent. Batches that go out
+// at most every batchSpacing are large, which etcd's apply and fsync
+// reward (measured: four at once made batches of 9.5 writes and lost a
+// third of the throughput to one at a time, 32 writes); a write never waits
+// longer than that spacing for a batch in flight to return, which across
+// data centres takes a round trip to the quorum.
 func (b *batcher) launchLocked() {
-	for len(b.queue) > 0 && (b.inflight == 0 || b.inflight < b.maxInflight && len(b.queue) >= b.maxMembers) {
+	for len(b.queue) > 0 && b.inflight < b.maxInflight {
+		if b.inflight > 0 && len(b.queue) < b.maxMembers {
+			if wait := batchSpacing - time.Since(b.lastSent); wait > 0 {
+				if b.timer == nil {
+					b.timer = time.AfterFunc(wait, func() {
+						b.mu.Lock()
+						b.timer = nil
+						b.launchLocked()
+						b.mu.Unlock()
+					})
+				}
+				return
+			}
+		}
 		batch := b.takeLocked()
 		if len(batch) == 0 {
 			return
 		}
 		b.inflight++
+		b.lastSent = time.Now()
 		go b.send(batch)
 	}
 }

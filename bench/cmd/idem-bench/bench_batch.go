@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"sync"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -17,6 +18,8 @@ type rawBatcher struct {
 	mu       sync.Mutex
 	queue    []*rawReq
 	inflight int
+	lastSent time.Time
+	timer    *time.Timer
 }
 
 type rawReq struct {
@@ -29,6 +32,7 @@ type rawReq struct {
 const (
 	rawBatchMax     = 64
 	batchesInflight = 4
+	batchSpacing    = 2 * time.Millisecond // etcdstore's
 )
 
 func (b *rawBatcher) do(ctx context.Context, op clientv3.Op) (*clientv3.TxnResponse, error) {
@@ -45,14 +49,28 @@ func (b *rawBatcher) do(ctx context.Context, op clientv3.Op) (*clientv3.TxnRespo
 	}
 }
 
-// launchLocked follows idem's rule: a batch whenever none is in flight,
-// more only while a full batch waits.
+// launchLocked follows idem's rule: a batch whenever none is in flight;
+// another when a full one waits or batchSpacing has passed since the last.
 func (b *rawBatcher) launchLocked() {
-	for len(b.queue) > 0 && (b.inflight == 0 || b.inflight < batchesInflight && len(b.queue) >= rawBatchMax) {
+	for len(b.queue) > 0 && b.inflight < batchesInflight {
+		if b.inflight > 0 && len(b.queue) < rawBatchMax {
+			if wait := batchSpacing - time.Since(b.lastSent); wait > 0 {
+				if b.timer == nil {
+					b.timer = time.AfterFunc(wait, func() {
+						b.mu.Lock()
+						b.timer = nil
+						b.launchLocked()
+						b.mu.Unlock()
+					})
+				}
+				return
+			}
+		}
 		n := min(len(b.queue), rawBatchMax)
 		batch := b.queue[:n:n]
 		b.queue = b.queue[n:]
 		b.inflight++
+		b.lastSent = time.Now()
 		go b.send(batch)
 	}
 }

@@ -217,7 +217,7 @@ func suiteDo(ctx context.Context, b *bencher) ([]suiteReport, error) {
 		rep := suiteReport{
 			Suite: "do", Title: fmt.Sprintf("idem Do (claim, trivial work, complete) against the raw claim + fenced complete Txn pair, %s, %d clients", t.name, b.cfg.concurrency),
 			Notes: []string{fmt.Sprintf("the raw pairs write %d- and %d-byte values, the sizes of idem's in-flight and done records", claimSize, doneSize),
-				"raw batched pair: the same Txns, each the inner Txn of an outer one, as idem batches: whatever waits while a batch is in flight goes together (at most 64; up to 4 batches while full ones wait)"},
+				"raw batched pair: the same Txns, each the inner Txn of an outer one, batched as idem batches (what waits goes together, at most 64; a new batch when none is in flight, or when a full one waits, or 2 ms after the last; at most 4 in flight)"},
 			Results: res,
 			Ratios: []ratio{ratioOf("idem Do / raw txn pair", res[2], res[0], goalRaw),
 				ratioOf("idem Do / raw batched pair", res[2], res[1], goalBatched)},
