@@ -498,6 +498,17 @@ func (s *Store) BatchStats() etcdstore.BatchStats {
 	return out
 }
 
+// SweepStats sums the shards' sweepers.
+func (s *Store) SweepStats() etcdstore.SweepStats {
+	var out etcdstore.SweepStats
+	for _, st := range s.shards {
+		w := st.SweepStats()
+		out.Leases += w.Leases
+		out.Records += w.Records
+	}
+	return out
+}
+
 // Owner names this process's session on each shard: "a=<id>,b=<id>".
 func (s *Store) Owner() string {
 	var parts []string

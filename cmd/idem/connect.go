@@ -44,6 +44,7 @@ func (s *server) connect(ctx context.Context, timeout time.Duration) error {
 		etcdstore.WithKeysPerLease(c.keysPerLease),
 		etcdstore.WithRecordFormat(c.recordFormat),
 		etcdstore.WithBatching(c.batching),
+		etcdstore.WithExpirySweep(c.expirySweep),
 		etcdstore.WithBatchLimits(c.batchMembers, c.batchBytes),
 		etcdstore.WithLogger(s.log),
 	}

@@ -83,6 +83,7 @@ type serveConfig struct {
 	keysPerLease   int64
 	recordFormat   int
 	batching       bool
+	expirySweep    bool
 	batchMembers   int
 	batchBytes     int
 	shardsFile     string
@@ -155,6 +156,7 @@ func (c *serveConfig) flags(stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&c.cacheStaleness, "cache-staleness", etcdstore.DefaultCacheStaleness, "with --cache-size: the cache answers only while it provably lags etcd by less than this (a cut-off process stops replaying from memory after it)")
 	fs.Int64Var(&c.keysPerLease, "keys-per-lease", 20000, "writes this process attaches to one retention lease before its bucket rolls to a fresh lease (a lease's expiry deletes its keys in one raft entry)")
 	fs.StringVar(&c.shardsFile, "shards-file", "", "spread keys over several etcd clusters, as this YAML file says (docs/OPERATIONS.md, \"Sharding\"); instead of --endpoints")
+	fs.BoolVar(&c.expirySweep, "expiry-sweep", true, "delete expired records a few at a time (one process at a time per lease), instead of leaving them to etcd's lease expiry, which deletes a lease's keys in one raft entry and stalls every request meanwhile")
 	fs.BoolVar(&c.batching, "batching", true, "group commit: send the writes of concurrent requests to etcd together, as one Txn of Txns (etcd 3.3 or later)")
 	fs.IntVar(&c.batchMembers, "batch-max-writes", etcdstore.DefaultBatchMembers, "most writes in one batch: at most 127, under etcd's --max-txn-ops (default 128)")
 	fs.IntVar(&c.batchBytes, "batch-max-bytes", etcdstore.DefaultBatchBytes, "most request bytes in one batch, under etcd's --max-request-bytes (default 1.5 MiB); a larger write goes alone")

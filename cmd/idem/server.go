@@ -141,6 +141,16 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 		func(b etcdstore.BatchStats) int64 { return b.Batches })
 	batches("idem_etcd_batched_writes_total", "The store's writes sent in those Txns.", func(b etcdstore.BatchStats) int64 { return b.Members })
 	batches("idem_etcd_batches_split_total", "Batches etcd refused as a whole, whose writes went again one by one.", func(b etcdstore.BatchStats) int64 { return b.Split })
+	swept := func(name, help string, f func(etcdstore.SweepStats) int64) {
+		s.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 {
+			if st := s.current(); st != nil {
+				return float64(f(st.SweepStats()))
+			}
+			return 0
+		}))
+	}
+	swept("idem_expired_records_swept_total", "Expired records this process deleted (the expiry sweeper), a few per etcd Txn.", func(w etcdstore.SweepStats) int64 { return w.Records })
+	swept("idem_expired_leases_swept_total", "Retention leases this process emptied and revoked.", func(w etcdstore.SweepStats) int64 { return w.Leases })
 	s.metrics = idemhttp.NewMetrics(s.reg)
 	if s.waiting, err = c.waitingEdge(); err != nil {
 		return nil, err

@@ -24,6 +24,7 @@ type backend interface {
 	CheckFull(ctx context.Context) (bool, error)
 	CacheStats() etcdstore.CacheStats
 	BatchStats() etcdstore.BatchStats
+	SweepStats() etcdstore.SweepStats
 	Owner() string
 	Close() error
 }
