@@ -148,6 +148,9 @@ func (s *Store) sweepLease(ctx context.Context, id clientv3.LeaseID, width time.
 			recs = append(recs, string(k))
 		}
 	}
+	if testHookSweepListed != nil {
+		testHookSweepListed(recs)
+	}
 	window := max(width/2, 10*time.Second)
 	if s.sweepWindow > 0 {
 		window = s.sweepWindow
@@ -187,3 +190,7 @@ func (s *Store) sweepLease(ctx context.Context, id clientv3.LeaseID, width time.
 		s.sweep.leases.Add(1)
 	}
 }
+
+// testHookSweepListed, when set by a test, is called with the records a
+// sweep listed, before it deletes any.
+var testHookSweepListed func(records []string)

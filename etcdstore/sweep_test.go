@@ -88,3 +88,55 @@ func TestSweeperDeletesExpiredRecordsInChunks(t *testing.T) {
 	}
 	t.Logf("%d records deleted in %d Txns (at most %d in one)", n, len(deletes), most)
 }
+
+// A record written again between the sweeper's listing and its deletes (a
+// new operation on the key, after its retention) is on a newer lease: the
+// sweeper's conditional delete leaves it.
+func TestSweeperLeavesARecordWrittenAgain(t *testing.T) {
+	cli := client(t)
+	prefix := testPrefix(t)
+	s := newStore(t, cli, prefix, WithRetention(2*time.Second), WithBucketWidth(2*time.Second))
+	s.setSweepPace(500*time.Millisecond, time.Second)
+	ctx := testCtx(t)
+	work := func(context.Context, *Claim) ([]byte, error) { return []byte("first"), nil }
+	for _, id := range []string{"a", "b", "c"} {
+		if _, err := s.Do(ctx, Key{ID: id}, nil, work); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rewrote := make(chan struct{})
+	var once sync.Once
+	testHookSweepListed = func(recs []string) {
+		once.Do(func() {
+			// The retention of "b" has passed: a client's new operation.
+			if _, err := s.Do(ctx, Key{ID: "b"}, nil, func(context.Context, *Claim) ([]byte, error) { return []byte("second"), nil }); err != nil {
+				t.Error(err)
+			}
+			close(rewrote)
+		})
+	}
+	defer func() { testHookSweepListed = nil }()
+	select {
+	case <-rewrote:
+	case <-ctx.Done():
+		t.Fatal("the sweeper never listed the bucket")
+	}
+	// Wait until "a" and "c" are gone; "b" must stay, with its new outcome.
+	for _, id := range []string{"a", "c"} {
+		k := s.ks.record(Key{ID: id})
+		for {
+			resp, err := cli.Get(ctx, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(resp.Kvs) == 0 {
+				break
+			}
+			<-cli.Watch(ctx, k, clientv3.WithRev(resp.Header.Revision+1))
+		}
+	}
+	rec, err := s.Get(ctx, Key{ID: "b"})
+	if err != nil || string(rec.Outcome.Body) != "second" {
+		t.Fatalf("the record written again: %+v, %v; want it kept with its new outcome", rec, err)
+	}
+}
