@@ -11,7 +11,7 @@ import (
 func TestAdminWithoutSession(t *testing.T) {
 	cli := client(t)
 	prefix := testPrefix(t)
-	s := newStore(t, cli, prefix)
+	s := newStore(t, cli, prefix, WithExpirySweep(false)) // setClock below
 	ctx := testCtx(t)
 	if _, err := s.Do(ctx, Key{ID: "done"}, nil, func(context.Context, *Claim) ([]byte, error) { return []byte("x"), nil }); err != nil {
 		t.Fatal(err)

@@ -19,8 +19,14 @@ func (s *Store) sessionLease() clientv3.LeaseID {
 	return s.sess.Lease()
 }
 
-// setClock replaces the store's clock.
-func (s *Store) setClock(now func() time.Time) { s.now = now }
+// setClock replaces the store's clock. The store must have no sweeper
+// (WithExpirySweep(false)): it reads the clock from its own goroutine.
+func (s *Store) setClock(now func() time.Time) {
+	if s.sweep != nil {
+		panic("setClock on a store with a sweeper")
+	}
+	s.now = now
+}
 
 // settle waits until the store's background writes (final writes retried
 // later, abandons of ambiguous claims) have all finished.
@@ -70,6 +76,13 @@ var errLost = status.Error(codes.Unavailable, "test: connection lost")
 
 // setSweepPace makes the sweeper sweep a bucket margin after its records
 // expired, within window: a test's retention is seconds, not hours.
-func (s *Store) setSweepPace(margin, window time.Duration) {
-	s.sweepMargin, s.sweepWindow = margin, window
+func (s *Store) setSweepPace(margin, window time.Duration) { s.setSweepHook(margin, window, nil) }
+
+// setSweepHook is setSweepPace with a hook called with each sweep's listed
+// records, before its deletes. Call it right after New: the sweeper reads
+// these from its goroutine under the store's mutex.
+func (s *Store) setSweepHook(margin, window time.Duration, listed func([]string)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sweepMargin, s.sweepWindow, s.sweepListed = margin, window, listed
 }

@@ -72,7 +72,7 @@ func TestRetentionLeasePrunesKeyAndKeyIsNew(t *testing.T) {
 // lease has not fired (a leader change can postpone a lease).
 func TestExpiredRecordIsAbsentBeforeItsLeaseFires(t *testing.T) {
 	cli := client(t)
-	s := newStore(t, cli, testPrefix(t))
+	s := newStore(t, cli, testPrefix(t), WithExpirySweep(false)) // setClock below
 	ctx := testCtx(t)
 	key := Key{ID: "k"}
 	var runs atomic.Int32

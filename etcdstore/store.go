@@ -68,6 +68,9 @@ type Store struct {
 	sweep *sweeper // expiry without stalls; nil without
 	// Pace of the sweeper, for tests; zero: by the bucket width.
 	sweepMargin, sweepWindow time.Duration
+	// sweepListed, when a test sets it before the sweeper runs, is called
+	// with the records a sweep listed, before it deletes any.
+	sweepListed func(records []string)
 	bg                       *background                                    // retried writes that outlive their call
 	afterFunc                func(time.Duration, func()) (stop func() bool) // deadline timers
 

@@ -94,8 +94,8 @@ func (s *Store) sweepDue(ctx context.Context) {
 	for _, kv := range resp.Kvs {
 		b, ok := lease.ParseBucketKey(s.ks.buckets(), string(kv.Key))
 		margin := sweepMargin(b.Width)
-		if s.sweepMargin > 0 {
-			margin = s.sweepMargin
+		if m, _, _ := s.sweepTest(); m > 0 {
+			margin = m
 		}
 		if !ok || now.Before(b.End().Add(b.Retention+margin)) {
 			continue
@@ -148,12 +148,13 @@ func (s *Store) sweepLease(ctx context.Context, id clientv3.LeaseID, width time.
 			recs = append(recs, string(k))
 		}
 	}
-	if testHookSweepListed != nil {
-		testHookSweepListed(recs)
+	_, testWindow, listed := s.sweepTest()
+	if listed != nil {
+		listed(recs)
 	}
 	window := max(width/2, 10*time.Second)
-	if s.sweepWindow > 0 {
-		window = s.sweepWindow
+	if testWindow > 0 {
+		window = testWindow
 	}
 	pause := window * sweepChunk / time.Duration(max(1, len(recs)*left))
 	pause = min(max(pause, time.Millisecond), time.Second)
@@ -191,6 +192,9 @@ func (s *Store) sweepLease(ctx context.Context, id clientv3.LeaseID, width time.
 	}
 }
 
-// testHookSweepListed, when set by a test, is called with the records a
-// sweep listed, before it deletes any.
-var testHookSweepListed func(records []string)
+// sweepTest returns what a test set of the sweeper's pace, and its hook.
+func (s *Store) sweepTest() (margin, window time.Duration, listed func([]string)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sweepMargin, s.sweepWindow, s.sweepListed
+}

@@ -96,7 +96,6 @@ func TestSweeperLeavesARecordWrittenAgain(t *testing.T) {
 	cli := client(t)
 	prefix := testPrefix(t)
 	s := newStore(t, cli, prefix, WithRetention(2*time.Second), WithBucketWidth(2*time.Second))
-	s.setSweepPace(500*time.Millisecond, time.Second)
 	ctx := testCtx(t)
 	work := func(context.Context, *Claim) ([]byte, error) { return []byte("first"), nil }
 	for _, id := range []string{"a", "b", "c"} {
@@ -106,7 +105,7 @@ func TestSweeperLeavesARecordWrittenAgain(t *testing.T) {
 	}
 	rewrote := make(chan struct{})
 	var once sync.Once
-	testHookSweepListed = func(recs []string) {
+	s.setSweepHook(500*time.Millisecond, time.Second, func(recs []string) {
 		once.Do(func() {
 			// The retention of "b" has passed: a client's new operation.
 			if _, err := s.Do(ctx, Key{ID: "b"}, nil, func(context.Context, *Claim) ([]byte, error) { return []byte("second"), nil }); err != nil {
@@ -114,8 +113,7 @@ func TestSweeperLeavesARecordWrittenAgain(t *testing.T) {
 			}
 			close(rewrote)
 		})
-	}
-	defer func() { testHookSweepListed = nil }()
+	})
 	select {
 	case <-rewrote:
 	case <-ctx.Done():
