@@ -25,16 +25,15 @@ import (
 	"github.com/getkin/kin-openapi/routers/legacy"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/etcdtest"
 	"github.com/idem-dev/idem/idemhttp"
-	"github.com/idem-dev/idem/internal/etcdcluster"
-	"github.com/idem-dev/idem/internal/etcdtest"
 )
 
 const specPath = "openapi.yaml"
 
-var cluster *etcdcluster.Cluster
+var cluster *etcdtest.Cluster
 
-func TestMain(m *testing.M) { os.Exit(etcdtest.Main(m, 1, etcdcluster.Options{}, &cluster)) }
+func TestMain(m *testing.M) { os.Exit(etcdtest.Main(m, 1, etcdtest.Options{}, &cluster)) }
 
 var prefixSeq atomic.Int64
 

@@ -23,8 +23,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/etcdtest"
 	"github.com/idem-dev/idem/internal/embedded"
-	"github.com/idem-dev/idem/internal/etcdcluster"
 )
 
 // runMember runs one etcd member in this process, as a separate process
@@ -77,7 +77,7 @@ func startMembers(t *testing.T, n int) []*member {
 	cfgs := make([]memberConfig, n)
 	var initial []string
 	for i := range cfgs {
-		ports, err := etcdcluster.FreePorts(2)
+		ports, err := etcdtest.FreePorts(2)
 		if err != nil {
 			t.Fatal(err)
 		}

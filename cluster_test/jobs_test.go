@@ -23,8 +23,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/etcdtest"
 	"github.com/idem-dev/idem/fencing"
-	"github.com/idem-dev/idem/internal/etcdcluster"
 	"github.com/idem-dev/idem/jobs"
 )
 
@@ -47,7 +47,7 @@ func TestJobsAcrossThreeDataCentres(t *testing.T) {
 		t.Skip("fault scenarios skipped in -short mode")
 	}
 	start := time.Now()
-	c, err := etcdcluster.New(t.TempDir(), 3, etcdcluster.Options{Proxies: true, TickMs: 100, ElectionMs: 1000})
+	c, err := etcdtest.New(t.TempDir(), 3, etcdtest.Options{Proxies: true, TickMs: 100, ElectionMs: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,10 +66,10 @@ func TestJobsAcrossThreeDataCentres(t *testing.T) {
 	hist := admin.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev0.Header.Revision+1))
 
 	sk := newStepSink(t)
-	var sinkLinks []*etcdcluster.Proxy
+	var sinkLinks []*etcdtest.Proxy
 	dcs := []string{"dc0", "dc1", "dc2"}
 	for range dcs {
-		p, err := etcdcluster.NewProxy(strings.TrimPrefix(sk.URL, "http://"))
+		p, err := etcdtest.NewProxy(strings.TrimPrefix(sk.URL, "http://"))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -15,7 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idem-dev/idem/etcdstore"
-	"github.com/idem-dev/idem/internal/etcdcluster"
+	"github.com/idem-dev/idem/etcdtest"
 )
 
 var labSeed = flag.Uint64("lab.seed", 1, "seed of the lab's flaky network")
@@ -46,7 +46,7 @@ func TestLab(t *testing.T) {
 	if testing.Short() {
 		t.Skip("lab skipped in -short mode")
 	}
-	single, err := etcdcluster.New(t.TempDir(), 1, etcdcluster.Options{})
+	single, err := etcdtest.New(t.TempDir(), 1, etcdtest.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func labStore(t *testing.T, cli *clientv3.Client, prefix string) *etcdstore.Stor
 // and a member is partitioned. The work passes its own key downstream
 // (charge:<order>), as a work that passes its own key on does.
 func labUnderFaults(t *testing.T) labRow {
-	e := newEnv(t, 3, etcdcluster.Options{})
+	e := newEnv(t, 3, etcdtest.Options{})
 	for _, p := range []int{0, 1, 2, -1} {
 		e.newClient(p)
 	}

@@ -9,7 +9,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idem-dev/idem/etcdstore"
-	"github.com/idem-dev/idem/internal/etcdcluster"
+	"github.com/idem-dev/idem/etcdtest"
 )
 
 // Retention holds across a leader change. A new leader resets every lease
@@ -21,7 +21,7 @@ func TestRetentionAcrossLeaderChange(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fault scenarios skipped in -short mode")
 	}
-	e := newEnv(t, 3, etcdcluster.Options{})
+	e := newEnv(t, 3, etcdtest.Options{})
 	cli := e.cluster.MustClient(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

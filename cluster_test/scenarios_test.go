@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-dev/idem/internal/etcdcluster"
+	"github.com/idem-dev/idem/etcdtest"
 )
 
 var soak = flag.Bool("soak", os.Getenv("IDEM_SOAK") == "1", "run the fault scenarios for longer (also IDEM_SOAK=1)")
@@ -39,7 +39,7 @@ func run(t *testing.T, sc scenario) {
 		t.Skip("fault scenarios skipped in -short mode")
 	}
 	start := time.Now()
-	e := newEnv(t, sc.members, etcdcluster.Options{})
+	e := newEnv(t, sc.members, etcdtest.Options{})
 	for _, p := range sc.pins {
 		e.newClient(p)
 	}

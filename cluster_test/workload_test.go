@@ -17,8 +17,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/etcdtest"
 	"github.com/idem-dev/idem/fencing"
-	"github.com/idem-dev/idem/internal/etcdcluster"
 )
 
 // Timings of the clients: short, so faults make them time out and retry.
@@ -32,7 +32,7 @@ const (
 // history of everything they did.
 type env struct {
 	t       *testing.T
-	cluster *etcdcluster.Cluster
+	cluster *etcdtest.Cluster
 	sink    *sink
 	hist    *history
 	prefix  string
@@ -59,12 +59,12 @@ type client struct {
 	closed   atomic.Bool
 }
 
-func newEnv(t *testing.T, members int, opts etcdcluster.Options) *env {
+func newEnv(t *testing.T, members int, opts etcdtest.Options) *env {
 	opts.Proxies = true
 	if opts.TickMs == 0 {
 		opts.TickMs, opts.ElectionMs = 50, 500
 	}
-	c, err := etcdcluster.New(t.TempDir(), members, opts)
+	c, err := etcdtest.New(t.TempDir(), members, opts)
 	if err != nil {
 		t.Fatalf("start %d-member cluster: %v", members, err)
 	}

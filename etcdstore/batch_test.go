@@ -11,8 +11,7 @@ import (
 
 	"go.etcd.io/etcd/server/v3/embed"
 
-	"github.com/idem-dev/idem/internal/etcdcluster"
-	"github.com/idem-dev/idem/internal/etcdtest"
+	"github.com/idem-dev/idem/etcdtest"
 )
 
 // load runs n concurrent Do's on distinct keys (each once) and returns the
@@ -113,7 +112,7 @@ func TestBatchNeverWritesAKeyTwice(t *testing.T) {
 // A batch etcd refuses as a whole (here: larger than the member's
 // --max-request-bytes) is split, and every write lands.
 func TestBatchRefusedAsAWholeIsSplit(t *testing.T) {
-	c := etcdtest.Start(t, 1, etcdcluster.Options{Configure: func(cfg *embed.Config) { cfg.MaxRequestBytes = 64 << 10 }})
+	c := etcdtest.Start(t, 1, etcdtest.Options{Configure: func(cfg *embed.Config) { cfg.MaxRequestBytes = 64 << 10 }})
 	cli := c.MustClient(t)
 	s := newStore(t, cli, testPrefix(t), WithBatchLimits(64, 1<<20), WithRecordFormat(2))
 	body := []byte(strings.Repeat("x", 6<<10))

@@ -12,24 +12,23 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/idem-dev/idem/internal/etcdcluster"
-	"github.com/idem-dev/idem/internal/etcdtest"
+	"github.com/idem-dev/idem/etcdtest"
 )
 
 // One single-member cluster for the whole package (each member preallocates
 // WAL and takes a while to start); a three-member one is started on first
 // use. Every test works under its own key prefix.
 var (
-	single *etcdcluster.Cluster
+	single *etcdtest.Cluster
 
 	threeOnce sync.Once
-	three     *etcdcluster.Cluster
+	three     *etcdtest.Cluster
 	threeDir  string
 	threeErr  error
 )
 
 func TestMain(m *testing.M) {
-	code := etcdtest.Main(m, 1, etcdcluster.Options{}, &single)
+	code := etcdtest.Main(m, 1, etcdtest.Options{}, &single)
 	if three != nil {
 		three.Close()
 	}
@@ -40,11 +39,11 @@ func TestMain(m *testing.M) {
 }
 
 // threeMembers returns the shared three-member cluster.
-func threeMembers(t testing.TB) *etcdcluster.Cluster {
+func threeMembers(t testing.TB) *etcdtest.Cluster {
 	t.Helper()
 	threeOnce.Do(func() {
 		if threeDir, threeErr = os.MkdirTemp("", "etcdstore-three-"); threeErr == nil {
-			three, threeErr = etcdcluster.New(threeDir, 3, etcdcluster.Options{})
+			three, threeErr = etcdtest.New(threeDir, 3, etcdtest.Options{})
 		}
 	})
 	if threeErr != nil {
@@ -106,9 +105,9 @@ func fpOf(t testing.TB, params string) Fingerprint {
 }
 
 // newProxy starts a proxy to an etcd client URL, closed when the test ends.
-func newProxy(t testing.TB, clientURL string) *etcdcluster.Proxy {
+func newProxy(t testing.TB, clientURL string) *etcdtest.Proxy {
 	t.Helper()
-	p, err := etcdcluster.NewProxy(strings.TrimPrefix(clientURL, "http://"))
+	p, err := etcdtest.NewProxy(strings.TrimPrefix(clientURL, "http://"))
 	if err != nil {
 		t.Fatalf("proxy: %v", err)
 	}

@@ -14,7 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 
-	"github.com/idem-dev/idem/internal/etcdcluster"
+	"github.com/idem-dev/idem/etcdtest"
 )
 
 // After retention the shared bucket lease deletes the record (the backstop
@@ -101,7 +101,7 @@ func TestExpiredRecordIsAbsentBeforeItsLeaseFires(t *testing.T) {
 // When etcd is full (NOSPACE alarm), new keys are refused with ErrUnavailable
 // but done keys are still replayed, from a read.
 func TestReplayWhenEtcdIsFull(t *testing.T) {
-	small, err := etcdcluster.New(t.TempDir(), 1, etcdcluster.Options{Configure: func(c *embed.Config) {
+	small, err := etcdtest.New(t.TempDir(), 1, etcdtest.Options{Configure: func(c *embed.Config) {
 		c.QuotaBackendBytes = 8 << 20
 	}})
 	if err != nil {

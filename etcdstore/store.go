@@ -71,8 +71,8 @@ type Store struct {
 	// sweepListed, when a test sets it before the sweeper runs, is called
 	// with the records a sweep listed, before it deletes any.
 	sweepListed func(records []string)
-	bg                       *background                                    // retried writes that outlive their call
-	afterFunc                func(time.Duration, func()) (stop func() bool) // deadline timers
+	bg          *background                                    // retried writes that outlive their call
+	afterFunc   func(time.Duration, func()) (stop func() bool) // deadline timers
 
 	mu      sync.Mutex
 	sess    *lease.Session // nil while a lost session is being replaced

@@ -26,15 +26,15 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/etcdtest"
 	"github.com/idem-dev/idem/fencing"
 	"github.com/idem-dev/idem/idemhttp"
-	"github.com/idem-dev/idem/internal/etcdcluster"
 	"github.com/idem-dev/idem/internal/sim"
 )
 
 // The etcd every schedule runs on: one member, shared; each schedule has
 // its own key prefix.
-var cluster *etcdcluster.Cluster
+var cluster *etcdtest.Cluster
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "idem-explore-")
@@ -44,7 +44,7 @@ func TestMain(m *testing.M) {
 	}
 	code := func() int {
 		defer os.RemoveAll(dir)
-		c, err := etcdcluster.New(dir, 1, etcdcluster.Options{})
+		c, err := etcdtest.New(dir, 1, etcdtest.Options{})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "start etcd:", err)
 			return 1

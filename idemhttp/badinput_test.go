@@ -15,8 +15,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/etcdstore"
-	"github.com/idem-dev/idem/internal/etcdcluster"
-	"github.com/idem-dev/idem/internal/etcdtest"
+	"github.com/idem-dev/idem/etcdtest"
 )
 
 // rawReply is what came back for bytes written on a socket.
@@ -53,7 +52,7 @@ func sendRaw(t *testing.T, addr, req string) rawReply {
 // and the upstream is never called. The cluster is this test's own, so
 // nothing else moves the revision.
 func TestBadInputAtTheHTTPEdge(t *testing.T) {
-	c := etcdtest.Start(t, 1, etcdcluster.Options{})
+	c := etcdtest.Start(t, 1, etcdtest.Options{})
 	cli := c.MustClient(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -18,14 +18,13 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/etcdtest"
 	"github.com/idem-dev/idem/fencing"
-	"github.com/idem-dev/idem/internal/etcdcluster"
-	"github.com/idem-dev/idem/internal/etcdtest"
 )
 
-var cluster *etcdcluster.Cluster
+var cluster *etcdtest.Cluster
 
-func TestMain(m *testing.M) { os.Exit(etcdtest.Main(m, 1, etcdcluster.Options{}, &cluster)) }
+func TestMain(m *testing.M) { os.Exit(etcdtest.Main(m, 1, etcdtest.Options{}, &cluster)) }
 
 var prefixSeq atomic.Int64
 
@@ -272,8 +271,8 @@ func freeAddr(t *testing.T) string {
 }
 
 // etcdtestProxy puts a fault-injecting proxy in front of the test cluster.
-func etcdtestProxy(t *testing.T) (*etcdcluster.Proxy, error) {
-	p, err := etcdcluster.NewProxy(strings.TrimPrefix(cluster.Members[0].ClientURL, "http://"))
+func etcdtestProxy(t *testing.T) (*etcdtest.Proxy, error) {
+	p, err := etcdtest.NewProxy(strings.TrimPrefix(cluster.Members[0].ClientURL, "http://"))
 	if err == nil {
 		t.Cleanup(p.Close)
 	}

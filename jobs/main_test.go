@@ -13,14 +13,13 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/etcdtest"
 	"github.com/idem-dev/idem/fencing"
-	"github.com/idem-dev/idem/internal/etcdcluster"
-	"github.com/idem-dev/idem/internal/etcdtest"
 )
 
-var cluster *etcdcluster.Cluster
+var cluster *etcdtest.Cluster
 
-func TestMain(m *testing.M) { os.Exit(etcdtest.Main(m, 1, etcdcluster.Options{}, &cluster)) }
+func TestMain(m *testing.M) { os.Exit(etcdtest.Main(m, 1, etcdtest.Options{}, &cluster)) }
 
 var prefixSeq atomic.Int64
 

@@ -10,13 +10,12 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/idem-dev/idem/internal/etcdcluster"
-	"github.com/idem-dev/idem/internal/etcdtest"
+	"github.com/idem-dev/idem/etcdtest"
 )
 
-var cluster *etcdcluster.Cluster
+var cluster *etcdtest.Cluster
 
-func TestMain(m *testing.M) { os.Exit(etcdtest.Main(m, 1, etcdcluster.Options{}, &cluster)) }
+func TestMain(m *testing.M) { os.Exit(etcdtest.Main(m, 1, etcdtest.Options{}, &cluster)) }
 
 func ctxFor(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -21,13 +21,13 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/etcdtest"
 	"github.com/idem-dev/idem/fencing"
-	"github.com/idem-dev/idem/internal/etcdcluster"
 )
 
 // Three one-member clusters, a, b and c, shared by the package's tests;
 // each test works under a prefix of its own.
-var clusters = map[string]*etcdcluster.Cluster{}
+var clusters = map[string]*etcdtest.Cluster{}
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "idem-shard-")
@@ -38,7 +38,7 @@ func TestMain(m *testing.M) {
 	code := func() int {
 		defer os.RemoveAll(dir)
 		for _, n := range []string{"a", "b", "c"} {
-			c, err := etcdcluster.New(dir+"/"+n, 1, etcdcluster.Options{})
+			c, err := etcdtest.New(dir+"/"+n, 1, etcdtest.Options{})
 			if err != nil {
 				fmt.Fprintln(os.Stderr, "start etcd:", err)
 				return 1
@@ -204,7 +204,7 @@ func TestHandOver(t *testing.T) {
 // The same while shard c is a three-member cluster whose leader is cut
 // off from the others in the middle of the run, then healed.
 func TestHandOverWhileALeaderIsCut(t *testing.T) {
-	three, err := etcdcluster.New(t.TempDir(), 3, etcdcluster.Options{Proxies: true})
+	three, err := etcdtest.New(t.TempDir(), 3, etcdtest.Options{Proxies: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -419,7 +419,7 @@ func TestStaleEpochIsCaught(t *testing.T) {
 // other shard's keys are served.
 func TestShardDownIsolation(t *testing.T) {
 	prefix := testPrefix(t)
-	proxy, err := etcdcluster.NewProxy(strings.TrimPrefix(clusters["b"].Endpoints()[0], "http://"))
+	proxy, err := etcdtest.NewProxy(strings.TrimPrefix(clusters["b"].Endpoints()[0], "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}

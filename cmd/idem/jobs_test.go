@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/etcdstore"
-	"github.com/idem-dev/idem/internal/etcdcluster"
+	"github.com/idem-dev/idem/etcdtest"
 	"github.com/idem-dev/idem/jobs"
 )
 
@@ -18,7 +18,7 @@ import (
 // retries or cancels parked ones, with idem jobs; idem get and ls show that
 // a record is a job.
 func TestJobsCommands(t *testing.T) {
-	c, err := etcdcluster.New(t.TempDir(), 1, etcdcluster.Options{})
+	c, err := etcdtest.New(t.TempDir(), 1, etcdtest.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,8 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-dev/idem/etcdtest"
 	"github.com/idem-dev/idem/fencing"
-	"github.com/idem-dev/idem/internal/etcdcluster"
 )
 
 // TestMain doubles as the idem binary: a test that needs a real process
@@ -153,7 +153,7 @@ var peerSeq atomic.Int64
 // freeURLs returns a client and a peer URL on free loopback ports, for an
 // etcd binary.
 func freeURLs(t *testing.T) (client, peer string) {
-	ports, err := etcdcluster.FreePorts(2)
+	ports, err := etcdtest.FreePorts(2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,14 +279,14 @@ func tempDir(t *testing.T) string {
 
 // etcdBehindProxy starts a one-member etcd in dir and returns a proxy in
 // front of its client port, to cut idem off from it.
-func etcdBehindProxy(t *testing.T, dir string) *etcdcluster.Proxy {
+func etcdBehindProxy(t *testing.T, dir string) *etcdtest.Proxy {
 	t.Helper()
-	c, err := etcdcluster.New(dir, 1, etcdcluster.Options{})
+	c, err := etcdtest.New(dir, 1, etcdtest.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	proxy, err := etcdcluster.NewProxy(strings.TrimPrefix(c.Endpoints()[0], "http://"))
+	proxy, err := etcdtest.NewProxy(strings.TrimPrefix(c.Endpoints()[0], "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,8 +22,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/etcdtest"
 	"github.com/idem-dev/idem/internal/embedded"
-	"github.com/idem-dev/idem/internal/etcdcluster"
 	"github.com/idem-dev/idem/internal/testcerts"
 	"github.com/idem-dev/idem/internal/tlsfiles"
 )
@@ -32,7 +32,7 @@ import (
 // over TLS when tlsCfg has a certificate, and returns its client URL.
 func startEtcd(t *testing.T, tlsCfg embedded.TLS) string {
 	t.Helper()
-	ports, err := etcdcluster.FreePorts(2)
+	ports, err := etcdtest.FreePorts(2)
 	if err != nil {
 		t.Fatal(err)
 	}

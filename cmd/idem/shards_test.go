@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idem-dev/idem/internal/etcdcluster"
+	"github.com/idem-dev/idem/etcdtest"
 )
 
 // idem serve over two etcd clusters: keys spread over both, replays and
@@ -17,7 +17,7 @@ import (
 func TestServeShards(t *testing.T) {
 	dir := tempDir(t)
 	var urls []string
-	var proxies []*etcdcluster.Proxy
+	var proxies []*etcdtest.Proxy
 	for _, n := range []string{"a", "b"} {
 		p := etcdBehindProxy(t, filepath.Join(dir, "etcd-"+n))
 		proxies = append(proxies, p)

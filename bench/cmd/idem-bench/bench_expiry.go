@@ -13,7 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idem-dev/idem/etcdstore"
-	"github.com/idem-dev/idem/internal/etcdcluster"
+	"github.com/idem-dev/idem/etcdtest"
 )
 
 // suiteExpiry: keys written at a steady rate with a short retention, and a
@@ -26,7 +26,7 @@ func suiteExpiry(ctx context.Context, b *bencher) ([]suiteReport, error) {
 	if err != nil || n < 1 {
 		return nil, fmt.Errorf("--members %q", b.cfg.members.vals[0])
 	}
-	t, err := b.open(ctx, n, etcdcluster.Options{})
+	t, err := b.open(ctx, n, etcdtest.Options{})
 	if err != nil {
 		return nil, err
 	}

@@ -11,14 +11,14 @@ import (
 	"strconv"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/etcdtest"
 	"github.com/idem-dev/idem/idemhttp"
-	"github.com/idem-dev/idem/internal/etcdcluster"
 )
 
 // suiteHTTP: the HTTP proxy against the library call and against the
 // upstream called directly, all on loopback.
 func suiteHTTP(ctx context.Context, b *bencher) ([]suiteReport, error) {
-	t, err := b.open(ctx, 1, etcdcluster.Options{})
+	t, err := b.open(ctx, 1, etcdtest.Options{})
 	if err != nil {
 		return nil, err
 	}

@@ -16,7 +16,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/idem-dev/idem/etcdstore"
-	"github.com/idem-dev/idem/internal/etcdcluster"
+	"github.com/idem-dev/idem/etcdtest"
 )
 
 // mixer issues the mix of fresh keys and retries of done keys.
@@ -67,7 +67,7 @@ func (m *mixer) request(ctx context.Context, retries float64, run func(context.C
 // suiteMix: a realistic mix (50% retries) and fresh claims, idem against
 // a PostgreSQL table of keys when --pg is given.
 func suiteMix(ctx context.Context, b *bencher) ([]suiteReport, error) {
-	t, err := b.open(ctx, 1, etcdcluster.Options{})
+	t, err := b.open(ctx, 1, etcdtest.Options{})
 	if err != nil {
 		return nil, err
 	}
@@ -270,7 +270,7 @@ func hash(b []byte) uint64 {
 
 // suiteMutex: idem Do against lock-then-check with concurrency.Mutex.
 func suiteMutex(ctx context.Context, b *bencher) ([]suiteReport, error) {
-	t, err := b.open(ctx, 1, etcdcluster.Options{})
+	t, err := b.open(ctx, 1, etcdtest.Options{})
 	if err != nil {
 		return nil, err
 	}

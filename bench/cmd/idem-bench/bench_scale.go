@@ -16,7 +16,7 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 
 	"github.com/idem-dev/idem/etcdstore"
-	"github.com/idem-dev/idem/internal/etcdcluster"
+	"github.com/idem-dev/idem/etcdtest"
 	"github.com/idem-dev/idem/internal/workload"
 )
 
@@ -27,7 +27,7 @@ import (
 // payment object with random ids, and its headers), so that what
 // compression saves is what it saves on a real service.
 func suiteScale(ctx context.Context, b *bencher) ([]suiteReport, error) {
-	t, err := b.open(ctx, 1, etcdcluster.Options{Configure: func(c *embed.Config) { c.QuotaBackendBytes = 8 << 30 }})
+	t, err := b.open(ctx, 1, etcdtest.Options{Configure: func(c *embed.Config) { c.QuotaBackendBytes = 8 << 30 }})
 	if err != nil {
 		return nil, err
 	}
@@ -309,7 +309,7 @@ func suiteWAN(ctx context.Context, b *bencher) ([]suiteReport, error) {
 	if len(b.cfg.etcd.endpoints.vals) > 0 {
 		return nil, fmt.Errorf("the wan suite needs embedded members (no --endpoints)")
 	}
-	t, err := b.open(ctx, 3, etcdcluster.Options{Proxies: true, TickMs: 50, ElectionMs: 1000})
+	t, err := b.open(ctx, 3, etcdtest.Options{Proxies: true, TickMs: 50, ElectionMs: 1000})
 	if err != nil {
 		return nil, err
 	}

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/etcdstore"
-	"github.com/idem-dev/idem/internal/etcdcluster"
+	"github.com/idem-dev/idem/etcdtest"
 	"github.com/idem-dev/idem/shard"
 )
 
@@ -28,7 +28,7 @@ func suiteShards(ctx context.Context, b *bencher) ([]suiteReport, error) {
 	}()
 	cfg := shard.Config{}
 	for _, n := range []string{"a", "b", "c"} {
-		t, err := b.open(ctx, 1, etcdcluster.Options{})
+		t, err := b.open(ctx, 1, etcdtest.Options{})
 		if err != nil {
 			return nil, err
 		}

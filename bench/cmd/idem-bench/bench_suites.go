@@ -13,7 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/idem-dev/idem/etcdstore"
-	"github.com/idem-dev/idem/internal/etcdcluster"
+	"github.com/idem-dev/idem/etcdtest"
 	"github.com/idem-dev/idem/lease"
 )
 
@@ -29,7 +29,7 @@ func init() {
 // target is an etcd cluster to measure on, and its clients.
 type target struct {
 	name    string
-	cluster *etcdcluster.Cluster // nil for --endpoints
+	cluster *etcdtest.Cluster // nil for --endpoints
 	clients []*clientv3.Client
 	prefix  string
 	stores  []*etcdstore.Store
@@ -41,7 +41,7 @@ const clientPool = 4
 
 // open returns an embedded cluster of n members (or the --endpoints
 // cluster) with a pool of clients on endpoints (default: every member).
-func (b *bencher) open(ctx context.Context, n int, opts etcdcluster.Options, endpoints ...string) (*target, error) {
+func (b *bencher) open(ctx context.Context, n int, opts etcdtest.Options, endpoints ...string) (*target, error) {
 	t := &target{prefix: fmt.Sprintf("/idem-bench/%d/", time.Now().UnixNano()),
 		opts: []etcdstore.Option{etcdstore.WithRecordFormat(b.cfg.recordFormat), etcdstore.WithBatching(b.cfg.batching)}}
 	if len(b.cfg.etcd.endpoints.vals) > 0 {
@@ -49,7 +49,7 @@ func (b *bencher) open(ctx context.Context, n int, opts etcdcluster.Options, end
 		endpoints = b.cfg.etcd.endpoints.vals
 	} else {
 		opts.Fsync = b.cfg.fsync
-		c, err := etcdcluster.New(fmt.Sprintf("%s/c%d", b.dir, time.Now().UnixNano()), n, opts)
+		c, err := etcdtest.New(fmt.Sprintf("%s/c%d", b.dir, time.Now().UnixNano()), n, opts)
 		if err != nil {
 			return nil, err
 		}
@@ -171,7 +171,7 @@ func suiteDo(ctx context.Context, b *bencher) ([]suiteReport, error) {
 		if err != nil || n < 1 {
 			return nil, fmt.Errorf("--members %q", m)
 		}
-		t, err := b.open(ctx, n, etcdcluster.Options{})
+		t, err := b.open(ctx, n, etcdtest.Options{})
 		if err != nil {
 			return nil, err
 		}
@@ -295,7 +295,7 @@ func suiteReplay(ctx context.Context, b *bencher) ([]suiteReport, error) {
 	var reps []suiteReport
 	for _, m := range b.cfg.members.vals {
 		n, _ := strconv.Atoi(m)
-		t, err := b.open(ctx, n, etcdcluster.Options{})
+		t, err := b.open(ctx, n, etcdtest.Options{})
 		if err != nil {
 			return nil, err
 		}

@@ -1,4 +1,4 @@
-package etcdcluster
+package etcdtest
 
 import (
 	"context"
@@ -141,4 +141,55 @@ func (c *Cluster) All() []int {
 		idx[i] = i
 	}
 	return idx
+}
+
+// Reconnect undoes Isolate and Pause for member i alone: its peer links are
+// mended on both sides and its proxies carry traffic again (held traffic is
+// delivered). Heal does it for every member.
+func (c *Cluster) Reconnect(i int) {
+	m := c.Members[i]
+	for _, p := range []*Proxy{m.PeerProxy, m.ClientProxy} {
+		if p != nil {
+			p.Heal()
+		}
+	}
+	if e := m.Etcd(); e != nil {
+		for _, id := range c.otherIDs(i) {
+			e.Server.MendPeer(id)
+		}
+	}
+	id := c.memberIDs[i]
+	for j, o := range c.Members {
+		if e := o.Etcd(); e != nil && j != i {
+			e.Server.MendPeer(id)
+		}
+	}
+}
+
+// Pause makes member i look, from outside, like a process that stopped
+// (SIGSTOP) with its connections open: the other members stop hearing it and
+// it stops hearing them (Isolate), and its client proxy holds every request
+// without answering or closing (clients wait until their own timeouts, as
+// they would for a hung machine). Reconnect or Heal resumes it. The member
+// itself keeps running: it notices it has no leader, but nobody hears it.
+// The cluster must have been started with Proxies.
+func (c *Cluster) Pause(i int) error {
+	if err := c.Isolate(i); err != nil {
+		return err
+	}
+	c.Members[i].ClientProxy.Hold()
+	return nil
+}
+
+// ProxiedEndpoints returns every member's client endpoint behind its client
+// proxy (the cluster must have been started with Proxies): a client given
+// these sees the faults set on the proxies, and Pause.
+func (c *Cluster) ProxiedEndpoints() []string {
+	var eps []string
+	for _, m := range c.Members {
+		if m.ClientProxy != nil {
+			eps = append(eps, m.ClientProxy.URL())
+		}
+	}
+	return eps
 }

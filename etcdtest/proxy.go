@@ -1,4 +1,4 @@
-package etcdcluster
+package etcdtest
 
 import (
 	"net"

@@ -1,10 +1,4 @@
-// Package etcdcluster runs real etcd clusters inside the process, on
-// loopback ports the kernel picks: one member or several, each optionally
-// behind fault-injecting proxies (Proxy) on its peer and client ports, with
-// kills, restarts and two-sided partitions (Isolate). The tests use it
-// through package etcdtest; idem-bench uses it to measure on 1, 3 and WAN
-// clusters.
-package etcdcluster
+package etcdtest
 
 import (
 	"context"
@@ -15,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	"go.etcd.io/etcd/client/pkg/v3/types"
@@ -248,13 +243,9 @@ func (c *Cluster) Client(endpoints ...string) (*clientv3.Client, error) {
 }
 
 // TB is the part of testing.TB that MustClient needs.
-type TB interface {
-	Helper()
-	Fatalf(format string, args ...any)
-}
 
 // MustClient is Client for tests.
-func (c *Cluster) MustClient(t TB, endpoints ...string) *clientv3.Client {
+func (c *Cluster) MustClient(t testing.TB, endpoints ...string) *clientv3.Client {
 	t.Helper()
 	cli, err := c.Client(endpoints...)
 	if err != nil {
