@@ -1,0 +1,258 @@
+// Package idemclient is the client half of idempotency keys: an
+// http.RoundTripper that gives each logical operation one key and retries
+// it safely, and a client for idem's worker API.
+//
+// The rules it follows (Stripe's and Brandur Leach's, and the IETF
+// Idempotency-Key draft's):
+//
+//   - One key per logical operation: the caller's (WithKey, or an
+//     Idempotency-Key header it set), or one generated once and reused by
+//     every retry of that operation. A new key is a new operation.
+//   - Retry what may succeed on a retry with the same key: network errors
+//     (the request may or may not have arrived; the key makes resending
+//     safe), 409 Conflict (the same key is in flight) and 503 Service
+//     Unavailable (idem could not reach its store, or the answer is not
+//     saved yet). Never retry 422 (the key was used with other parameters)
+//     or any other 4xx: the same request would fail the same way.
+//   - Back off exponentially with full jitter, and honour Retry-After.
+//   - Stop within a budget well inside the key's retention: once a key is
+//     forgotten, a retry is a new operation. The budget is capped at a
+//     quarter of the retention the server advertises (Idempotency-Retention).
+package idemclient
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Headers idem uses.
+const (
+	HeaderKey       = "Idempotency-Key"
+	HeaderReplayed  = "Idempotent-Replayed"
+	HeaderRetention = "Idempotency-Retention"
+)
+
+// Defaults of Transport.
+const (
+	DefaultBudget      = 2 * time.Minute
+	DefaultMaxAttempts = 10
+	DefaultBaseDelay   = 100 * time.Millisecond
+	DefaultMaxDelay    = 10 * time.Second
+)
+
+// ErrBudget is returned (wrapped, with the last error) when the retries of
+// an operation ran out of attempts or time after a network error. Its
+// outcome is unknown: retry it later with the same key (Report.Key) inside
+// the retention, or reconcile.
+var ErrBudget = errors.New("idemclient: retry budget spent; the outcome is unknown")
+
+// Transport is an http.RoundTripper that makes requests of the methods it
+// covers idempotent by key and retries them. Its zero value is usable.
+type Transport struct {
+	// Base sends each attempt (default http.DefaultTransport).
+	Base http.RoundTripper
+	// Methods are the methods given keys and retried (default POST and
+	// PATCH). Others go through Base once.
+	Methods []string
+	// MaxAttempts bounds the attempts of one operation (default 10).
+	MaxAttempts int
+	// Budget bounds the time from the first attempt to the start of the
+	// last (default 2 minutes), capped at a quarter of the server's
+	// advertised retention.
+	Budget time.Duration
+	// BaseDelay and MaxDelay shape the backoff: attempt n waits a random
+	// time in [0, min(MaxDelay, BaseDelay*2^n)), or Retry-After when the
+	// server sends one (defaults 100 ms and 10 s).
+	BaseDelay, MaxDelay time.Duration
+	// OnRetry, when set, is told of every retry before its wait.
+	OnRetry func(RetryInfo)
+
+	keyless bool // the worker API's calls: keys are in their bodies
+}
+
+// RetryInfo describes one retry, for logging.
+type RetryInfo struct {
+	Key     string
+	Attempt int           // the attempt that failed, from 1
+	Status  int           // its status, 0 after a network error
+	Err     error         // the network error
+	Wait    time.Duration // before the next attempt
+}
+
+// Report says what happened to one operation: its key, how many attempts
+// it took and whether its answer was replayed (its work ran earlier, under
+// an earlier attempt or an earlier call with this key).
+type Report struct {
+	Key      string
+	Attempts int
+	Replayed bool
+}
+
+type keyCtx struct{}
+type reportCtx struct{}
+
+// WithKey returns a context whose request uses key as its idempotency key
+// (one the caller persisted with the operation, such as an order id).
+func WithKey(ctx context.Context, key string) context.Context {
+	return context.WithValue(ctx, keyCtx{}, key)
+}
+
+// WithReport returns a context whose request fills r when it ends.
+func WithReport(ctx context.Context, r *Report) context.Context {
+	return context.WithValue(ctx, reportCtx{}, r)
+}
+
+// NewKey returns a fresh key (a random UUID).
+func NewKey() string { return uuid.NewString() }
+
+// Replayed reports whether a response was replayed by idem.
+func Replayed(resp *http.Response) bool {
+	return resp != nil && resp.Header.Get(HeaderReplayed) == "true"
+}
+
+// RoundTrip sends req, and retries it with the same key as the package
+// documentation says.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	base := t.Base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	methods := t.Methods
+	if methods == nil {
+		methods = []string{http.MethodPost, http.MethodPatch}
+	}
+	if t.keyless {
+		methods = []string{http.MethodPost, http.MethodGet}
+	}
+	if !slices.Contains(methods, req.Method) {
+		return base.RoundTrip(req)
+	}
+	ctx := req.Context()
+	key := req.Header.Get(HeaderKey)
+	if key == "" {
+		key, _ = ctx.Value(keyCtx{}).(string)
+	}
+	if key == "" {
+		key = NewKey()
+	}
+	getBody := req.GetBody
+	if req.Body != nil && req.Body != http.NoBody && getBody == nil {
+		b, err := io.ReadAll(req.Body)
+		req.Body.Close()
+		if err != nil {
+			return nil, fmt.Errorf("idemclient: reading the request body: %w", err)
+		}
+		getBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
+	}
+	rep, _ := ctx.Value(reportCtx{}).(*Report)
+	if rep == nil {
+		rep = &Report{}
+	}
+	*rep = Report{Key: key}
+
+	maxAttempts, budget := or(t.MaxAttempts, DefaultMaxAttempts), or(t.Budget, DefaultBudget)
+	baseDelay, maxDelay := or(t.BaseDelay, DefaultBaseDelay), or(t.MaxDelay, DefaultMaxDelay)
+	start := time.Now()
+	for attempt := 1; ; attempt++ {
+		r := req.Clone(ctx)
+		if !t.keyless {
+			r.Header.Set(HeaderKey, key)
+		}
+		if getBody != nil {
+			body, err := getBody()
+			if err != nil {
+				return nil, fmt.Errorf("idemclient: rewinding the request body: %w", err)
+			}
+			r.Body = body
+		}
+		rep.Attempts = attempt
+		resp, err := base.RoundTrip(r)
+		if resp != nil {
+			if ret, perr := strconv.Atoi(resp.Header.Get(HeaderRetention)); perr == nil && ret > 0 {
+				budget = min(budget, time.Duration(ret)*time.Second/4)
+			}
+		}
+		if err == nil && resp.StatusCode != http.StatusConflict && resp.StatusCode != http.StatusServiceUnavailable {
+			rep.Replayed = Replayed(resp)
+			return resp, nil // an answer, or a refusal a retry would get again
+		}
+		if ctx.Err() != nil {
+			if resp != nil {
+				return resp, nil
+			}
+			return nil, err
+		}
+		wait := backoff(attempt, baseDelay, maxDelay)
+		status := 0
+		if resp != nil {
+			status = resp.StatusCode
+			if ra, ok := retryAfter(resp.Header.Get("Retry-After")); ok {
+				wait = ra
+			}
+		}
+		if attempt >= maxAttempts || time.Since(start)+wait > budget {
+			if resp != nil {
+				return resp, nil // the caller sees the last answer: 409 or 503, and its Retry-After
+			}
+			return nil, fmt.Errorf("%w: key %s, %d attempts in %v: %w", ErrBudget, key, attempt, time.Since(start).Round(time.Millisecond), err)
+		}
+		if resp != nil {
+			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+			resp.Body.Close()
+		}
+		if t.OnRetry != nil {
+			t.OnRetry(RetryInfo{Key: key, Attempt: attempt, Status: status, Err: err, Wait: wait})
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil, fmt.Errorf("idemclient: key %s, waiting to retry: %w", key, ctx.Err())
+		case <-timer.C:
+		}
+	}
+}
+
+// backoff is "full jitter": a random wait below an exponentially growing
+// cap (AWS Architecture Blog, "Exponential Backoff and Jitter").
+func backoff(attempt int, base, maxDelay time.Duration) time.Duration {
+	c := maxDelay
+	if attempt < 30 && base<<attempt < maxDelay && base<<attempt > 0 {
+		c = base << attempt
+	}
+	return time.Duration(rand.Int64N(int64(c)) + 1)
+}
+
+// retryAfter parses Retry-After: delta seconds or an HTTP date.
+func retryAfter(v string) (time.Duration, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false
+	}
+	if s, err := strconv.Atoi(v); err == nil && s >= 0 {
+		return time.Duration(s) * time.Second, true
+	}
+	if at, err := http.ParseTime(v); err == nil {
+		return max(time.Until(at), 0), true
+	}
+	return 0, false
+}
+
+func or[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}

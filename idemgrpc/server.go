@@ -1,0 +1,452 @@
+package idemgrpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/fencing"
+)
+
+// Metadata keys (gRPC metadata keys are lower case).
+const (
+	// MetadataKey carries the idempotency key of a call.
+	MetadataKey = "idempotency-key"
+	// MetadataFencing carries the fencing token of the claim a call runs
+	// under, to the services the handler calls (outgoing metadata).
+	MetadataFencing = "fencing"
+	// MetadataReplayed is set to "true" in the response header of a
+	// replayed call.
+	MetadataReplayed = "idempotent-replayed"
+	// MetadataRetention is set in every keyed call's response header: the
+	// seconds a key is kept, inside which a client must stop retrying.
+	MetadataRetention = "idempotency-retention"
+)
+
+// ErrorDomain is the domain of the google.rpc.ErrorInfo details idem sets.
+const ErrorDomain = "idem.dev"
+
+// ErrorInfo reasons, in the details of the statuses idem answers with.
+const (
+	ReasonInFlight         = "IDEMPOTENCY_KEY_IN_FLIGHT"
+	ReasonKeyReused        = "IDEMPOTENCY_KEY_REUSED"
+	ReasonInvalidKey       = "IDEMPOTENCY_KEY_INVALID"
+	ReasonMissingKey       = "IDEMPOTENCY_KEY_MISSING"
+	ReasonStoreUnavailable = "IDEMPOTENCY_STORE_UNAVAILABLE"
+	ReasonNotSaved         = "IDEMPOTENT_RESPONSE_NOT_SAVED"
+	ReasonForgedFencing    = "FENCING_TOKEN_FORGED"
+)
+
+// Store is what the interceptor needs of idem's store: an
+// *etcdstore.Store, or a *shard.Store over several clusters.
+type Store interface {
+	Run(ctx context.Context, key etcdstore.Key, fp etcdstore.Fingerprint, work etcdstore.RunWork, opts ...etcdstore.RunOption) (etcdstore.Result, error)
+	Get(ctx context.Context, key etcdstore.Key) (*etcdstore.Record, error)
+	Retention() time.Duration
+	MaxRecordSize() int
+}
+
+var _ Store = (*etcdstore.Store)(nil)
+
+// Config configures the server interceptors. Store is required.
+type Config struct {
+	Store Store
+
+	// Methods reports whether calls of a full method name
+	// ("/pkg.Service/Method") are claimed when they carry a key (default:
+	// every unary method). Others pass through untouched.
+	Methods func(fullMethod string) bool
+	// RequireKey reports whether a claimed method must carry a key; a call
+	// without one gets InvalidArgument. Nil: never required.
+	RequireKey func(fullMethod string) bool
+	// RequestIDField names the request message's field that carries the
+	// key (AIP-155), used when the metadata has no idempotency-key (default
+	// "request_id"; "-": metadata only). A call with both must send the
+	// same value in both.
+	RequestIDField protoreflect.Name
+	// Tenant scopes keys (default: one tenant, etcdstore.DefaultTenant).
+	// An error refuses the call with PermissionDenied.
+	Tenant func(ctx context.Context, fullMethod string) (string, error)
+	// OnStatus decides from a handler's status how its claim ends (default
+	// DefaultStatusPolicy).
+	OnStatus func(*status.Status) etcdstore.End
+	// ClaimDeadline, when set, gives every claim a deadline
+	// (etcdstore.WithDeadline).
+	ClaimDeadline time.Duration
+	// Logger gets a line per refused or unsaved call (default: none). Keys
+	// are logged as a digest.
+	Logger *slog.Logger
+	// Tracing adds OpenTelemetry spans for the claim and its end (see
+	// package idemotel); nil: none.
+	Tracing Tracer
+}
+
+// Tracer is the part of idem's tracing the interceptor calls: a span around
+// the claim, and its outcome. Package idemotel implements it.
+type Tracer interface {
+	Start(ctx context.Context, name string, key etcdstore.Key) (context.Context, func(outcome string, token fencing.Token, takeovers int64, err error))
+}
+
+// DefaultStatusPolicy saves every status (replayed to every retry), except
+// RESOURCE_EXHAUSTED and an UNAVAILABLE that carries RetryInfo: a handler
+// says with these that it did nothing and the call may be retried, so the
+// key is released and a retry runs the handler again. A handler that may
+// have acted must not answer either.
+func DefaultStatusPolicy(st *status.Status) etcdstore.End {
+	switch st.Code() {
+	case codes.ResourceExhausted:
+		return etcdstore.EndRelease
+	case codes.Unavailable:
+		for _, d := range st.Details() {
+			if _, ok := d.(*errdetails.RetryInfo); ok {
+				return etcdstore.EndRelease
+			}
+		}
+	}
+	return etcdstore.EndSave
+}
+
+// Interceptor makes the unary calls of a gRPC server idempotent by key.
+type Interceptor struct {
+	cfg Config
+}
+
+// New validates cfg and returns an Interceptor.
+func New(cfg Config) (*Interceptor, error) {
+	if cfg.Store == nil {
+		return nil, fmt.Errorf("idemgrpc: %w: Config.Store is required", etcdstore.ErrInvalidArgument)
+	}
+	if cfg.RequestIDField == "" {
+		cfg.RequestIDField = "request_id"
+	}
+	if cfg.RequestIDField != "-" && !cfg.RequestIDField.IsValid() {
+		return nil, fmt.Errorf("idemgrpc: %w: RequestIDField %q is not a protobuf field name", etcdstore.ErrInvalidArgument, cfg.RequestIDField)
+	}
+	if cfg.Tenant == nil {
+		cfg.Tenant = func(context.Context, string) (string, error) { return etcdstore.DefaultTenant, nil }
+	}
+	if cfg.OnStatus == nil {
+		cfg.OnStatus = DefaultStatusPolicy
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Interceptor{cfg: cfg}, nil
+}
+
+// Unary returns the unary server interceptor. Chain it after
+// authentication (the tenant comes from the caller's identity) and before
+// the handler's own interceptors: it runs the rest of the chain once per key.
+func (i *Interceptor) Unary() grpc.UnaryServerInterceptor {
+	return i.unary
+}
+
+// Stream returns the stream server interceptor: a streaming call that
+// carries an idempotency key is refused with UNIMPLEMENTED (a stream's
+// messages cannot be saved and replayed as one answer: make the
+// non-idempotent part a unary call); one without a key passes through.
+func (i *Interceptor) Stream() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		md, _ := metadata.FromIncomingContext(ss.Context())
+		if len(md.Get(MetadataKey)) > 0 {
+			return withInfo(codes.Unimplemented, ReasonInvalidKey,
+				"idempotency keys are not supported on streaming methods ("+info.FullMethod+"): make the non-idempotent operation a unary call")
+		}
+		return handler(srv, ss)
+	}
+}
+
+func (i *Interceptor) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if i.cfg.Methods != nil && !i.cfg.Methods(info.FullMethod) {
+		return handler(ctx, req)
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	msg, _ := req.(proto.Message)
+	id, present, err := i.keyOf(md, msg)
+	if err != nil {
+		return nil, err
+	}
+	if !present {
+		if i.cfg.RequireKey != nil && i.cfg.RequireKey(info.FullMethod) {
+			return nil, withInfo(codes.InvalidArgument, ReasonMissingKey,
+				info.FullMethod+" requires an idempotency key (metadata "+MetadataKey+" or the request's "+string(i.cfg.RequestIDField)+" field): generate one per operation and send it on every retry")
+		}
+		return handler(ctx, req)
+	}
+	if len(md.Get(MetadataFencing)) > 0 {
+		return nil, withInfo(codes.InvalidArgument, ReasonForgedFencing,
+			"metadata "+MetadataFencing+" is set by idem for the services a handler calls; a client must not send it")
+	}
+	if msg == nil {
+		return nil, status.Errorf(codes.Internal, "idemgrpc: %s: the request is not a protobuf message", info.FullMethod)
+	}
+	tenant, err := i.cfg.Tenant(ctx, info.FullMethod)
+	if err != nil {
+		return nil, status.Error(codes.PermissionDenied, err.Error())
+	}
+	key := etcdstore.Key{Tenant: tenant, ID: id}
+	if err := key.Validate(); err != nil {
+		return nil, withInfo(codes.InvalidArgument, ReasonInvalidKey, err.Error())
+	}
+	fp, err := Fingerprint(info.FullMethod, msg)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	_ = grpc.SetHeader(ctx, metadata.Pairs(MetadataRetention, strconv.Itoa(int(i.cfg.Store.Retention().Seconds()))))
+	return i.run(ctx, req, info, handler, key, fp)
+}
+
+// keyOf finds the call's key in the metadata or the request's field.
+func (i *Interceptor) keyOf(md metadata.MD, msg proto.Message) (string, bool, error) {
+	var fromMD, fromField string
+	if v := md.Get(MetadataKey); len(v) > 1 {
+		return "", false, withInfo(codes.InvalidArgument, ReasonInvalidKey, "more than one "+MetadataKey+" in the metadata")
+	} else if len(v) == 1 {
+		fromMD = v[0]
+		if fromMD == "" {
+			return "", false, withInfo(codes.InvalidArgument, ReasonInvalidKey, MetadataKey+" is empty")
+		}
+	}
+	if msg != nil && i.cfg.RequestIDField != "-" {
+		m := msg.ProtoReflect()
+		if f := m.Descriptor().Fields().ByName(i.cfg.RequestIDField); f != nil && f.Kind() == protoreflect.StringKind && !f.IsList() && !f.IsMap() {
+			fromField = m.Get(f).String()
+		}
+	}
+	switch {
+	case fromMD != "" && fromField != "" && fromMD != fromField:
+		return "", false, withInfo(codes.InvalidArgument, ReasonInvalidKey,
+			"the "+MetadataKey+" metadata and the request's "+string(i.cfg.RequestIDField)+" differ: send one key per operation")
+	case fromMD != "":
+		return fromMD, true, nil
+	case fromField != "":
+		return fromField, true, nil
+	}
+	return "", false, nil
+}
+
+// Fingerprint is the fingerprint of a call: its full method name and its
+// request message in protobuf's deterministic encoding. Deterministic
+// encoding is stable for one binary (map entries sorted, fields in number
+// order) but not across every protobuf version and language: clients that
+// retry through different stacks should send byte-identical requests, or
+// the retry is refused as a mismatch, never run twice.
+func Fingerprint(fullMethod string, msg proto.Message) (etcdstore.Fingerprint, error) {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)
+	if err != nil {
+		return etcdstore.Fingerprint{}, fmt.Errorf("idemgrpc: encoding the request: %w", err)
+	}
+	return etcdstore.FingerprintOf(append(append([]byte("grpc "+fullMethod), 0), b...))
+}
+
+// outcomes are saved as a google.rpc.Status: its code, message and details,
+// and for an OK call the response in Details[0] as an Any. Outcome.Status
+// holds the gRPC code plus statusBase, so that a record says what made it.
+const statusBase = 1000
+
+func (i *Interceptor) run(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler, key etcdstore.Key, fp etcdstore.Fingerprint) (any, error) {
+	var opts []etcdstore.RunOption
+	if i.cfg.ClaimDeadline > 0 {
+		opts = append(opts, etcdstore.WithDeadline(i.cfg.ClaimDeadline))
+	}
+	ran := false
+	var live any      // the handler's response, for the first caller
+	var liveErr error // the handler's error, for the first caller
+	var panicked any
+	var takeovers int64
+	tookOver := false
+	spanCtx, end := ctx, func(string, fencing.Token, int64, error) {}
+	if i.cfg.Tracing != nil {
+		spanCtx, end = i.cfg.Tracing.Start(ctx, "idem.claim", key)
+	}
+	res, err := i.cfg.Store.Run(spanCtx, key, fp, func(_ context.Context, c *etcdstore.Claim) (etcdstore.Outcome, etcdstore.End) {
+		ran = true
+		takeovers, tookOver = int64(c.Takeovers()), c.TookOver()
+		// Once the handler starts it runs to its end, even if the caller
+		// goes away or the claim is lost: cutting it short turns a definite
+		// answer into an unknown outcome. Its answer is saved if the claim
+		// still holds (the write is fenced).
+		hctx := fencing.NewContext(context.WithoutCancel(spanCtx), c.Token())
+		hctx = metadata.AppendToOutgoingContext(hctx, MetadataFencing, c.Token().String())
+		func() {
+			defer func() {
+				if v := recover(); v != nil {
+					panicked = v
+				}
+			}()
+			live, liveErr = handler(hctx, req)
+		}()
+		if panicked != nil {
+			// It may have acted before it panicked.
+			st := status.New(codes.Internal, "the handler failed while running this call; it may have acted: reconcile before using a new key")
+			return etcdstore.Outcome{Status: statusBase + int(codes.Internal), Body: mustMarshal(st.Proto())}, etcdstore.EndSave
+		}
+		if liveErr != nil {
+			st := status.Convert(liveErr)
+			return etcdstore.Outcome{Status: statusBase + int(st.Code()), Body: mustMarshal(st.Proto())}, i.cfg.OnStatus(st)
+		}
+		resp, ok := live.(proto.Message)
+		if !ok {
+			st := status.New(codes.Internal, "the handler's response is not a protobuf message and cannot be saved")
+			return etcdstore.Outcome{Status: statusBase + int(codes.Internal), Body: mustMarshal(st.Proto())}, etcdstore.EndSave
+		}
+		a, err := anypb.New(resp)
+		if err != nil {
+			st := status.New(codes.Internal, "the handler's response cannot be encoded: "+err.Error())
+			return etcdstore.Outcome{Status: statusBase + int(codes.Internal), Body: mustMarshal(st.Proto())}, etcdstore.EndSave
+		}
+		body := mustMarshal(&spb.Status{Code: int32(codes.OK), Details: []*anypb.Any{a}})
+		if limit := i.cfg.Store.MaxRecordSize() - 4096; len(body) > limit {
+			// It ran; say so to every retry, since it cannot be replayed.
+			st := statusWithInfo(codes.Internal, ReasonNotSaved, fmt.Sprintf(
+				"the call ran once, but its response (%d bytes) is over the %d-byte limit and cannot be replayed; do not retry it with a new key", len(body), limit))
+			return etcdstore.Outcome{Status: statusBase + int(codes.Internal), Body: mustMarshal(st.Proto())}, etcdstore.EndSave
+		}
+		return etcdstore.Outcome{Status: statusBase, Body: body}, etcdstore.EndSave
+	}, opts...)
+	if panicked != nil {
+		end("panicked", res.Token, takeovers, err)
+		panic(panicked)
+	}
+	outcome := "claimed"
+	switch {
+	case ran && err == nil && tookOver:
+		outcome = "takeover"
+	case !ran && err == nil:
+		outcome = "replayed"
+	case !ran:
+		outcome = "refused"
+	case errors.Is(err, etcdstore.ErrFenced) || errors.Is(err, etcdstore.ErrClaimEnded):
+		outcome = "fenced"
+	case err != nil:
+		outcome = "unsaved"
+	}
+	end(outcome, res.Token, takeovers, err)
+
+	if !ran {
+		if err != nil {
+			return nil, i.refusal(ctx, key, err)
+		}
+		_ = grpc.SetHeader(ctx, metadata.Pairs(MetadataReplayed, "true"))
+		return replay(res.Outcome)
+	}
+	switch {
+	case errors.Is(err, etcdstore.ErrFenced) || errors.Is(err, etcdstore.ErrClaimEnded):
+		// Another owner took the key over while this handler ran: the first
+		// saved outcome is theirs, and every caller must see that one.
+		if cur, gerr := i.cfg.Store.Get(ctx, key); gerr == nil && cur.State == etcdstore.Done && cur.Fingerprint == fp && cur.Outcome != nil {
+			_ = grpc.SetHeader(ctx, metadata.Pairs(MetadataReplayed, "true"))
+			return replay(*cur.Outcome)
+		}
+		return nil, withRetry(codes.Aborted, ReasonInFlight, "another owner took this key over while the call ran; retry with the same key to get its outcome", time.Second)
+	case err != nil:
+		// The handler answered, but its answer is not saved yet (the store
+		// keeps trying in the background): acknowledging it could let a
+		// crash replace it with another answer to a retry.
+		i.cfg.Logger.Warn("idem: a call ran but its outcome is not saved yet", "key", key.Digest(), "err", err)
+		return nil, withRetry(codes.Unavailable, ReasonStoreUnavailable, "the call ran but its response could not be saved yet; retry with the same key to get it", time.Second)
+	}
+	if res.Status == statusBase+int(codes.Internal) && liveErr == nil {
+		return replay(res.Outcome) // the response was not saved: say so to this caller too
+	}
+	return live, liveErr
+}
+
+// replay turns a saved outcome back into the response or status.
+func replay(o etcdstore.Outcome) (any, error) {
+	var st spb.Status
+	if o.Status < statusBase || proto.Unmarshal(o.Body, &st) != nil {
+		return nil, status.Error(codes.FailedPrecondition, "this idempotency key holds the outcome of an HTTP request, not of a gRPC call: use a new key")
+	}
+	if codes.Code(st.Code) != codes.OK {
+		return nil, status.FromProto(&st).Err()
+	}
+	if len(st.Details) != 1 {
+		return nil, status.Error(codes.Internal, "idemgrpc: a saved response without its message")
+	}
+	m, err := st.Details[0].UnmarshalNew()
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "idemgrpc: decoding the saved response (%s): %v", st.Details[0].GetTypeUrl(), err)
+	}
+	return m, nil
+}
+
+// refusal maps a claim that did not run the handler to a status.
+func (i *Interceptor) refusal(ctx context.Context, key etcdstore.Key, err error) error {
+	var ce *etcdstore.ConflictError
+	switch {
+	case ctx.Err() != nil:
+		return status.FromContextError(ctx.Err()).Err()
+	case errors.As(err, &ce):
+		return withRetry(codes.Aborted, ReasonInFlight,
+			"a call with this idempotency key is in flight; retry with the same key", max(ce.RetryAfter, 100*time.Millisecond))
+	case errors.Is(err, etcdstore.ErrMismatch):
+		return withInfo(codes.FailedPrecondition, ReasonKeyReused,
+			"this idempotency key was used with a different request: a key names one operation; use a new key for a new operation")
+	case errors.Is(err, etcdstore.ErrInvalidKey), errors.Is(err, etcdstore.ErrInvalidTenant), errors.Is(err, etcdstore.ErrInvalidArgument), errors.Is(err, etcdstore.ErrTooLarge):
+		return withInfo(codes.InvalidArgument, ReasonInvalidKey, err.Error())
+	case errors.Is(err, etcdstore.ErrStoreFull):
+		return withRetry(codes.Unavailable, ReasonStoreUnavailable, "the idempotency store is out of space (NOSPACE); retry with the same key once an operator frees space", 30*time.Second)
+	default:
+		i.cfg.Logger.Warn("idem: claim failed", "key", key.Digest(), "err", err)
+		return withRetry(codes.Unavailable, ReasonStoreUnavailable, "the idempotency store is unavailable; retry with the same key", time.Second)
+	}
+}
+
+func withInfo(c codes.Code, reason, msg string) error {
+	return statusWithInfo(c, reason, msg).Err()
+}
+
+func statusWithInfo(c codes.Code, reason, msg string) *status.Status {
+	st, err := status.New(c, msg).WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain})
+	if err != nil {
+		return status.New(c, msg)
+	}
+	return st
+}
+
+func withRetry(c codes.Code, reason, msg string, after time.Duration) error {
+	st, err := status.New(c, msg).WithDetails(
+		&errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain},
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(after)})
+	if err != nil {
+		return status.Error(c, msg)
+	}
+	return st.Err()
+}
+
+func mustMarshal(m proto.Message) []byte {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	if err != nil {
+		panic(fmt.Sprintf("idemgrpc: encoding %T: %v", m, err)) // a status proto always encodes
+	}
+	return b
+}
+
+// TokenFromIncoming returns the fencing token an upstream idem sent in the
+// incoming metadata of a call, for a downstream service that refuses stale
+// tokens (fencing.Checker).
+func TokenFromIncoming(ctx context.Context) (fencing.Token, bool, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	v := md.Get(MetadataFencing)
+	if len(v) == 0 {
+		return 0, false, nil
+	}
+	t, err := fencing.Parse(v[0])
+	return t, err == nil, err
+}
