@@ -157,8 +157,15 @@ func (s *Store) Claim(ctx context.Context, key Key, fp Fingerprint, opts ...Clai
 	return s.claim(ctx, key, fp, &cfg)
 }
 
-// claim is Claim with its options applied.
+// claim is Claim with its options applied, in a span when tracing.
 func (s *Store) claim(ctx context.Context, key Key, fp Fingerprint, cfg *claimConfig) (*Claim, *Record, error) {
+	ctx, sp := s.startSpan(ctx, "idem.claim", key)
+	c, done, err := s.claimUntraced(ctx, key, fp, cfg)
+	endClaimSpan(sp, c, done, err)
+	return c, done, err
+}
+
+func (s *Store) claimUntraced(ctx context.Context, key Key, fp Fingerprint, cfg *claimConfig) (*Claim, *Record, error) {
 	if err := key.Validate(); err != nil {
 		return nil, nil, fmt.Errorf("claim: %w", err)
 	}

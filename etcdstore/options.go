@@ -1,6 +1,8 @@
 package etcdstore
 
 import (
+	"go.opentelemetry.io/otel/trace"
+
 	"fmt"
 	"log/slog"
 	"strings"
@@ -42,6 +44,8 @@ type config struct {
 	keysPerLease   int64
 	format         byte
 	log            *slog.Logger
+	tracer         trace.Tracer // nil: no spans, no tracing code runs
+	traceKeys      bool
 	noBatching     bool
 	noSweep        bool
 	batchMembers   int
@@ -283,6 +287,30 @@ func WithBatchLimits(members, bytes int) Option {
 // process runs long enough to sweep.
 func WithExpirySweep(on bool) Option {
 	return option(func(c *config) error { c.noSweep = !on; return nil })
+}
+
+// WithTracerProvider makes the store record OpenTelemetry spans: idem.claim
+// (renamed idem.replay or idem.takeover by what the claim found), idem.wait,
+// and idem.complete, idem.checkpoint, idem.release, idem.abandon for the
+// claim's writes, with attributes idem.tenant, idem.outcome,
+// idem.fencing_token, idem.takeovers and idem.key.digest (a hash of the key;
+// WithTraceKeys puts the key itself). Without it the store runs no tracing
+// code at all.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return option(func(c *config) error {
+		if tp == nil {
+			return fmt.Errorf("%w: WithTracerProvider(nil)", ErrInvalidArgument)
+		}
+		c.tracer = tp.Tracer(tracerName)
+		return nil
+	})
+}
+
+// WithTraceKeys records keys themselves in spans (idem.key) rather than
+// their digest. Keys can be personal or secret data (an email, an order
+// number): only where traces are as protected as the data.
+func WithTraceKeys(on bool) Option {
+	return option(func(c *config) error { c.traceKeys = on; return nil })
 }
 
 // WithLogger sets the logger for session events (default: discard).

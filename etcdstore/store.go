@@ -1,6 +1,8 @@
 package etcdstore
 
 import (
+	"go.opentelemetry.io/otel/trace"
+
 	"context"
 	"errors"
 	"fmt"
@@ -54,6 +56,8 @@ type Store struct {
 	endTimeout time.Duration
 	format     byte // of the records written
 	log        *slog.Logger
+	tracer     trace.Tracer
+	traceKeys  bool
 
 	full atomic.Bool // etcd refused the last write for lack of space
 
@@ -151,6 +155,8 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 		endTimeout: c.endTimeout,
 		format:     c.format,
 		log:        c.log,
+		tracer:     c.tracer,
+		traceKeys:  c.traceKeys,
 		claimPath:  c.claimPath,
 		sess:       sess,
 		running:    make(map[runKey]*Claim),

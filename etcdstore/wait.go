@@ -1,6 +1,8 @@
 package etcdstore
 
 import (
+	"go.opentelemetry.io/otel/trace"
+
 	"context"
 	"errors"
 	"fmt"
@@ -20,9 +22,28 @@ import (
 //
 // It returns early with ctx's error. Wait does not compare fingerprints:
 // claim with the request's fingerprint to get a replay or a mismatch.
-func (s *Store) Wait(ctx context.Context, key Key) (*Record, error) {
+func (s *Store) Wait(ctx context.Context, key Key) (rec *Record, err error) {
 	if err := key.Validate(); err != nil {
 		return nil, fmt.Errorf("wait: %w", err)
+	}
+	if s.tracer != nil {
+		var sp trace.Span
+		ctx, sp = s.startSpan(ctx, "idem.wait", key)
+		defer func() {
+			if err != nil && !errors.Is(err, ErrNotFound) && ctx.Err() == nil {
+				endSpanErr(sp, err)
+				return
+			}
+			state := "gone"
+			if err != nil && ctx.Err() != nil {
+				state = "timeout"
+			}
+			if rec != nil {
+				state = string(rec.State)
+			}
+			sp.SetAttributes(AttrOutcome.String(state))
+			sp.End()
+		}()
 	}
 	cur, rev, err := s.get(ctx, key)
 	if err != nil {

@@ -1,6 +1,8 @@
 package etcdstore
 
 import (
+	"go.opentelemetry.io/otel/trace"
+
 	"bytes"
 	"context"
 	"errors"
@@ -108,9 +110,14 @@ func (c *Claim) Abandon(ctx context.Context) error {
 // claim then adopts what that record says (its checkpoint, its deadline)
 // before it decides, so it never rewrites the record from older memory:
 // a checkpoint that landed with a lost reply is never moved backwards.
-func (c *Claim) write(ctx context.Context, op string, final bool, extra []clientv3.Op, next func(*Record) *Record) error {
+func (c *Claim) write(ctx context.Context, op string, final bool, extra []clientv3.Op, next func(*Record) *Record) (err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.s.tracer != nil {
+		var sp trace.Span
+		ctx, sp = c.s.startSpan(ctx, "idem."+op, c.key)
+		defer func() { endWriteSpan(sp, c, err) }() // under c.mu
+	}
 	if c.ended {
 		return fmt.Errorf("%s %s: %w", op, c.key, ErrClaimEnded)
 	}

@@ -91,15 +91,6 @@ type Config struct {
 	// Logger gets a line per refused or unsaved call (default: none). Keys
 	// are logged as a digest.
 	Logger *slog.Logger
-	// Tracing adds OpenTelemetry spans for the claim and its end (see
-	// package idemotel); nil: none.
-	Tracing Tracer
-}
-
-// Tracer is the part of idem's tracing the interceptor calls: a span around
-// the claim, and its outcome. Package idemotel implements it.
-type Tracer interface {
-	Start(ctx context.Context, name string, key etcdstore.Key) (context.Context, func(outcome string, token fencing.Token, takeovers int64, err error))
 }
 
 // DefaultStatusPolicy saves every status (replayed to every retry), except
@@ -268,20 +259,13 @@ func (i *Interceptor) run(ctx context.Context, req any, info *grpc.UnaryServerIn
 	var live any      // the handler's response, for the first caller
 	var liveErr error // the handler's error, for the first caller
 	var panicked any
-	var takeovers int64
-	tookOver := false
-	spanCtx, end := ctx, func(string, fencing.Token, int64, error) {}
-	if i.cfg.Tracing != nil {
-		spanCtx, end = i.cfg.Tracing.Start(ctx, "idem.claim", key)
-	}
-	res, err := i.cfg.Store.Run(spanCtx, key, fp, func(_ context.Context, c *etcdstore.Claim) (etcdstore.Outcome, etcdstore.End) {
+	res, err := i.cfg.Store.Run(ctx, key, fp, func(_ context.Context, c *etcdstore.Claim) (etcdstore.Outcome, etcdstore.End) {
 		ran = true
-		takeovers, tookOver = int64(c.Takeovers()), c.TookOver()
 		// Once the handler starts it runs to its end, even if the caller
 		// goes away or the claim is lost: cutting it short turns a definite
 		// answer into an unknown outcome. Its answer is saved if the claim
 		// still holds (the write is fenced).
-		hctx := fencing.NewContext(context.WithoutCancel(spanCtx), c.Token())
+		hctx := fencing.NewContext(context.WithoutCancel(ctx), c.Token())
 		hctx = metadata.AppendToOutgoingContext(hctx, MetadataFencing, c.Token().String())
 		func() {
 			defer func() {
@@ -320,23 +304,8 @@ func (i *Interceptor) run(ctx context.Context, req any, info *grpc.UnaryServerIn
 		return etcdstore.Outcome{Status: statusBase, Body: body}, etcdstore.EndSave
 	}, opts...)
 	if panicked != nil {
-		end("panicked", res.Token, takeovers, err)
 		panic(panicked)
 	}
-	outcome := "claimed"
-	switch {
-	case ran && err == nil && tookOver:
-		outcome = "takeover"
-	case !ran && err == nil:
-		outcome = "replayed"
-	case !ran:
-		outcome = "refused"
-	case errors.Is(err, etcdstore.ErrFenced) || errors.Is(err, etcdstore.ErrClaimEnded):
-		outcome = "fenced"
-	case err != nil:
-		outcome = "unsaved"
-	}
-	end(outcome, res.Token, takeovers, err)
 
 	if !ran {
 		if err != nil {

@@ -22,6 +22,9 @@ type ProxyOptions struct {
 	// Transport replaces the default transport (for TLS to the upstream).
 	// Timeout is then the transport's to enforce (ResponseHeaderTimeout).
 	Transport http.RoundTripper
+	// WrapTransport, when set, wraps the transport (Transport or the
+	// default): for tracing, say otelhttp.NewTransport.
+	WrapTransport func(http.RoundTripper) http.RoundTripper
 	// Logger receives upstream errors (default: none).
 	Logger *slog.Logger
 	// ProblemDocs is the URL of the problem types, linked from the 502 the
@@ -93,6 +96,9 @@ func ReverseProxy(upstream *url.URL, o ProxyOptions) (http.Handler, error) {
 			ResponseHeaderTimeout: o.Timeout,
 			ExpectContinueTimeout: time.Second,
 		}
+	}
+	if o.WrapTransport != nil {
+		tr = o.WrapTransport(tr)
 	}
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {

@@ -48,6 +48,9 @@ func (s *server) connect(ctx context.Context, timeout time.Duration) error {
 		etcdstore.WithBatchLimits(c.batchMembers, c.batchBytes),
 		etcdstore.WithLogger(s.log),
 	}
+	if c.tracer != nil {
+		opts = append(opts, etcdstore.WithTracerProvider(c.tracer))
+	}
 	where := strings.Join(c.etcd.endpoints, ",")
 	var clis []*clientv3.Client
 	closeAll := func() {

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"google.golang.org/grpc"
+
 	"context"
 	"crypto/tls"
 	"errors"
@@ -90,6 +92,8 @@ func (v *listValue) Set(s string) error {
 
 // etcdFlags are the connection flags, named as etcdctl names them.
 type etcdFlags struct {
+	dialOptions []grpc.DialOption // tracing
+
 	endpoints   listFlag
 	cacert      string
 	cert        string
@@ -175,6 +179,7 @@ func (e *etcdFlags) client() (*clientv3.Client, error) {
 		Password:             password,
 		Logger:               zap.NewNop(),
 		RejectOldCluster:     false,
+		DialOptions:          e.dialOptions,
 	})
 }
 

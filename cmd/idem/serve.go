@@ -1,6 +1,10 @@
 package main
 
 import (
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+
 	"context"
 	"crypto/tls"
 	"errors"
@@ -40,6 +44,9 @@ Flags:
 
 // serveConfig is everything idem serve is told.
 type serveConfig struct {
+	// tracer is set when the OpenTelemetry environment asks for traces.
+	tracer trace.TracerProvider
+
 	etcd etcdFlags
 
 	listen, adminListen string
@@ -406,6 +413,23 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	log := c.logger(stderr)
+	tp, err := setupTracing(ctx)
+	if err != nil {
+		log.Error("idem could not start", "err", err)
+		return err
+	}
+	if tp != nil {
+		c.tracer = tp
+		c.etcd.dialOptions = append(c.etcd.dialOptions, grpc.WithStatsHandler(otelgrpc.NewClientHandler(otelgrpc.WithTracerProvider(tp))))
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if err := tp.Shutdown(sctx); err != nil {
+				log.Warn("idem: flushing traces", "err", err)
+			}
+		}()
+		log.Info("idem: exporting traces over OTLP")
+	}
 	srv, err := newServer(ctx, &c, log)
 	if err != nil {
 		log.Error("idem could not start", "err", err)

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+
 	"context"
 	"fmt"
 	"log/slog"
@@ -185,6 +187,11 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 	if c.tenantHeader != "" {
 		trusted, _ := c.trusted() // validated
 		handler = idemhttp.GuardTenantHeader(c.tenantHeader, trusted, handler)
+	}
+	if c.tracer != nil {
+		// A server span per request, a child of the caller's trace
+		// context when it sends one (W3C traceparent).
+		handler = otelhttp.NewHandler(handler, "idem", otelhttp.WithTracerProvider(c.tracer))
 	}
 	s.main = &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -371,7 +378,7 @@ func (c *serveConfig) edge(store backend, metrics *idemhttp.Metrics, log *slog.L
 		return nil, err
 	}
 	up, _ := url.Parse(c.upstream)
-	return idemhttp.NewProxy(up, mw, idemhttp.ProxyOptions{Timeout: c.upstreamTimeout, Logger: log, ProblemDocs: c.problemDocs})
+	return idemhttp.NewProxy(up, mw, idemhttp.ProxyOptions{Timeout: c.upstreamTimeout, Logger: log, ProblemDocs: c.problemDocs, WrapTransport: c.wrapUpstream()})
 }
 
 // ends names the ways a claim ends, as flags spell them.
@@ -537,4 +544,17 @@ func unixSocket(rawURL string) (string, bool) {
 // in its data directory.
 func socketURL(dataDir string) string {
 	return "unix://" + filepath.ToSlash(filepath.Join(dataDir, "etcd.sock"))
+}
+
+// wrapUpstream gives the proxy's upstream calls client spans and the trace
+// context (traceparent) of the request they serve, when tracing. Without
+// tracing, a client's traceparent passes through to the upstream as any
+// other header does.
+func (c *serveConfig) wrapUpstream() func(http.RoundTripper) http.RoundTripper {
+	if c.tracer == nil {
+		return nil
+	}
+	return func(rt http.RoundTripper) http.RoundTripper {
+		return otelhttp.NewTransport(rt, otelhttp.WithTracerProvider(c.tracer))
+	}
 }

@@ -10,6 +10,9 @@ import (
 	"net/url"
 	"strconv"
 
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/etcdtest"
 	"github.com/idem-dev/idem/idemhttp"
@@ -53,6 +56,31 @@ func suiteHTTP(ctx context.Context, b *bencher) ([]suiteReport, error) {
 	}
 	defer front.Close()
 
+	// The same, traced as idem serve traces when OTEL_EXPORTER_OTLP_* is
+	// set: every span sampled, batched to an exporter that drops them (the
+	// cost of making and batching spans, not of a collector's network).
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(discardSpans{}))
+	defer tp.Shutdown(context.Background())
+	tracedStore, err := t.newStore(ctx, t.clients[0], etcdstore.WithCache(256<<20), etcdstore.WithTracerProvider(tp))
+	if err != nil {
+		return nil, err
+	}
+	tmw, err := idemhttp.New(idemhttp.Config{Store: tracedStore})
+	if err != nil {
+		return nil, err
+	}
+	tproxy, err := idemhttp.NewProxy(up, tmw, idemhttp.ProxyOptions{WrapTransport: func(rt http.RoundTripper) http.RoundTripper {
+		return otelhttp.NewTransport(rt, otelhttp.WithTracerProvider(tp))
+	}})
+	if err != nil {
+		return nil, err
+	}
+	tfront, err := serveLoopback(otelhttp.NewHandler(tproxy, "idem", otelhttp.WithTracerProvider(tp)))
+	if err != nil {
+		return nil, err
+	}
+	defer tfront.Close()
+
 	client := &http.Client{Transport: &http.Transport{MaxIdleConns: b.cfg.concurrency * 2, MaxIdleConnsPerHost: b.cfg.concurrency * 2}}
 	reqBody := []byte(`{"amount":100,"currency":"eur"}`)
 	post := func(ctx context.Context, u, key string) (string, error) {
@@ -75,7 +103,7 @@ func suiteHTTP(ctx context.Context, b *bencher) ([]suiteReport, error) {
 		}
 		return "created", nil
 	}
-	lk, pk := &keys{prefix: "lib-"}, &keys{prefix: "proxy-"}
+	lk, pk, tk := &keys{prefix: "lib-"}, &keys{prefix: "proxy-"}, &keys{prefix: "traced-"}
 	var done []string
 	for i := 0; i < 1000; i++ { // keys for the proxy's replays
 		k := "replayed-" + strconv.Itoa(i)
@@ -100,6 +128,9 @@ func suiteHTTP(ctx context.Context, b *bencher) ([]suiteReport, error) {
 		side{"idem proxy, replays", func(ctx context.Context, w int) (string, error) {
 			return post(ctx, front.URL+"/charges", done[w%len(done)])
 		}},
+		side{"idem proxy, new keys, traced (all spans sampled)", func(ctx context.Context, w int) (string, error) {
+			return post(ctx, tfront.URL+"/charges", tk.next())
+		}},
 	)
 	return []suiteReport{{
 		Suite: "http", Title: fmt.Sprintf("the HTTP proxy against the library and the upstream, %s, %d clients, loopback", t.name, b.cfg.concurrency),
@@ -108,6 +139,9 @@ func suiteHTTP(ctx context.Context, b *bencher) ([]suiteReport, error) {
 			ratioOf("proxy / library", res[2], res[1], 0),
 			ratioOf("proxy / upstream direct", res[2], res[0], 0),
 			ratioOf("proxy replays / upstream direct", res[3], res[0], 0),
+			// Untraced, idem runs no tracing code (a nil check per span);
+			// this is what turning tracing on costs.
+			ratioOf("proxy traced / untraced", res[4], res[2], 0),
 		},
 	}}, nil
 }
@@ -129,3 +163,9 @@ func serveLoopback(h http.Handler) (*loopbackServer, error) {
 }
 
 func (s *loopbackServer) Close() { s.srv.Close() }
+
+// discardSpans is a span exporter that drops what it is given.
+type discardSpans struct{}
+
+func (discardSpans) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (discardSpans) Shutdown(context.Context) error                             { return nil }
