@@ -67,6 +67,9 @@ func (s *server) connect(ctx context.Context, timeout time.Duration) error {
 			return err
 		}
 		where = "shards " + strings.Join(c.shardNames, ",")
+		for i := range flags {
+			flags[i].dialOptions = c.etcd.dialOptions // tracing
+		}
 		if clis, err = shardClients(flags, &cfg); err != nil {
 			return s.notYet(fmt.Errorf("etcd clients: %w", err))
 		}
