@@ -155,21 +155,30 @@ func (e *etcdFlags) tlsConfig() (*tls.Config, error) {
 
 // client connects to etcd.
 func (e *etcdFlags) client() (*clientv3.Client, error) {
+	cfg, err := e.config()
+	if err != nil {
+		return nil, err
+	}
+	return clientv3.New(cfg)
+}
+
+// config is the etcd client configuration the flags describe.
+func (e *etcdFlags) config() (clientv3.Config, error) {
 	if len(e.endpoints) == 0 {
-		return nil, errors.New("--endpoints: none given")
+		return clientv3.Config{}, errors.New("--endpoints: none given")
 	}
 	tlsCfg, err := e.tlsConfig()
 	if err != nil {
-		return nil, err
+		return clientv3.Config{}, err
 	}
 	user, password := e.user, e.password
 	if u, p, ok := strings.Cut(user, ":"); ok {
 		user, password = u, p
 	}
 	if user != "" && password == "" {
-		return nil, errors.New("--user needs a password (--password, IDEM_PASSWORD, or --user name:password)")
+		return clientv3.Config{}, errors.New("--user needs a password (--password, IDEM_PASSWORD, or --user name:password)")
 	}
-	return clientv3.New(clientv3.Config{
+	return clientv3.Config{
 		Endpoints:            e.endpoints,
 		DialTimeout:          e.dialTimeout,
 		DialKeepAliveTime:    10 * time.Second,
@@ -180,7 +189,7 @@ func (e *etcdFlags) client() (*clientv3.Client, error) {
 		Logger:               zap.NewNop(),
 		RejectOldCluster:     false,
 		DialOptions:          e.dialOptions,
-	})
+	}, nil
 }
 
 // explain adds to err, a failure to reach etcd, what a direct connection to

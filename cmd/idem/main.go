@@ -44,6 +44,7 @@ Commands:
   evict     forget a key:           idem evict [--tenant T] KEY
   status    etcd cluster and keys:  idem status
   jobs      jobs and schedules:     idem jobs ls|get|retry|cancel|schedules
+  snapshot  etcd backups:           idem snapshot save|restore
   echo      a non-idempotent demo upstream, to put idem in front of
   version   print the version
 
@@ -70,6 +71,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return adminStatus(ctx, rest, stdout, stderr)
 	case "jobs":
 		return jobsCmd(ctx, rest, stdout, stderr)
+	case "snapshot":
+		return snapshotCmd(ctx, rest, stdout, stderr)
 	case "echo":
 		return echo(ctx, rest, stdout, stderr)
 	case "version", "--version":

@@ -153,6 +153,7 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 	}
 	swept("idem_expired_records_swept_total", "Expired records this process deleted (the expiry sweeper), a few per etcd Txn.", func(w etcdstore.SweepStats) int64 { return w.Records })
 	swept("idem_expired_leases_swept_total", "Retention leases this process emptied and revoked.", func(w etcdstore.SweepStats) int64 { return w.Leases })
+	s.reg.MustRegister(etcdCollector{s})
 	s.metrics = idemhttp.NewMetrics(s.reg)
 	if s.waiting, err = c.waitingEdge(); err != nil {
 		return nil, err
@@ -556,5 +557,49 @@ func (c *serveConfig) wrapUpstream() func(http.RoundTripper) http.RoundTripper {
 	}
 	return func(rt http.RoundTripper) http.RoundTripper {
 		return otelhttp.NewTransport(rt, otelhttp.WithTracerProvider(c.tracer))
+	}
+}
+
+// etcdCollector reports, at each scrape, what every etcd endpoint says of
+// itself: whether it answers, and its database size against its quota (the
+// alerts in deploy/ use them: etcd unavailable, quota near full).
+type etcdCollector struct{ s *server }
+
+var (
+	descEtcdUp = prometheus.NewDesc("idem_etcd_up",
+		"1 when the etcd endpoint answered a status request at this scrape (1 s timeout), else 0.", []string{"endpoint"}, nil)
+	descEtcdDB = prometheus.NewDesc("idem_etcd_db_size_bytes",
+		"Size of the endpoint's backend database file.", []string{"endpoint"}, nil)
+	descEtcdInUse = prometheus.NewDesc("idem_etcd_db_size_in_use_bytes",
+		"Bytes of the endpoint's backend database in use (the rest is free after compaction, until a defrag).", []string{"endpoint"}, nil)
+	descEtcdQuota = prometheus.NewDesc("idem_etcd_db_quota_bytes",
+		"The endpoint's backend quota (--quota-backend-bytes) as etcd reports it (etcd 3.6 and later; 0 from older ones).", []string{"endpoint"}, nil)
+)
+
+func (etcdCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descEtcdUp
+	ch <- descEtcdDB
+	ch <- descEtcdInUse
+	ch <- descEtcdQuota
+}
+
+func (e etcdCollector) Collect(ch chan<- prometheus.Metric) {
+	e.s.mu.Lock()
+	clis := append([]*clientv3.Client(nil), e.s.clis...)
+	e.s.mu.Unlock()
+	for _, cli := range clis {
+		for _, ep := range cli.Endpoints() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			st, err := cli.Status(ctx, ep)
+			cancel()
+			if err != nil {
+				ch <- prometheus.MustNewConstMetric(descEtcdUp, prometheus.GaugeValue, 0, ep)
+				continue
+			}
+			ch <- prometheus.MustNewConstMetric(descEtcdUp, prometheus.GaugeValue, 1, ep)
+			ch <- prometheus.MustNewConstMetric(descEtcdDB, prometheus.GaugeValue, float64(st.DbSize), ep)
+			ch <- prometheus.MustNewConstMetric(descEtcdInUse, prometheus.GaugeValue, float64(st.DbSizeInUse), ep)
+			ch <- prometheus.MustNewConstMetric(descEtcdQuota, prometheus.GaugeValue, float64(st.DbSizeQuota), ep)
+		}
 	}
 }

@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/client/v3/snapshot"
+	etcdutl "go.etcd.io/etcd/etcdutl/v3/snapshot"
+	"go.uber.org/zap"
+)
+
+const snapshotUsage = `usage: idem snapshot save|restore [flags]
+
+  save     take a snapshot of etcd (every idem key, lease and record) into a file:
+           idem snapshot save --endpoints URL [--cacert ...] (--file F | --dir D [--keep N])
+  restore  restore a snapshot into a new data directory for idem serve's embedded etcd:
+           idem snapshot restore --file F --data-dir D
+
+Run "idem snapshot save -h" for the flags.
+`
+
+func snapshotCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, snapshotUsage)
+		return errUsage
+	}
+	switch args[0] {
+	case "save":
+		return snapshotSave(ctx, args[1:], stdout, stderr)
+	case "restore":
+		return snapshotRestore(ctx, args[1:], stdout, stderr)
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, snapshotUsage)
+		return nil
+	}
+	fmt.Fprint(stderr, snapshotUsage)
+	return usageError{fmt.Errorf("unknown snapshot command %q", args[0])}
+}
+
+// snapshotPrefix names the files save writes in --dir; --keep prunes only
+// those.
+const snapshotPrefix = "idem-etcd-"
+
+func snapshotSave(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("snapshot save", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var e etcdFlags
+	e.register(fs, []string{socketURL("idem-data")})
+	file := fs.String("file", "", "write the snapshot to this file")
+	dir := fs.String("dir", "", "write the snapshot to a new file in this directory, named "+snapshotPrefix+"<UTC time>.db")
+	keep := fs.Int("keep", 0, "with --dir: keep this many snapshots, deleting the oldest (0: keep all)")
+	timeout := fs.Duration("command-timeout", 10*time.Minute, "timeout of the command")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	switch {
+	case fs.NArg() != 0:
+		return usageError{fmt.Errorf("snapshot save takes no arguments, got %q", fs.Args())}
+	case (*file == "") == (*dir == ""):
+		return usageError{errors.New("snapshot save: give one of --file and --dir")}
+	case *keep < 0 || *keep > 0 && *dir == "":
+		return usageError{errors.New("snapshot save: --keep is a count of snapshots in --dir, 0 or more")}
+	}
+	cfg, err := e.config()
+	if err != nil {
+		return usageError{err}
+	}
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	path := *file
+	if *dir != "" {
+		if err := os.MkdirAll(*dir, 0o700); err != nil {
+			return fmt.Errorf("--dir: %w", err)
+		}
+		path = filepath.Join(*dir, snapshotPrefix+time.Now().UTC().Format("20060102T150405Z")+".db")
+	}
+	// A snapshot comes from one member: try each endpoint until one gives
+	// a whole snapshot (SaveWithVersion writes to path.part and renames it
+	// only once the snapshot is complete and its checksum verified).
+	var errs []error
+	for _, ep := range cfg.Endpoints {
+		one := cfg
+		one.Endpoints = []string{ep}
+		ver, err := snapshot.SaveWithVersion(ctx, zap.NewNop(), one, path)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", ep, err))
+			continue
+		}
+		info, err := os.Stat(path)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "saved %s (%d bytes) from %s, etcd %s\n", path, info.Size(), ep, ver)
+		if *keep > 0 {
+			return pruneSnapshots(*dir, *keep, stdout)
+		}
+		return nil
+	}
+	return fmt.Errorf("snapshot save: no endpoint gave a snapshot: %w", errors.Join(errs...))
+}
+
+// pruneSnapshots deletes the oldest of save's files in dir beyond keep.
+func pruneSnapshots(dir string, keep int, stdout io.Writer) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	var names []string
+	for _, en := range entries {
+		if n := en.Name(); en.Type().IsRegular() && strings.HasPrefix(n, snapshotPrefix) && strings.HasSuffix(n, ".db") {
+			names = append(names, n)
+		}
+	}
+	slices.Sort(names) // the UTC time in the name sorts oldest first
+	for len(names) > keep {
+		if err := os.Remove(filepath.Join(dir, names[0])); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "deleted %s\n", filepath.Join(dir, names[0]))
+		names = names[1:]
+	}
+	return nil
+}
+
+func snapshotRestore(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("snapshot restore", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	file := fs.String("file", "", "the snapshot to restore")
+	dataDir := fs.String("data-dir", "", "the new data directory (must not exist yet): give it to idem serve --data-dir")
+	peer := fs.String("embedded-peer-url", "http://127.0.0.1:2380", "the peer URL idem serve's embedded etcd will use (its --embedded-peer-url)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	switch {
+	case fs.NArg() != 0:
+		return usageError{fmt.Errorf("snapshot restore takes no arguments, got %q", fs.Args())}
+	case *file == "" || *dataDir == "":
+		return usageError{errors.New("snapshot restore: --file and --data-dir are required")}
+	}
+	if _, err := os.Stat(*dataDir); err == nil {
+		return usageError{fmt.Errorf("--data-dir %s exists: restore into a new directory, then point idem serve at it", *dataDir)}
+	}
+	if _, err := os.Stat(*file); err != nil {
+		return usageError{fmt.Errorf("--file: %w", err)}
+	}
+	// The member idem serve starts: name "idem", cluster token "idem"
+	// (internal/embedded). A restore makes a new cluster of one member
+	// with the snapshot's keys and leases; leases restart their TTLs.
+	err := etcdutl.NewV3(zap.NewNop()).Restore(etcdutl.RestoreConfig{
+		SnapshotPath:        *file,
+		Name:                "idem",
+		OutputDataDir:       *dataDir,
+		PeerURLs:            []string{*peer},
+		InitialCluster:      "idem=" + *peer,
+		InitialClusterToken: "idem",
+	})
+	if err != nil {
+		return fmt.Errorf("snapshot restore: %w", err)
+	}
+	fmt.Fprintf(stdout, "restored %s into %s: start idem serve --data-dir %s\n", *file, *dataDir, *dataDir)
+	return nil
+}

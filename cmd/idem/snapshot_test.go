@@ -1,0 +1,73 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// A backup and its restore, end to end: idem serve holds saved responses;
+// idem snapshot save takes snapshots of its etcd (pruned to --keep); the
+// process dies; a snapshot is restored into a new data directory; a new
+// idem serve on it replays every key, and the upstream runs nothing again.
+func TestSnapshotSaveRestoreReplays(t *testing.T) {
+	dir := tempDir(t)
+	up := newLedger(t)
+	flags := embeddedFlags(t, filepath.Join(dir, "data"))
+	idem := startIdem(t, dir, append(flags, "--upstream", up.URL)...)
+	const n = 20
+	first := map[string]string{}
+	for i := range n {
+		key := fmt.Sprint("order-", i)
+		r := send(t, "POST", idem.listen+"/charges", key, fmt.Sprintf(`{"order":%q}`, key))
+		if r.status != 201 {
+			t.Fatalf("%s: %d %s", key, r.status, r.body)
+		}
+		first[key] = r.body
+	}
+	backups := filepath.Join(dir, "backups")
+	endpoint := etcdEndpoint(flags)
+	for range 3 {
+		out, err := runCmd(t, "snapshot", "save", "--endpoints", endpoint, "--dir", backups, "--keep", "2")
+		if err != nil || !strings.Contains(out, "saved ") {
+			t.Fatalf("snapshot save: %v\n%s", err, out)
+		}
+	}
+	files, _ := filepath.Glob(filepath.Join(backups, snapshotPrefix+"*.db"))
+	if len(files) > 2 || len(files) == 0 {
+		t.Fatalf("%d snapshots kept, want at most 2 (--keep 2): %v", len(files), files)
+	}
+	idem.kill()
+
+	restored := filepath.Join(dir, "restored")
+	peer := "unix://peer-restored.sock"
+	// Bad input changes nothing.
+	if _, err := runCmd(t, "snapshot", "restore", "--file", files[len(files)-1], "--data-dir", filepath.Join(dir, "data")); err == nil {
+		t.Fatal("restore into an existing data directory was accepted")
+	}
+	if _, err := runCmd(t, "snapshot", "restore", "--file", filepath.Join(dir, "nope.db"), "--data-dir", restored); err == nil {
+		t.Fatal("restore of a missing file was accepted")
+	}
+	if _, err := os.Stat(restored); err == nil {
+		t.Fatal("a refused restore left a data directory")
+	}
+	// The restored member's peer URL is the one the new idem serve gives
+	// its embedded etcd (a socket relative to its directory).
+	out, err := runCmd(t, "snapshot", "restore", "--file", files[len(files)-1], "--data-dir", restored, "--embedded-peer-url", peer)
+	if err != nil {
+		t.Fatalf("snapshot restore: %v\n%s", err, out)
+	}
+	again := startIdem(t, filepath.Join(dir, "work"), "--data-dir", restored, "--embedded-peer-url", peer, "--upstream", up.URL)
+	for i := range n {
+		key := fmt.Sprint("order-", i)
+		r := send(t, "POST", again.listen+"/charges", key, fmt.Sprintf(`{"order":%q}`, key))
+		if r.status != 201 || r.header.Get("Idempotent-Replayed") != "true" || r.body != first[key] {
+			t.Fatalf("%s after restore: %d replayed=%q %s, want the first answer replayed", key, r.status, r.header.Get("Idempotent-Replayed"), r.body)
+		}
+		if c := up.count(key); c != 1 {
+			t.Fatalf("%s charged %d times", key, c)
+		}
+	}
+}
