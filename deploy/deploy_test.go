@@ -16,6 +16,7 @@ import (
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -83,6 +84,9 @@ type objects struct {
 	accounts     map[string]bool
 	issuers      map[string]bool
 	monitors     []*monitoringv1.ServiceMonitor
+	rules        []*monitoringv1.PrometheusRule
+	cronjobs     []*batchv1.CronJob
+	raw          map[string]map[string]any // every object, by Kind/name
 }
 
 // build runs kustomize on an overlay and decodes every object strictly into
@@ -99,17 +103,43 @@ func buildFS(t *testing.T, fs filesys.FileSystem, overlay string) *objects {
 	if err != nil {
 		t.Fatalf("kustomize build overlays/%s: %v", overlay, err)
 	}
-	o := &objects{configmaps: map[string]*corev1.ConfigMap{}, secrets: map[string]bool{}, pvcs: map[string]bool{},
-		accounts: map[string]bool{"default": true}, issuers: map[string]bool{}}
+	var docs [][]byte
 	for _, r := range rm.Resources() {
 		y, err := r.AsYAML()
 		if err != nil {
 			t.Fatal(err)
 		}
-		kind := r.GetKind()
+		docs = append(docs, y)
+	}
+	return decodeAll(t, "overlays/"+overlay, docs)
+}
+
+// decodeAll decodes every object strictly into its type: an unknown field,
+// a misspelled one, is an error. src names where the objects come from.
+func decodeAll(t *testing.T, src string, docs [][]byte) *objects {
+	t.Helper()
+	o := &objects{configmaps: map[string]*corev1.ConfigMap{}, secrets: map[string]bool{}, pvcs: map[string]bool{},
+		accounts: map[string]bool{"default": true}, issuers: map[string]bool{}, raw: map[string]map[string]any{}}
+	for _, y := range docs {
+		var head struct {
+			Kind     string
+			Metadata struct{ Name string }
+		}
+		if err := yaml.Unmarshal(y, &head); err != nil {
+			t.Fatalf("%s: %v", src, err)
+		}
+		kind := head.Kind
+		var raw map[string]any
+		if err := yaml.Unmarshal(y, &raw); err != nil {
+			t.Fatalf("%s: %v", src, err)
+		}
+		if o.raw[kind+"/"+head.Metadata.Name] != nil {
+			t.Fatalf("%s: two objects %s/%s", src, kind, head.Metadata.Name)
+		}
+		o.raw[kind+"/"+head.Metadata.Name] = raw
 		strict := func(v any) {
 			if err := yaml.UnmarshalStrict(y, v); err != nil {
-				t.Fatalf("overlays/%s: %s %s does not decode strictly: %v", overlay, kind, r.GetName(), err)
+				t.Fatalf("%s: %s %s does not decode strictly: %v", src, kind, head.Metadata.Name, err)
 			}
 		}
 		switch kind {
@@ -121,6 +151,10 @@ func buildFS(t *testing.T, fs filesys.FileSystem, overlay string) *objects {
 			var s appsv1.StatefulSet
 			strict(&s)
 			o.statefulsets = append(o.statefulsets, &s)
+		case "CronJob":
+			var c batchv1.CronJob
+			strict(&c)
+			o.cronjobs = append(o.cronjobs, &c)
 		case "Service":
 			var s corev1.Service
 			strict(&s)
@@ -153,19 +187,23 @@ func buildFS(t *testing.T, fs filesys.FileSystem, overlay string) *objects {
 			var s monitoringv1.ServiceMonitor
 			strict(&s)
 			o.monitors = append(o.monitors, &s)
+		case "PrometheusRule":
+			var r monitoringv1.PrometheusRule
+			strict(&r)
+			o.rules = append(o.rules, &r)
 		case "Certificate":
 			var c certificate
 			strict(&c)
 			o.secrets[c.Spec.SecretName] = true
 			if c.Spec.IssuerRef.Kind != "Issuer" {
-				t.Fatalf("overlays/%s: Certificate %s: issuer kind %q", overlay, c.Metadata.Name, c.Spec.IssuerRef.Kind)
+				t.Fatalf("%s: Certificate %s: issuer kind %q", src, c.Metadata.Name, c.Spec.IssuerRef.Kind)
 			}
 		case "Issuer":
 			var i issuer
 			strict(&i)
 			o.issuers[i.Metadata.Name] = true
 		default:
-			t.Fatalf("overlays/%s: %s %s: kind not checked by this test; add it", overlay, kind, r.GetName())
+			t.Fatalf("%s: %s %s: kind not checked by this test; add it", src, kind, head.Metadata.Name)
 		}
 	}
 	return o
@@ -180,14 +218,31 @@ func (o *objects) pods() map[string]*corev1.PodTemplateSpec {
 	for _, s := range o.statefulsets {
 		p["StatefulSet/"+s.Name] = &s.Spec.Template
 	}
+	for _, c := range o.cronjobs {
+		p["CronJob/"+c.Name] = &c.Spec.JobTemplate.Spec.Template
+	}
 	return p
+}
+
+// builds is every overlay and every rendering of the Helm chart (one per
+// values file in helm/idem/ci), by name: the checks on objects apply to all.
+func builds(t *testing.T) map[string]*objects {
+	t.Helper()
+	all := map[string]*objects{}
+	for _, ov := range overlays {
+		all["overlays/"+ov] = build(t, ov)
+	}
+	for name, o := range helmRenders(t) {
+		all[name] = o
+	}
+	return all
 }
 
 func TestOverlaysBuildAndDecodeStrictly(t *testing.T) {
 	for _, ov := range overlays {
 		o := build(t, ov)
 		if len(o.pods()) == 0 {
-			t.Errorf("overlays/%s has no workload", ov)
+			t.Errorf("%s has no workload", ov)
 		}
 	}
 }
@@ -199,26 +254,25 @@ func TestPodSecurityRestricted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, ov := range overlays {
-		o := build(t, ov)
+	for ov, o := range builds(t) {
 		for name, tpl := range o.pods() {
 			res := policy.AggregateCheckResults(eval.EvaluatePod(psaapi.LevelVersion{Level: psaapi.LevelRestricted, Version: psaapi.LatestVersion()}, &tpl.ObjectMeta, &tpl.Spec))
 			if !res.Allowed {
-				t.Errorf("overlays/%s %s is not restricted: %s", ov, name, strings.Join(res.ForbiddenDetails, "; "))
+				t.Errorf("%s %s is not restricted: %s", ov, name, strings.Join(res.ForbiddenDetails, "; "))
 			}
 			for _, c := range append(append([]corev1.Container{}, tpl.Spec.InitContainers...), tpl.Spec.Containers...) {
 				sc := c.SecurityContext
 				if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
-					t.Errorf("overlays/%s %s container %s: root filesystem is not read-only", ov, name, c.Name)
+					t.Errorf("%s %s container %s: root filesystem is not read-only", ov, name, c.Name)
 				}
 				if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() {
-					t.Errorf("overlays/%s %s container %s: no resource requests", ov, name, c.Name)
+					t.Errorf("%s %s container %s: no resource requests", ov, name, c.Name)
 				}
 			}
 		}
 		for _, ns := range o.namespaces {
 			if ns.Labels["pod-security.kubernetes.io/enforce"] != "restricted" {
-				t.Errorf("overlays/%s: namespace %s does not enforce restricted", ov, ns.Name)
+				t.Errorf("%s: namespace %s does not enforce restricted", ov, ns.Name)
 			}
 		}
 	}
@@ -238,8 +292,7 @@ func selects(sel map[string]string, labels map[string]string) bool {
 
 // Names and labels that must agree across objects do.
 func TestCrossReferences(t *testing.T) {
-	for _, ov := range overlays {
-		o := build(t, ov)
+	for ov, o := range builds(t) {
 		pods := o.pods()
 		podsMatching := func(sel map[string]string) []*corev1.PodTemplateSpec {
 			var out []*corev1.PodTemplateSpec
@@ -257,19 +310,24 @@ func TestCrossReferences(t *testing.T) {
 					sel = d.Spec.Selector.MatchLabels
 				}
 			}
+			for _, c := range o.cronjobs {
+				if &c.Spec.JobTemplate.Spec.Template == p {
+					sel = p.Labels // a Job's pods are its own
+				}
+			}
 			for _, s := range o.statefulsets {
 				if &s.Spec.Template == p {
 					sel = s.Spec.Selector.MatchLabels
 					if !slices.ContainsFunc(o.services, func(svc *corev1.Service) bool { return svc.Name == s.Spec.ServiceName && svc.Spec.ClusterIP == "None" }) {
-						t.Errorf("overlays/%s %s: no headless Service %q", ov, name, s.Spec.ServiceName)
+						t.Errorf("%s %s: no headless Service %q", ov, name, s.Spec.ServiceName)
 					}
 				}
 			}
 			if !selects(sel, p.Labels) {
-				t.Errorf("overlays/%s %s: its selector %v does not select its own pods %v", ov, name, sel, p.Labels)
+				t.Errorf("%s %s: its selector %v does not select its own pods %v", ov, name, sel, p.Labels)
 			}
 			if sa := p.Spec.ServiceAccountName; sa != "" && !o.accounts[sa] {
-				t.Errorf("overlays/%s %s: ServiceAccount %q is not defined", ov, name, sa)
+				t.Errorf("%s %s: ServiceAccount %q is not defined", ov, name, sa)
 			}
 			for _, c := range append(append([]corev1.Container{}, p.Spec.InitContainers...), p.Spec.Containers...) {
 				ports := map[string]bool{}
@@ -282,12 +340,12 @@ func TestCrossReferences(t *testing.T) {
 						continue
 					}
 					if !ports[pr.HTTPGet.Port.String()] {
-						t.Errorf("overlays/%s %s container %s: probe port %s is not a port of the container", ov, name, c.Name, pr.HTTPGet.Port.String())
+						t.Errorf("%s %s container %s: probe port %s is not a port of the container", ov, name, c.Name, pr.HTTPGet.Port.String())
 					}
 				}
 				for _, ef := range c.EnvFrom {
 					if ef.ConfigMapRef != nil && o.configmaps[ef.ConfigMapRef.Name] == nil {
-						t.Errorf("overlays/%s %s container %s: ConfigMap %q is not defined", ov, name, c.Name, ef.ConfigMapRef.Name)
+						t.Errorf("%s %s container %s: ConfigMap %q is not defined", ov, name, c.Name, ef.ConfigMapRef.Name)
 					}
 				}
 				mounts := map[string]bool{}
@@ -301,46 +359,46 @@ func TestCrossReferences(t *testing.T) {
 					delete(mounts, vct)
 				}
 				for m := range mounts {
-					t.Errorf("overlays/%s %s container %s: volume %q is mounted but not defined", ov, name, c.Name, m)
+					t.Errorf("%s %s container %s: volume %q is mounted but not defined", ov, name, c.Name, m)
 				}
 			}
 			for _, vol := range p.Spec.Volumes {
 				switch {
 				case vol.Secret != nil && !o.secrets[vol.Secret.SecretName]:
-					t.Errorf("overlays/%s %s: Secret %q is neither defined nor issued by a Certificate", ov, name, vol.Secret.SecretName)
+					t.Errorf("%s %s: Secret %q is neither defined nor issued by a Certificate", ov, name, vol.Secret.SecretName)
 				case vol.ConfigMap != nil && o.configmaps[vol.ConfigMap.Name] == nil:
-					t.Errorf("overlays/%s %s: ConfigMap %q is not defined", ov, name, vol.ConfigMap.Name)
+					t.Errorf("%s %s: ConfigMap %q is not defined", ov, name, vol.ConfigMap.Name)
 				case vol.PersistentVolumeClaim != nil && !o.pvcs[vol.PersistentVolumeClaim.ClaimName]:
-					t.Errorf("overlays/%s %s: PersistentVolumeClaim %q is not defined", ov, name, vol.PersistentVolumeClaim.ClaimName)
+					t.Errorf("%s %s: PersistentVolumeClaim %q is not defined", ov, name, vol.PersistentVolumeClaim.ClaimName)
 				}
 			}
 		}
 		for _, svc := range o.services {
 			matched := podsMatching(svc.Spec.Selector)
 			if len(matched) == 0 {
-				t.Errorf("overlays/%s: Service %s selects no pods (%v)", ov, svc.Name, svc.Spec.Selector)
+				t.Errorf("%s: Service %s selects no pods (%v)", ov, svc.Name, svc.Spec.Selector)
 				continue
 			}
 			for _, sp := range svc.Spec.Ports {
 				if !portExists(matched, sp.TargetPort) {
-					t.Errorf("overlays/%s: Service %s port %s targets %s, which its pods do not have", ov, svc.Name, sp.Name, sp.TargetPort.String())
+					t.Errorf("%s: Service %s port %s targets %s, which its pods do not have", ov, svc.Name, sp.Name, sp.TargetPort.String())
 				}
 			}
 		}
 		for _, pdb := range o.pdbs {
 			if len(podsMatching(pdb.Spec.Selector.MatchLabels)) == 0 {
-				t.Errorf("overlays/%s: PodDisruptionBudget %s selects no pods", ov, pdb.Name)
+				t.Errorf("%s: PodDisruptionBudget %s selects no pods", ov, pdb.Name)
 			}
 		}
 		for _, np := range o.netpols {
 			matched := podsMatching(np.Spec.PodSelector.MatchLabels)
 			if len(matched) == 0 {
-				t.Errorf("overlays/%s: NetworkPolicy %s applies to no pods", ov, np.Name)
+				t.Errorf("%s: NetworkPolicy %s applies to no pods", ov, np.Name)
 			}
 			for _, in := range np.Spec.Ingress {
 				for _, p := range in.Ports {
 					if p.Port != nil && !portExists(matched, *p.Port) {
-						t.Errorf("overlays/%s: NetworkPolicy %s opens port %s, which its pods do not have", ov, np.Name, p.Port.String())
+						t.Errorf("%s: NetworkPolicy %s opens port %s, which its pods do not have", ov, np.Name, p.Port.String())
 					}
 				}
 			}
