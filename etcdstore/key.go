@@ -140,6 +140,10 @@ func (k Key) Digest() string {
 	return hex.EncodeToString(sum[:8])
 }
 
+// Redact returns err's text with the key replaced by its digest, for logs
+// and traces that must not hold keys.
+func (k Key) Redact(err error) string { return k.redact(err) }
+
 // redact returns err's text with k replaced by its digest.
 func (k Key) redact(err error) string {
 	if err == nil {

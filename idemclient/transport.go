@@ -23,6 +23,7 @@ package idemclient
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -50,6 +51,10 @@ const (
 	DefaultBaseDelay   = 100 * time.Millisecond
 	DefaultMaxDelay    = 10 * time.Second
 )
+
+// MaxBufferedBody is the largest request body the Transport reads into
+// memory to resend; a request with GetBody set is not read.
+const MaxBufferedBody = 16 << 20
 
 // ErrBudget is returned (wrapped, with the last error) when the retries of
 // an operation ran out of attempts or time after a network error. Its
@@ -146,14 +151,22 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if key == "" {
 		key = NewKey()
 	}
+	// Every attempt sends a fresh copy of the body; the caller's is closed
+	// here, as a RoundTripper must.
 	getBody := req.GetBody
-	if req.Body != nil && req.Body != http.NoBody && getBody == nil {
-		b, err := io.ReadAll(req.Body)
-		req.Body.Close()
-		if err != nil {
-			return nil, fmt.Errorf("idemclient: reading the request body: %w", err)
+	if req.Body != nil && req.Body != http.NoBody {
+		if getBody == nil {
+			b, err := io.ReadAll(io.LimitReader(req.Body, MaxBufferedBody+1))
+			if err == nil && len(b) > MaxBufferedBody {
+				err = fmt.Errorf("over %d bytes: set Request.GetBody to send larger bodies", MaxBufferedBody)
+			}
+			if err != nil {
+				req.Body.Close()
+				return nil, fmt.Errorf("idemclient: reading the request body: %w", err)
+			}
+			getBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
 		}
-		getBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
+		req.Body.Close()
 	}
 	rep, _ := ctx.Value(reportCtx{}).(*Report)
 	if rep == nil {
@@ -183,8 +196,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 				budget = min(budget, time.Duration(ret)*time.Second/4)
 			}
 		}
-		if err == nil && resp.StatusCode != http.StatusConflict && resp.StatusCode != http.StatusServiceUnavailable {
+		if resp != nil {
 			rep.Replayed = Replayed(resp)
+		}
+		if err == nil && !retryable(resp) {
 			return resp, nil // an answer, or a refusal a retry would get again
 		}
 		if ctx.Err() != nil {
@@ -224,6 +239,29 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 }
 
+// retryable reports whether a response is one a retry with the same key
+// may change: 409 while the key is in flight, 503 while idem cannot reach
+// its store. Not a replayed one (the upstream's own 409 or 503, saved),
+// nor a 409 saying the claim was taken over (the worker API's "fenced").
+// Its body, read to tell, is put back.
+func retryable(resp *http.Response) bool {
+	if resp.StatusCode != http.StatusConflict && resp.StatusCode != http.StatusServiceUnavailable || Replayed(resp) {
+		return false
+	}
+	if resp.StatusCode == http.StatusConflict && strings.HasPrefix(resp.Header.Get("Content-Type"), "application/problem+json") {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		resp.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.MultiReader(bytes.NewReader(b), resp.Body), resp.Body}
+		var p struct{ Type string }
+		if json.Unmarshal(b, &p) == nil && problemKind(p.Type) == "fenced" {
+			return false
+		}
+	}
+	return true
+}
+
 // backoff is "full jitter": a random wait below an exponentially growing
 // cap (AWS Architecture Blog, "Exponential Backoff and Jitter").
 func backoff(attempt int, base, maxDelay time.Duration) time.Duration {
@@ -256,3 +294,7 @@ func or[T comparable](v, def T) T {
 	}
 	return v
 }
+
+// problemKind is the kind of an idem problem type ("urn:idem:problem:fenced"
+// is "fenced").
+func problemKind(typ string) string { return typ[strings.LastIndexAny(typ, ":/#")+1:] }

@@ -158,3 +158,30 @@ func TestContextEndsTheWait(t *testing.T) {
 		t.Fatalf("%v: want the context's error", err)
 	}
 }
+
+// A replayed 409 or 503 is the upstream's own answer, saved: final. So is a
+// 409 saying the claim was taken over.
+func TestFinalConflictsNotRetried(t *testing.T) {
+	replayed := newScript(t, []int{409, 201}, http.Header{idemclient.HeaderReplayed: {"true"}})
+	resp, rep, err := post(t, &idemclient.Transport{BaseDelay: time.Millisecond}, replayed.URL, "POST", context.Background())
+	if err != nil || resp.StatusCode != 409 || rep.Attempts != 1 || !rep.Replayed {
+		t.Fatalf("a replayed 409: %v after %d attempts (%v), replayed=%v", resp.StatusCode, rep.Attempts, err, rep.Replayed)
+	}
+	fenced := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.WriteHeader(http.StatusConflict)
+		io.WriteString(w, `{"type":"urn:idem:problem:fenced","title":"Claim lost to a newer owner","status":409}`)
+	}))
+	t.Cleanup(fenced.Close)
+	var rep2 idemclient.Report
+	req, _ := http.NewRequestWithContext(idemclient.WithReport(context.Background(), &rep2), "POST", fenced.URL, strings.NewReader(`{}`))
+	resp, err = (&http.Client{Transport: &idemclient.Transport{BaseDelay: time.Millisecond}}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 409 || rep2.Attempts != 1 || !strings.Contains(string(body), `"type"`) {
+		t.Fatalf("a fenced 409: %d after %d attempts, body %q (want it whole)", resp.StatusCode, rep2.Attempts, body)
+	}
+}

@@ -39,7 +39,7 @@ func (e *Error) Error() string {
 
 // Is matches the package's sentinels by status and problem type.
 func (e *Error) Is(target error) bool {
-	kind := e.Problem.Type[strings.LastIndexByte(e.Problem.Type, '/')+1:]
+	kind := problemKind(e.Problem.Type)
 	switch target {
 	case ErrFenced:
 		return kind == idemhttp.KindFenced

@@ -12,9 +12,11 @@ import (
 
 type keyCtx struct{}
 
-// WithKey returns a context whose next call carries key as its
-// idempotency key, for an operation the caller names itself (an order id
-// it persisted). Use one key per logical operation, on every retry of it.
+// WithKey returns a context whose calls carry key as their idempotency
+// key, for an operation the caller names itself (an order id it
+// persisted). Every call made with the context (or one derived from it)
+// carries it: use the context for the one logical operation, and its
+// retries, only.
 func WithKey(ctx context.Context, key string) context.Context {
 	return context.WithValue(ctx, keyCtx{}, key)
 }
@@ -53,8 +55,9 @@ func RequestIDField(name protoreflect.Name) ClientOption {
 
 // UnaryClientInterceptor gives every unary call one idempotency key for
 // all of its retries: the one WithKey put in the context, or the request's
-// request_id field, or a fresh one, sent as "idempotency-key" metadata. A
-// call that already carries the metadata is left alone.
+// request_id field, or a fresh one; sent as "idempotency-key" metadata, and
+// written into an empty request_id field too. A call that already carries
+// the metadata is left alone.
 //
 // It must run once per logical call, outside any retrying: grpc-go's own
 // retry policy (service config) runs under every interceptor and resends
@@ -81,18 +84,19 @@ func UnaryClientInterceptor(opts ...ClientOption) grpc.UnaryClientInterceptor {
 		if msg, ok := req.(proto.Message); ok && cfg.field != "-" {
 			m := msg.ProtoReflect()
 			if f := m.Descriptor().Fields().ByName(cfg.field); f != nil && f.Kind() == protoreflect.StringKind && !f.IsList() && !f.IsMap() {
+				// The key goes in the field and in the metadata both, so
+				// that a server reading either finds it.
 				switch cur := m.Get(f).String(); {
-				case cur != "" && (key == "" || key == cur):
-					return invoker(ctx, method, req, reply, cc, callOpts...)
+				case cur != "" && key == "":
+					key = cur
 				case cur == "":
 					if key == "" {
 						key = NewKey()
 					}
 					m.Set(f, protoreflect.ValueOfString(key))
-					return invoker(ctx, method, req, reply, cc, callOpts...)
 				}
-				// A field set to another key than WithKey's: send both and
-				// let the server refuse the contradiction.
+				// A field set to another key than WithKey's: both are sent,
+				// and the server refuses the contradiction.
 			}
 		}
 		if key == "" {

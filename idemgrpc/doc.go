@@ -16,8 +16,9 @@
 // (fencing.FromContext) and outgoing metadata "fencing" with it, so the
 // services it calls with that context can refuse stale tokens
 // (TokenFromIncoming, fencing.Checker). Once started, a handler runs to its
-// end even if its caller goes away (its context is not cancelled and has no
-// deadline): cutting it short would turn an answer into an unknown outcome.
+// end even if its caller goes away (its context is not cancelled with the
+// call; its deadline is the caller's or Config.HandlerTimeout, whichever is
+// later): cutting it short would turn an answer into an unknown outcome.
 //
 // How idem answers, and whether a client retries (AIP-194: retry
 // UNAVAILABLE; ABORTED is a conflict to retry at a higher level, which for
@@ -29,10 +30,11 @@
 //	store unavailable, not saved    UNAVAILABLE + RetryInfo, ErrorInfo IDEMPOTENCY_STORE_UNAVAILABLE retry, same key
 //	keyed streaming call            UNIMPLEMENTED                                               never retry
 //	tenant refused                  PERMISSION_DENIED                                           never retry
+//	answer too large to save        INTERNAL, ErrorInfo IDEMPOTENT_RESPONSE_NOT_SAVED           never retry: it ran
 //
 // A handler's own status is saved and replayed like a response
-// (DefaultStatusPolicy), except RESOURCE_EXHAUSTED and an UNAVAILABLE with
-// RetryInfo, by which a handler says it did nothing: those release the key.
+// (DefaultStatusPolicy), except one made by NotExecuted, by which a handler
+// says it did nothing: that releases the key.
 //
 // Streaming calls are not claimed: a stream's messages cannot be saved and
 // replayed as one answer. A streaming call with a key is refused; make the

@@ -5,12 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	retry "github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/retry"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -46,6 +50,9 @@ func (p *payments) Charge(ctx context.Context, req *pb.ChargeRequest) (*pb.Charg
 	if got := md.Get(idemgrpc.MetadataFencing); claimed && (len(got) != 1 || got[0] != tok.String()) || !claimed && len(got) != 0 {
 		return nil, status.Errorf(codes.Internal, "outgoing fencing metadata %v, token %v", got, tok)
 	}
+	if in, ok, _ := idemgrpc.TokenFromIncoming(ctx); claimed && (!ok || in != tok) {
+		return nil, status.Errorf(codes.Internal, "incoming fencing metadata %v, the claim's token %v", in, tok)
+	}
 	p.mu.Lock()
 	p.charges[req.Account]++
 	p.seq++
@@ -70,16 +77,17 @@ func (p *payments) count(account string) int {
 }
 
 type rig struct {
-	store *etcdstore.Store
-	svc   *payments
-	proxy *etcdtest.Proxy // between clients and the server
+	store    *etcdstore.Store
+	svc      *payments
+	proxy    *etcdtest.Proxy // between clients and the server
+	answered chan codes.Code // the code of every call the server answered
 }
 
 // start serves payments behind the interceptor on a loopback port, with a
 // TCP proxy in front that a test can cut.
 func start(t *testing.T, cfg idemgrpc.Config) *rig {
 	t.Helper()
-	r := &rig{store: etcdstoretest.New(t), svc: &payments{charges: map[string]int{}}}
+	r := &rig{store: etcdstoretest.New(t), svc: &payments{charges: map[string]int{}}, answered: make(chan codes.Code, 1000)}
 	if cfg.Store == nil {
 		cfg.Store = r.store
 	}
@@ -91,7 +99,15 @@ func start(t *testing.T, cfg idemgrpc.Config) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(icp.Unary()), grpc.ChainStreamInterceptor(icp.Stream()))
+	observe := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		resp, err := h(ctx, req)
+		select {
+		case r.answered <- status.Code(err):
+		default:
+		}
+		return resp, err
+	}
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(observe, icp.Unary()), grpc.ChainStreamInterceptor(icp.Stream()))
 	pb.RegisterPaymentsServer(srv, r.svc)
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(srv.Stop)
@@ -139,13 +155,13 @@ func TestReplayCarriesTheFirstResponse(t *testing.T) {
 	r := start(t, idemgrpc.Config{})
 	c := r.client(t)
 	req := &pb.ChargeRequest{Account: "acct-1", Amount: 500, Labels: map[string]string{"a": "1", "b": "2", "c": "3"}}
-	var h1, h2 metadata.MD
-	first, err := c.Charge(withKey("order-1"), req, grpc.Header(&h1))
+	var h1, h2, tr1 metadata.MD
+	first, err := c.Charge(withKey("order-1"), req, grpc.Header(&h1), grpc.Trailer(&tr1))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if idemgrpc.Replayed(h1) || len(h1.Get(idemgrpc.MetadataRetention)) != 1 {
-		t.Fatalf("first call's header %v: want no replay mark and a retention", h1)
+	if idemgrpc.Replayed(h1) || len(tr1.Get(idemgrpc.MetadataRetention)) != 1 {
+		t.Fatalf("first call's header %v, trailer %v: want no replay mark and a retention", h1, tr1)
 	}
 	if first.FencingToken <= 0 {
 		t.Fatalf("the handler saw no fencing token: %v", first)
@@ -222,13 +238,14 @@ func TestMismatchAndBadInput(t *testing.T) {
 	if status.Code(err) != codes.InvalidArgument || reason(err) != idemgrpc.ReasonInvalidKey {
 		t.Fatalf("a key over the length limit: %v", err)
 	}
-	forged := metadata.AppendToOutgoingContext(withKey("k2"), idemgrpc.MetadataFencing, "999999")
-	_, err = c.Charge(forged, &pb.ChargeRequest{Account: "a", Amount: 1})
-	if status.Code(err) != codes.InvalidArgument || reason(err) != idemgrpc.ReasonForgedFencing {
-		t.Fatalf("a client-sent fencing token: %v", err)
-	}
 	if n := r.svc.count("a"); n != 1 {
 		t.Fatalf("bad input ran the handler: %d charges, want 1", n)
+	}
+	// A fencing token the client sends is replaced by the claim's: the
+	// handler checks it sees its claim's token, incoming and outgoing.
+	forged := metadata.AppendToOutgoingContext(withKey("k2"), idemgrpc.MetadataFencing, "999999999")
+	if reply, err := c.Charge(forged, &pb.ChargeRequest{Account: "b", Amount: 1}); err != nil || reply.FencingToken == 999999999 {
+		t.Fatalf("a client-sent fencing token: %v %v", reply, err)
 	}
 	// A keyed stream is refused; an unkeyed one passes.
 	s, err := c.Watch(withKey("k3"), &pb.WatchRequest{Account: "a"})
@@ -282,37 +299,45 @@ func TestConflictIsAbortedWithRetryInfo(t *testing.T) {
 
 func TestHandlerStatusesSavedOrReleased(t *testing.T) {
 	r := start(t, idemgrpc.Config{})
-	var fail atomic.Value // codes.Code
+	var fail atomic.Value // func() error
 	r.svc.hook = func(context.Context, *pb.ChargeRequest) error {
-		if c, _ := fail.Load().(codes.Code); c != codes.OK {
-			if c == codes.Unavailable {
-				st, _ := status.New(c, "try later").WithDetails(&errdetails.RetryInfo{})
-				return st.Err()
-			}
-			return status.Error(c, "declined by the bank")
+		if f, _ := fail.Load().(func() error); f != nil {
+			return f()
 		}
 		return nil
 	}
+	none := func() error { return nil }
 	c := r.client(t)
-	// A failure that may have acted is saved: a retry gets the same error.
-	fail.Store(codes.Internal)
-	for range 2 {
-		if _, err := c.Charge(withKey("k-internal"), &pb.ChargeRequest{Account: "saved", Amount: 1}); status.Code(err) != codes.Internal || status.Convert(err).Message() != "declined by the bank" {
-			t.Fatalf("%v, want the saved INTERNAL", err)
+	// A failure that may have acted is saved: a retry gets the same error,
+	// whatever its code, RetryInfo or not.
+	for i, f := range []func() error{
+		func() error { return status.Error(codes.Internal, "declined by the bank") },
+		func() error {
+			st, _ := status.New(codes.Unavailable, "the ledger timed out").WithDetails(&errdetails.RetryInfo{})
+			return st.Err()
+		},
+		func() error { return status.Error(codes.ResourceExhausted, "a downstream answer too large") },
+	} {
+		acct := fmt.Sprint("saved-", i)
+		fail.Store(f)
+		_, first := c.Charge(withKey("k-"+acct), &pb.ChargeRequest{Account: acct, Amount: 1})
+		fail.Store(none) // the replay must not run the handler
+		_, again := c.Charge(withKey("k-"+acct), &pb.ChargeRequest{Account: acct, Amount: 1})
+		if first == nil || status.Code(again) != status.Code(first) || status.Convert(again).Message() != status.Convert(first).Message() {
+			t.Fatalf("%s: %v then %v, want the saved error replayed", acct, first, again)
 		}
-		fail.Store(codes.OK) // the replay must not run the handler
+		if n := r.svc.count(acct); n != 1 {
+			t.Fatalf("%s: a saved error ran the handler %d times, want 1", acct, n)
+		}
 	}
-	if n := r.svc.count("saved"); n != 1 {
-		t.Fatalf("a saved error ran the handler %d times, want 1", n)
-	}
-	// RESOURCE_EXHAUSTED and UNAVAILABLE with RetryInfo release the key.
+	// NotExecuted releases the key: a retry runs the handler again.
 	for _, code := range []codes.Code{codes.ResourceExhausted, codes.Unavailable} {
 		acct := "released-" + code.String()
-		fail.Store(code)
-		if _, err := c.Charge(withKey("k-"+acct), &pb.ChargeRequest{Account: acct, Amount: 1}); status.Code(err) != code {
-			t.Fatalf("%v, want %v", err, code)
+		fail.Store(func() error { return idemgrpc.NotExecuted(code, "try later", time.Second) })
+		if _, err := c.Charge(withKey("k-"+acct), &pb.ChargeRequest{Account: acct, Amount: 1}); status.Code(err) != code || retryDelay(err) != time.Second {
+			t.Fatalf("%v, want %v with a retry delay", err, code)
 		}
-		fail.Store(codes.OK)
+		fail.Store(none)
 		var h metadata.MD
 		if _, err := c.Charge(withKey("k-"+acct), &pb.ChargeRequest{Account: acct, Amount: 1}, grpc.Header(&h)); err != nil || idemgrpc.Replayed(h) {
 			t.Fatalf("after %v: %v replayed=%v, want a fresh run", code, err, idemgrpc.Replayed(h))
@@ -320,6 +345,55 @@ func TestHandlerStatusesSavedOrReleased(t *testing.T) {
 		if n := r.svc.count(acct); n != 2 {
 			t.Fatalf("%v: ran %d times, want 2 (released, then run again)", code, n)
 		}
+	}
+}
+
+// grpc-go's retry policy retries idem's ABORTED (the key in flight): the
+// retry of a call whose first attempt still runs waits and gets its answer.
+// It retries only trailers-only responses, so this fails if idem sets a
+// header before refusing.
+func TestRetryPolicyRetriesConflicts(t *testing.T) {
+	r := start(t, idemgrpc.Config{})
+	running, release := make(chan struct{}), make(chan struct{})
+	r.svc.hook = func(_ context.Context, req *pb.ChargeRequest) error {
+		if req.Account == "slow" {
+			close(running)
+			<-release
+		}
+		return nil
+	}
+	plain := r.client(t)
+	retrying := r.client(t, grpc.WithDefaultServiceConfig(`{"methodConfig": [{
+  "name": [{"service": "idem.example.payments.v1.Payments"}],
+  "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.2s", "maxBackoff": "1s", "backoffMultiplier": 2,
+                  "retryableStatusCodes": ["ABORTED"]}}]}`))
+	req := &pb.ChargeRequest{Account: "slow", Amount: 1}
+	done := make(chan error, 1)
+	go func() {
+		_, err := plain.Charge(withKey("k-slow"), req)
+		done <- err
+	}()
+	<-running
+	go func() {
+		// Once the retrying call's first attempt was refused, the first
+		// call ends.
+		for code := range r.answered {
+			if code == codes.Aborted {
+				close(release)
+				return
+			}
+		}
+	}()
+	var h metadata.MD
+	reply, err := retrying.Charge(withKey("k-slow"), req, grpc.Header(&h))
+	if err != nil || !idemgrpc.Replayed(h) {
+		t.Fatalf("the retried call: %v %v replayed=%v, want the first call's answer replayed", reply, err, idemgrpc.Replayed(h))
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := r.svc.count("slow"); n != 1 {
+		t.Fatalf("charged %d times", n)
 	}
 }
 
@@ -432,16 +506,34 @@ func chargeOrders(t *testing.T, r *rig, c pb.PaymentsClient, n, parallel int) {
 
 func TestStoreUnavailable(t *testing.T) {
 	c := etcdtest.Start(t, 1, etcdtest.Options{})
-	store := etcdstoretest.NewOn(t, c, etcdstore.WithRequestTimeout(300*time.Millisecond))
+	sr := tracetest.NewSpanRecorder()
+	store := etcdstoretest.NewOn(t, c, etcdstore.WithRequestTimeout(300*time.Millisecond),
+		etcdstore.WithTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))))
 	r := start(t, idemgrpc.Config{Store: store})
 	client := r.client(t)
 	c.Members[0].Stop()
-	_, err := client.Charge(withKey("k"), &pb.ChargeRequest{Account: "a", Amount: 1})
+	const key = "order-secret-99"
+	_, err := client.Charge(withKey(key), &pb.ChargeRequest{Account: "a", Amount: 1})
 	if status.Code(err) != codes.Unavailable || reason(err) != idemgrpc.ReasonStoreUnavailable || retryDelay(err) <= 0 {
 		t.Fatalf("store down: %v, want UNAVAILABLE %s with RetryInfo", err, idemgrpc.ReasonStoreUnavailable)
 	}
 	if n := r.svc.count("a"); n != 0 {
 		t.Fatalf("the handler ran %d times without a claim", n)
+	}
+	// The failed claim's span says why without the key: errors name keys,
+	// spans hold their digest.
+	failed := 0
+	for _, s := range sr.Ended() {
+		text := fmt.Sprint(s.Name(), s.Status(), s.Attributes(), s.Events())
+		if strings.Contains(text, key) {
+			t.Errorf("span %s holds the raw key: %s", s.Name(), text)
+		}
+		if s.Status().Code == otelcodes.Error {
+			failed++
+		}
+	}
+	if failed == 0 {
+		t.Error("no span recorded the failed claim")
 	}
 }
 
@@ -451,5 +543,25 @@ func TestConfigErrors(t *testing.T) {
 	}
 	if _, err := idemgrpc.New(idemgrpc.Config{Store: etcdstoretest.New(t), RequestIDField: "not a name"}); !errors.Is(err, etcdstore.ErrInvalidArgument) {
 		t.Fatalf("a bad field name: %v", err)
+	}
+}
+
+// An answer too large to save (an error status here) is replaced by one
+// saying the call ran: the first caller and every retry get it, and the
+// handler runs once.
+func TestUnsavableAnswer(t *testing.T) {
+	store := etcdstoretest.New(t, etcdstore.WithMaxRecordSize(16<<10))
+	r := start(t, idemgrpc.Config{Store: store})
+	big := strings.Repeat("x", 32<<10)
+	r.svc.hook = func(context.Context, *pb.ChargeRequest) error { return status.Error(codes.InvalidArgument, big) }
+	c := r.client(t)
+	for i := range 2 {
+		_, err := c.Charge(withKey("k"), &pb.ChargeRequest{Account: "a", Amount: 1})
+		if status.Code(err) != codes.Internal || reason(err) != idemgrpc.ReasonNotSaved || !strings.Contains(status.Convert(err).Message(), "ran once") {
+			t.Fatalf("call %d: %v %s, want INTERNAL %s saying it ran", i, status.Code(err), reason(err), idemgrpc.ReasonNotSaved)
+		}
+	}
+	if n := r.svc.count("a"); n != 1 {
+		t.Fatalf("ran %d times", n)
 	}
 }

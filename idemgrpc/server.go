@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -49,7 +50,10 @@ const (
 	ReasonMissingKey       = "IDEMPOTENCY_KEY_MISSING"
 	ReasonStoreUnavailable = "IDEMPOTENCY_STORE_UNAVAILABLE"
 	ReasonNotSaved         = "IDEMPOTENT_RESPONSE_NOT_SAVED"
-	ReasonForgedFencing    = "FENCING_TOKEN_FORGED"
+	// ReasonNotExecuted marks a status by which a handler says it did
+	// nothing: the key is released and a retry runs the handler again
+	// (NotExecuted makes one).
+	ReasonNotExecuted = "NOT_EXECUTED"
 )
 
 // Store is what the interceptor needs of idem's store: an
@@ -88,28 +92,45 @@ type Config struct {
 	// ClaimDeadline, when set, gives every claim a deadline
 	// (etcdstore.WithDeadline).
 	ClaimDeadline time.Duration
+	// HandlerTimeout bounds a handler's run (default 30 s): its context
+	// ends then, as the caller's deadline would have ended it, but not
+	// sooner, even if the caller goes away. A handler that ignores its
+	// context holds its key until it returns; ClaimDeadline bounds that.
+	HandlerTimeout time.Duration
 	// Logger gets a line per refused or unsaved call (default: none). Keys
 	// are logged as a digest.
 	Logger *slog.Logger
 }
 
-// DefaultStatusPolicy saves every status (replayed to every retry), except
-// RESOURCE_EXHAUSTED and an UNAVAILABLE that carries RetryInfo: a handler
-// says with these that it did nothing and the call may be retried, so the
-// key is released and a retry runs the handler again. A handler that may
-// have acted must not answer either.
+// DefaultStatusPolicy saves every status a handler returns (replayed to
+// every retry), because a handler that failed may have acted first, except
+// one made by NotExecuted: with it a handler says it did nothing, so the
+// key is released and a retry runs the handler again. Codes alone do not
+// say it: an UNAVAILABLE or RESOURCE_EXHAUSTED a handler passes on from a
+// service it called may come after that service acted.
 func DefaultStatusPolicy(st *status.Status) etcdstore.End {
-	switch st.Code() {
-	case codes.ResourceExhausted:
-		return etcdstore.EndRelease
-	case codes.Unavailable:
-		for _, d := range st.Details() {
-			if _, ok := d.(*errdetails.RetryInfo); ok {
-				return etcdstore.EndRelease
-			}
+	for _, d := range st.Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.Domain == ErrorDomain && ei.Reason == ReasonNotExecuted {
+			return etcdstore.EndRelease
 		}
 	}
 	return etcdstore.EndSave
+}
+
+// NotExecuted returns a status error by which a handler says that it did
+// nothing (it refused before any effect: rate-limited, a dependency down
+// before the first write): the claim is released, and a retry with the same
+// key runs the handler again. Never return it after an effect.
+func NotExecuted(c codes.Code, msg string, retryAfter time.Duration) error {
+	details := []protoadapt.MessageV1{&errdetails.ErrorInfo{Reason: ReasonNotExecuted, Domain: ErrorDomain}}
+	if retryAfter > 0 {
+		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(retryAfter)})
+	}
+	st, err := status.New(c, msg).WithDetails(details...)
+	if err != nil {
+		return status.Error(c, msg)
+	}
+	return st.Err()
 }
 
 // Interceptor makes the unary calls of a gRPC server idempotent by key.
@@ -134,6 +155,12 @@ func New(cfg Config) (*Interceptor, error) {
 	if cfg.OnStatus == nil {
 		cfg.OnStatus = DefaultStatusPolicy
 	}
+	if cfg.HandlerTimeout == 0 {
+		cfg.HandlerTimeout = 30 * time.Second
+	}
+	if cfg.HandlerTimeout < 0 {
+		return nil, fmt.Errorf("idemgrpc: %w: HandlerTimeout %v is negative", etcdstore.ErrInvalidArgument, cfg.HandlerTimeout)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -154,7 +181,7 @@ func (i *Interceptor) Unary() grpc.UnaryServerInterceptor {
 func (i *Interceptor) Stream() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		md, _ := metadata.FromIncomingContext(ss.Context())
-		if len(md.Get(MetadataKey)) > 0 {
+		if len(md.Get(MetadataKey)) > 0 && (i.cfg.Methods == nil || i.cfg.Methods(info.FullMethod)) {
 			return withInfo(codes.Unimplemented, ReasonInvalidKey,
 				"idempotency keys are not supported on streaming methods ("+info.FullMethod+"): make the non-idempotent operation a unary call")
 		}
@@ -179,10 +206,6 @@ func (i *Interceptor) unary(ctx context.Context, req any, info *grpc.UnaryServer
 		}
 		return handler(ctx, req)
 	}
-	if len(md.Get(MetadataFencing)) > 0 {
-		return nil, withInfo(codes.InvalidArgument, ReasonForgedFencing,
-			"metadata "+MetadataFencing+" is set by idem for the services a handler calls; a client must not send it")
-	}
 	if msg == nil {
 		return nil, status.Errorf(codes.Internal, "idemgrpc: %s: the request is not a protobuf message", info.FullMethod)
 	}
@@ -198,7 +221,9 @@ func (i *Interceptor) unary(ctx context.Context, req any, info *grpc.UnaryServer
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	_ = grpc.SetHeader(ctx, metadata.Pairs(MetadataRetention, strconv.Itoa(int(i.cfg.Store.Retention().Seconds()))))
+	// In the trailer, not the header: a refusal must stay a
+	// trailers-only response, the only kind grpc-go's retry policy retries.
+	_ = grpc.SetTrailer(ctx, metadata.Pairs(MetadataRetention, strconv.Itoa(int(i.cfg.Store.Retention().Seconds()))))
 	return i.run(ctx, req, info, handler, key, fp)
 }
 
@@ -259,14 +284,28 @@ func (i *Interceptor) run(ctx context.Context, req any, info *grpc.UnaryServerIn
 	var live any      // the handler's response, for the first caller
 	var liveErr error // the handler's error, for the first caller
 	var panicked any
+	replaced := false // the answer could not be saved; a status saying so was
 	res, err := i.cfg.Store.Run(ctx, key, fp, func(_ context.Context, c *etcdstore.Claim) (etcdstore.Outcome, etcdstore.End) {
 		ran = true
 		// Once the handler starts it runs to its end, even if the caller
 		// goes away or the claim is lost: cutting it short turns a definite
 		// answer into an unknown outcome. Its answer is saved if the claim
 		// still holds (the write is fenced).
-		hctx := fencing.NewContext(context.WithoutCancel(ctx), c.Token())
+		// Its deadline is the caller's or HandlerTimeout, whichever is later.
+		deadline := time.Now().Add(i.cfg.HandlerTimeout)
+		if d, ok := ctx.Deadline(); ok && d.After(deadline) {
+			deadline = d
+		}
+		hctx, cancel := context.WithDeadline(fencing.NewContext(context.WithoutCancel(ctx), c.Token()), deadline)
+		defer cancel()
+		// The token goes to the services the handler calls, and replaces
+		// whatever the caller sent under the same name.
 		hctx = metadata.AppendToOutgoingContext(hctx, MetadataFencing, c.Token().String())
+		if md, ok := metadata.FromIncomingContext(hctx); ok {
+			md = md.Copy()
+			md.Set(MetadataFencing, c.Token().String())
+			hctx = metadata.NewIncomingContext(hctx, md)
+		}
 		func() {
 			defer func() {
 				if v := recover(); v != nil {
@@ -282,7 +321,14 @@ func (i *Interceptor) run(ctx context.Context, req any, info *grpc.UnaryServerIn
 		}
 		if liveErr != nil {
 			st := status.Convert(liveErr)
-			return etcdstore.Outcome{Status: statusBase + int(st.Code()), Body: mustMarshal(st.Proto())}, i.cfg.OnStatus(st)
+			body := mustMarshal(st.Proto())
+			if limit := i.cfg.Store.MaxRecordSize() - 4096; len(body) > limit {
+				replaced = true
+				st = statusWithInfo(codes.Internal, ReasonNotSaved, fmt.Sprintf(
+					"the call ran once and failed with %s, but its status (%d bytes) is over the %d-byte limit and cannot be replayed; do not retry it with a new key", st.Code(), len(body), limit))
+				return etcdstore.Outcome{Status: statusBase + int(codes.Internal), Body: mustMarshal(st.Proto())}, etcdstore.EndSave
+			}
+			return etcdstore.Outcome{Status: statusBase + int(st.Code()), Body: body}, i.cfg.OnStatus(st)
 		}
 		resp, ok := live.(proto.Message)
 		if !ok {
@@ -297,6 +343,7 @@ func (i *Interceptor) run(ctx context.Context, req any, info *grpc.UnaryServerIn
 		body := mustMarshal(&spb.Status{Code: int32(codes.OK), Details: []*anypb.Any{a}})
 		if limit := i.cfg.Store.MaxRecordSize() - 4096; len(body) > limit {
 			// It ran; say so to every retry, since it cannot be replayed.
+			replaced = true
 			st := statusWithInfo(codes.Internal, ReasonNotSaved, fmt.Sprintf(
 				"the call ran once, but its response (%d bytes) is over the %d-byte limit and cannot be replayed; do not retry it with a new key", len(body), limit))
 			return etcdstore.Outcome{Status: statusBase + int(codes.Internal), Body: mustMarshal(st.Proto())}, etcdstore.EndSave
@@ -311,35 +358,53 @@ func (i *Interceptor) run(ctx context.Context, req any, info *grpc.UnaryServerIn
 		if err != nil {
 			return nil, i.refusal(ctx, key, err)
 		}
-		_ = grpc.SetHeader(ctx, metadata.Pairs(MetadataReplayed, "true"))
-		return replay(res.Outcome)
+		return replayed(ctx, res.Outcome)
 	}
 	switch {
 	case errors.Is(err, etcdstore.ErrFenced) || errors.Is(err, etcdstore.ErrClaimEnded):
 		// Another owner took the key over while this handler ran: the first
 		// saved outcome is theirs, and every caller must see that one.
 		if cur, gerr := i.cfg.Store.Get(ctx, key); gerr == nil && cur.State == etcdstore.Done && cur.Fingerprint == fp && cur.Outcome != nil {
-			_ = grpc.SetHeader(ctx, metadata.Pairs(MetadataReplayed, "true"))
-			return replay(*cur.Outcome)
+			return replayed(ctx, *cur.Outcome)
 		}
 		return nil, withRetry(codes.Aborted, ReasonInFlight, "another owner took this key over while the call ran; retry with the same key to get its outcome", time.Second)
-	case err != nil:
+	case errors.Is(err, etcdstore.ErrUnavailable):
 		// The handler answered, but its answer is not saved yet (the store
 		// keeps trying in the background): acknowledging it could let a
 		// crash replace it with another answer to a retry.
-		i.cfg.Logger.Warn("idem: a call ran but its outcome is not saved yet", "key", key.Digest(), "err", err)
+		i.cfg.Logger.Warn("idem: a call ran but its outcome is not saved yet", "key", key.Digest(), "err", key.Redact(err))
 		return nil, withRetry(codes.Unavailable, ReasonStoreUnavailable, "the call ran but its response could not be saved yet; retry with the same key to get it", time.Second)
+	case err != nil:
+		// The outcome could not be saved as it was (too large: the store
+		// saved that fact instead), or the claim was abandoned for the next
+		// request to resume. Either way this caller gets the live answer,
+		// as the HTTP middleware gives it.
+		i.cfg.Logger.Error("idem: ending a claim", "key", key.Digest(), "err", key.Redact(err))
 	}
-	if res.Status == statusBase+int(codes.Internal) && liveErr == nil {
-		return replay(res.Outcome) // the response was not saved: say so to this caller too
+	if replaced || res.Status == statusBase+int(codes.Internal) && liveErr == nil {
+		return replay(res.Outcome) // the answer was not saved: say so to this caller too
 	}
 	return live, liveErr
+}
+
+// replayed answers a replay: the saved response or status, marked.
+func replayed(ctx context.Context, o etcdstore.Outcome) (any, error) {
+	resp, err := replay(o)
+	if err == nil {
+		_ = grpc.SetHeader(ctx, metadata.Pairs(MetadataReplayed, "true"))
+	}
+	return resp, err
 }
 
 // replay turns a saved outcome back into the response or status.
 func replay(o etcdstore.Outcome) (any, error) {
 	var st spb.Status
-	if o.Status < statusBase || proto.Unmarshal(o.Body, &st) != nil {
+	switch {
+	case o.Status == 0 && o.Err != "":
+		// What the store saved when the call's own outcome could not be
+		// saved (or the work panicked): the call ran.
+		return nil, withInfo(codes.Internal, ReasonNotSaved, "the call ran once, but its outcome could not be saved ("+o.Err+"); do not retry it with a new key: reconcile")
+	case o.Status < statusBase || proto.Unmarshal(o.Body, &st) != nil:
 		return nil, status.Error(codes.FailedPrecondition, "this idempotency key holds the outcome of an HTTP request, not of a gRPC call: use a new key")
 	}
 	if codes.Code(st.Code) != codes.OK {
@@ -372,7 +437,7 @@ func (i *Interceptor) refusal(ctx context.Context, key etcdstore.Key, err error)
 	case errors.Is(err, etcdstore.ErrStoreFull):
 		return withRetry(codes.Unavailable, ReasonStoreUnavailable, "the idempotency store is out of space (NOSPACE); retry with the same key once an operator frees space", 30*time.Second)
 	default:
-		i.cfg.Logger.Warn("idem: claim failed", "key", key.Digest(), "err", err)
+		i.cfg.Logger.Warn("idem: claim failed", "key", key.Digest(), "err", key.Redact(err))
 		return withRetry(codes.Unavailable, ReasonStoreUnavailable, "the idempotency store is unavailable; retry with the same key", time.Second)
 	}
 }

@@ -173,7 +173,7 @@ func (c *serveConfig) waitingEdge() (http.Handler, error) {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { unavailable(w) }), nil
 	}
 	up, _ := url.Parse(c.upstream)
-	rp, err := idemhttp.ReverseProxy(up, idemhttp.ProxyOptions{Timeout: c.upstreamTimeout, ProblemDocs: c.problemDocs})
+	rp, err := idemhttp.ReverseProxy(up, idemhttp.ProxyOptions{Timeout: c.upstreamTimeout, ProblemDocs: c.problemDocs, WrapTransport: c.wrapUpstream()})
 	if err != nil {
 		return nil, err
 	}

@@ -192,7 +192,10 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 	if c.tracer != nil {
 		// A server span per request, a child of the caller's trace
 		// context when it sends one (W3C traceparent).
-		handler = otelhttp.NewHandler(handler, "idem", otelhttp.WithTracerProvider(c.tracer))
+		// The worker API's GET /v1/keys/{key} is not traced: its path is a
+		// key, and spans record paths.
+		handler = otelhttp.NewHandler(handler, "idem", otelhttp.WithTracerProvider(c.tracer),
+			otelhttp.WithFilter(func(r *http.Request) bool { return !strings.HasPrefix(r.URL.Path, "/v1/keys/") }))
 	}
 	s.main = &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

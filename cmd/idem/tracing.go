@@ -29,6 +29,9 @@ func tracingEnabled() bool {
 		return false
 	case "otlp":
 		return true
+	case "":
+	default:
+		return true // setupTracing refuses what it cannot export to, rather than export nothing silently
 	}
 	return os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
 }
