@@ -85,6 +85,7 @@ type objects struct {
 	issuers      map[string]bool
 	monitors     []*monitoringv1.ServiceMonitor
 	rules        []*monitoringv1.PrometheusRule
+	podmonitors  []*monitoringv1.PodMonitor
 	cronjobs     []*batchv1.CronJob
 	raw          map[string]map[string]any // every object, by Kind/name
 }
@@ -187,6 +188,10 @@ func decodeAll(t *testing.T, src string, docs [][]byte) *objects {
 			var s monitoringv1.ServiceMonitor
 			strict(&s)
 			o.monitors = append(o.monitors, &s)
+		case "PodMonitor":
+			var m monitoringv1.PodMonitor
+			strict(&m)
+			o.podmonitors = append(o.podmonitors, &m)
 		case "PrometheusRule":
 			var r monitoringv1.PrometheusRule
 			strict(&r)
@@ -383,6 +388,28 @@ func TestCrossReferences(t *testing.T) {
 				if !portExists(matched, sp.TargetPort) {
 					t.Errorf("%s: Service %s port %s targets %s, which its pods do not have", ov, svc.Name, sp.Name, sp.TargetPort.String())
 				}
+			}
+		}
+		for _, pm := range o.podmonitors {
+			matched := podsMatching(pm.Spec.Selector.MatchLabels)
+			if len(matched) == 0 {
+				t.Errorf("%s: PodMonitor %s selects no pods", ov, pm.Name)
+			}
+			for _, ep := range pm.Spec.PodMetricsEndpoints {
+				if ep.Port == nil || !portExists(matched, intstr.FromString(*ep.Port)) {
+					t.Errorf("%s: PodMonitor %s scrapes a port its pods do not have", ov, pm.Name)
+				}
+			}
+		}
+		for _, sm := range o.monitors {
+			var scraped []*corev1.Service
+			for _, svc := range o.services {
+				if selects(sm.Spec.Selector.MatchLabels, svc.Labels) {
+					scraped = append(scraped, svc)
+				}
+			}
+			if len(scraped) != 1 {
+				t.Errorf("%s: ServiceMonitor %s selects %d Services, want 1", ov, sm.Name, len(scraped))
 			}
 		}
 		for _, pdb := range o.pdbs {

@@ -116,7 +116,7 @@ func helmRenders(t *testing.T) map[string]*objects {
 	for f, docs := range rendered {
 		o := decodeAll(t, f, docs)
 		vals, _ := chartutil.ReadValuesFile(f)
-		for _, path := range []string{"tls.secretName", "tokens.secretName", "etcd.clientTLS.secretName"} {
+		for _, path := range []string{"tls.secretName", "tokens.secretName", "etcd.clientTLS.secretName", "backup.clientTLS.secretName"} {
 			if v, err := vals.PathValue(path); err == nil && v != "" {
 				o.secrets[v.(string)] = true
 			}

@@ -12,11 +12,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	"github.com/prometheus/common/model"
+	corev1 "k8s.io/api/core/v1"
 	"github.com/prometheus/prometheus/promql/parser"
 	"sigs.k8s.io/yaml"
 )
@@ -63,18 +65,86 @@ func family(name string, families map[string]string) string {
 	return ""
 }
 
+var (
+	binOnce sync.Once
+	binPath string
+	binErr  error
+)
+
+// idemBinary builds the idem binary once for the package's tests.
+func idemBinary(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "idem-deploy-test-")
+		if err != nil {
+			binErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "idem")
+		build := exec.Command("go", "build", "-C", "..", "-o", binPath, "./cmd/idem")
+		build.Env = append(os.Environ(), "GOWORK=off")
+		if b, err := build.CombinedOutput(); err != nil {
+			binErr = fmt.Errorf("go build ./cmd/idem: %v\n%s", err, b)
+		}
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return binPath
+}
+
+// Every IDEM_* setting the chart renders (ConfigMaps and container env)
+// is one idem serve accepts, with a value it parses: serve reads its
+// environment before -h stops it.
+func TestChartSettingsAreIdemFlags(t *testing.T) {
+	bin := idemBinary(t)
+	for name, o := range helmRenders(t) {
+		var envs [][]string
+		for _, cm := range o.configmaps {
+			var env []string
+			for k, v := range cm.Data {
+				if strings.HasPrefix(k, "IDEM_") {
+					env = append(env, k+"="+v)
+				}
+			}
+			envs = append(envs, env)
+		}
+		for _, tpl := range o.pods() {
+			for _, c := range append(append([]corev1.Container{}, tpl.Spec.InitContainers...), tpl.Spec.Containers...) {
+				var env []string
+				for _, e := range c.Env {
+					if strings.HasPrefix(e.Name, "IDEM_") {
+						env = append(env, e.Name+"="+e.Value)
+					}
+				}
+				envs = append(envs, env)
+			}
+		}
+		checked := 0
+		for _, env := range envs {
+			if len(env) == 0 {
+				continue
+			}
+			checked++
+			run := exec.Command(bin, "serve", "-h")
+			run.Env = append(os.Environ(), env...)
+			if b, err := run.CombinedOutput(); err != nil {
+				t.Errorf("%s: idem serve refuses the settings %v: %v\n%s", name, env, err, b)
+			}
+		}
+		if checked == 0 {
+			t.Errorf("%s: no IDEM_* settings rendered", name)
+		}
+	}
+}
+
 // idemMetrics starts the real idem serve (embedded etcd, proxy mode, the
 // replay cache on), sends it keyed requests, and returns the metric
 // families its /metrics exports, by type.
 func idemMetrics(t *testing.T) map[string]string {
 	t.Helper()
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "idem")
-	build := exec.Command("go", "build", "-C", "..", "-o", bin, "./cmd/idem")
-	build.Env = append(os.Environ(), "GOWORK=off")
-	if b, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/idem: %v\n%s", err, b)
-	}
+	bin := idemBinary(t)
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, `{"ok":true}`)

@@ -36,6 +36,7 @@ type batcher struct {
 	maxMembers  int // inner Txns per batch
 	maxBytes    int // request bytes per batch
 	maxInflight int
+	observe     func(time.Duration) // WithTxnObserver; nil: none
 
 	mu       sync.Mutex
 	queue    []*member
@@ -230,7 +231,11 @@ func (b *batcher) txn(req *pb.TxnRequest) (*pb.TxnResponse, error) {
 		ctx, c2 = context.WithTimeout(ctx, batchTimeout)
 		defer c2()
 	}
+	start := time.Now()
 	resp, err := b.kv.Txn(ctx, req, callOpts...)
+	if b.observe != nil {
+		b.observe(time.Since(start))
+	}
 	if err != nil {
 		return nil, clientv3.ContextError(ctx, err)
 	}

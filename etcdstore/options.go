@@ -46,6 +46,7 @@ type config struct {
 	log            *slog.Logger
 	tracer         trace.Tracer // nil: no spans, no tracing code runs
 	traceKeys      bool
+	observeTxn     func(time.Duration)
 	noBatching     bool
 	noSweep        bool
 	batchMembers   int
@@ -304,6 +305,16 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 		c.tracer = tp.Tracer(tracerName)
 		return nil
 	})
+}
+
+// WithTxnObserver has f told how long each of the store's conditional
+// write transactions took (claims, completes, checkpoints...; one call per
+// etcd Txn, batched or not): etcd's latency as the store sees it, without
+// the work or any wait. idem serve exports it as
+// idem_etcd_txn_duration_seconds. f must be quick and safe for concurrent
+// use.
+func WithTxnObserver(f func(time.Duration)) Option {
+	return option(func(c *config) error { c.observeTxn = f; return nil })
 }
 
 // WithTraceKeys records keys themselves in spans (idem.key) rather than

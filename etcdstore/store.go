@@ -57,6 +57,7 @@ type Store struct {
 	format     byte // of the records written
 	log        *slog.Logger
 	tracer     trace.Tracer
+	observeTxn func(time.Duration)
 	traceKeys  bool
 
 	full atomic.Bool // etcd refused the last write for lack of space
@@ -156,6 +157,7 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 		format:     c.format,
 		log:        c.log,
 		tracer:     c.tracer,
+		observeTxn: c.observeTxn,
 		traceKeys:  c.traceKeys,
 		claimPath:  c.claimPath,
 		sess:       sess,
@@ -168,6 +170,7 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 	if !c.noBatching && hooks == nil {
 		// (A simulation runs one caller at a time: nothing to batch.)
 		s.batch = newBatcher(s.kv, s.try, c.batchMembers, c.batchBytes)
+		s.batch.observe = c.observeTxn
 	}
 	if c.epochs {
 		s.epochs = true

@@ -123,8 +123,12 @@ func (s *Store) cas(ctx context.Context, k Key, owner string, cmps []cond, w wri
 			r, err = s.batch.do(ctx, req, []string{w.key}) // the batch has its own try context
 		} else {
 			rctx, cancel := s.try(ctx)
+			start := time.Now()
 			if r, err = s.kv.Txn(rctx, req, callOpts...); err != nil {
 				err = clientv3.ContextError(rctx, err)
+			}
+			if s.observeTxn != nil {
+				s.observeTxn(time.Since(start))
 			}
 			cancel()
 		}

@@ -49,6 +49,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Requests that waited (Prefer: wait) for an in-flight key.",
 		}),
 	}
+	// Every outcome's series exists from the start, at 0: an alert on
+	// increase() sees the first rare event (a mismatch, a fenced request)
+	// only if the series was there before it.
+	for _, o := range []string{labelClaimed, labelTakeover, labelReplayed, labelConflict, labelMismatch, labelFenced,
+		labelInvalid, labelUnavailable, labelStoreFull, labelRateLimited, labelUpstream, labelUpstreamUnknown, labelPassthrough, labelError} {
+		m.Requests.WithLabelValues(o)
+	}
 	if reg != nil {
 		reg.MustRegister(m.Requests, m.Duration, m.Waits)
 	}

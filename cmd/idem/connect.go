@@ -51,6 +51,7 @@ func (s *server) connect(ctx context.Context, timeout time.Duration) error {
 	if c.tracer != nil {
 		opts = append(opts, etcdstore.WithTracerProvider(c.tracer))
 	}
+	opts = append(opts, etcdstore.WithTxnObserver(func(d time.Duration) { s.txnSeconds.Observe(d.Seconds()) }))
 	where := strings.Join(c.etcd.endpoints, ",")
 	var clis []*clientv3.Client
 	closeAll := func() {

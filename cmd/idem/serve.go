@@ -330,8 +330,10 @@ func (c *serveConfig) load() error {
 		if err != nil {
 			return fmt.Errorf("--tokens-file: %w", err)
 		}
-		if fi.Mode().Perm()&0o077 != 0 {
-			return fmt.Errorf("--tokens-file %s: mode %v lets others read the tokens; chmod 600 it", c.tokensFile, fi.Mode().Perm())
+		// Owner- or group-readable only: a Kubernetes Secret reaches a
+		// non-root process through its pod's fsGroup (defaultMode 0440).
+		if fi.Mode().Perm()&0o037 != 0 {
+			return fmt.Errorf("--tokens-file %s: mode %v lets others read or change the tokens; chmod 600 (or 640, 440) it", c.tokensFile, fi.Mode().Perm())
 		}
 		data, err := os.ReadFile(c.tokensFile)
 		if err != nil {

@@ -55,7 +55,7 @@ func snapshotSave(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	var e etcdFlags
 	e.register(fs, []string{socketURL("idem-data")})
 	file := fs.String("file", "", "write the snapshot to this file")
-	dir := fs.String("dir", "", "write the snapshot to a new file in this directory, named "+snapshotPrefix+"<UTC time>.db")
+	dir := fs.String("dir", "", "write the snapshot to a new file in this directory, named "+snapshotPrefix+"<UTC time, ms>.db")
 	keep := fs.Int("keep", 0, "with --dir: keep this many snapshots, deleting the oldest (0: keep all)")
 	timeout := fs.Duration("command-timeout", 10*time.Minute, "timeout of the command")
 	if err := parseFlags(fs, args); err != nil {
@@ -80,11 +80,15 @@ func snapshotSave(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if err := os.MkdirAll(*dir, 0o700); err != nil {
 			return fmt.Errorf("--dir: %w", err)
 		}
-		path = filepath.Join(*dir, snapshotPrefix+time.Now().UTC().Format("20060102T150405Z")+".db")
+		path = filepath.Join(*dir, snapshotPrefix+time.Now().UTC().Format("20060102T150405.000Z")+".db")
+		if _, err := os.Stat(path); err == nil {
+			return fmt.Errorf("snapshot save: %s exists", path)
+		}
 	}
 	// A snapshot comes from one member: try each endpoint until one gives
 	// a whole snapshot (SaveWithVersion writes to path.part and renames it
-	// only once the snapshot is complete and its checksum verified).
+	// only once the stream is complete and ends with etcd's checksum; the
+	// checksum itself is verified at restore).
 	var errs []error
 	for _, ep := range cfg.Endpoints {
 		one := cfg
@@ -136,6 +140,7 @@ func snapshotRestore(_ context.Context, args []string, stdout, stderr io.Writer)
 	file := fs.String("file", "", "the snapshot to restore")
 	dataDir := fs.String("data-dir", "", "the new data directory (must not exist yet): give it to idem serve --data-dir")
 	peer := fs.String("embedded-peer-url", "http://127.0.0.1:2380", "the peer URL idem serve's embedded etcd will use (its --embedded-peer-url)")
+	bump := fs.Uint64("bump-revision", 1_000_000_000, "raise etcd's revision by this much, marking the old ones compacted: fencing tokens (revisions) after the restore stay greater than any handed out before it (0: no bump)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -153,7 +158,9 @@ func snapshotRestore(_ context.Context, args []string, stdout, stderr io.Writer)
 	}
 	// The member idem serve starts: name "idem", cluster token "idem"
 	// (internal/embedded). A restore makes a new cluster of one member
-	// with the snapshot's keys and leases; leases restart their TTLs.
+	// with the snapshot's keys and leases; leases restart their TTLs. The
+	// revision jumps ahead, so that no fencing token is handed out twice
+	// and none goes backwards.
 	err := etcdutl.NewV3(zap.NewNop()).Restore(etcdutl.RestoreConfig{
 		SnapshotPath:        *file,
 		Name:                "idem",
@@ -161,6 +168,8 @@ func snapshotRestore(_ context.Context, args []string, stdout, stderr io.Writer)
 		PeerURLs:            []string{*peer},
 		InitialCluster:      "idem=" + *peer,
 		InitialClusterToken: "idem",
+		RevisionBump:        *bump,
+		MarkCompacted:       *bump > 0,
 	})
 	if err != nil {
 		return fmt.Errorf("snapshot restore: %w", err)

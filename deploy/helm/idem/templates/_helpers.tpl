@@ -61,9 +61,9 @@ capabilities:
 {{- end -}}
 
 {{- define "idem.probes" -}}
-startupProbe:
+startupProbe: # alive, not ready: idem starts, and passes unkeyed traffic, while etcd is away
   httpGet:
-    path: /readyz
+    path: /livez
     port: admin
   periodSeconds: {{ .Values.probes.startup.periodSeconds }}
   failureThreshold: {{ .Values.probes.startup.failureThreshold }}
@@ -81,7 +81,7 @@ livenessProbe:
 
 {{/* Volumes and mounts for TLS and tokens shared by the Deployment and the sidecar. */}}
 {{- define "idem.secretMounts" -}}
-{{- if ne .Values.mode "standalone" }}
+{{- if and (ne .Values.mode "standalone") .Values.etcd.clientTLS.secretName }}
 - name: etcd-tls
   mountPath: /etc/idem/etcd-tls
   readOnly: true
@@ -99,7 +99,7 @@ livenessProbe:
 {{- end -}}
 
 {{- define "idem.secretVolumes" -}}
-{{- if ne .Values.mode "standalone" }}
+{{- if and (ne .Values.mode "standalone") .Values.etcd.clientTLS.secretName }}
 - name: etcd-tls
   secret:
     secretName: {{ .Values.etcd.clientTLS.secretName }}
@@ -113,6 +113,7 @@ livenessProbe:
 - name: tokens
   secret:
     secretName: {{ .Values.tokens.secretName }}
+    defaultMode: 0440 # readable by the pod's fsGroup (idem's), by no one else
 {{- end }}
 {{- end -}}
 
@@ -121,9 +122,11 @@ livenessProbe:
 {{- $s := dict "IDEM_LISTEN" "0.0.0.0:8080" "IDEM_ADMIN_LISTEN" "0.0.0.0:8081" -}}
 {{- if ne .Values.mode "standalone" -}}
 {{- $_ := set $s "IDEM_ENDPOINTS" (include "idem.endpoints" .) -}}
+{{- if .Values.etcd.clientTLS.secretName -}}
 {{- $_ := set $s "IDEM_CACERT" "/etc/idem/etcd-tls/ca.crt" -}}
 {{- $_ := set $s "IDEM_CERT" "/etc/idem/etcd-tls/tls.crt" -}}
 {{- $_ := set $s "IDEM_KEY" "/etc/idem/etcd-tls/tls.key" -}}
+{{- end -}}
 {{- if .Values.etcd.prefix }}{{ $_ := set $s "IDEM_PREFIX" .Values.etcd.prefix }}{{ end -}}
 {{- else -}}
 {{- $_ := set $s "IDEM_DATA_DIR" "/var/lib/idem" -}}
@@ -135,7 +138,10 @@ livenessProbe:
 {{- end -}}
 {{- if .Values.tokens.secretName }}{{ $_ := set $s "IDEM_TOKENS_FILE" (printf "/etc/idem/tokens/%s" .Values.tokens.key) }}{{ end -}}
 {{- if gt (int64 .Values.config.cacheSize) 0 }}{{ $_ := set $s "IDEM_CACHE_SIZE" (toString (int64 .Values.config.cacheSize)) }}{{ end -}}
-{{- range $k, $v := .Values.config.extra }}{{ $_ := set $s $k (toString $v) }}{{ end -}}
+{{- range $k, $v := .Values.config.extra }}
+{{- if and (kindIs "float64" $v) (eq $v (floor $v)) }}{{ $v = int64 $v }}{{ end }}
+{{- $_ := set $s $k (toString $v) }}
+{{- end -}}
 {{- toYaml $s -}}
 {{- end -}}
 
@@ -160,6 +166,8 @@ and the volumes of "idem.secretVolumes".
     {{- $_ := set $s "IDEM_LOG_FORMAT" .Values.config.logFormat }}
     {{- $_ := set $s "IDEM_RETENTION" .Values.config.retention }}
     {{- $_ := set $s "IDEM_SESSION_TTL" .Values.config.sessionTTL }}
+    {{- /* NOSPACE must not take the app's pods out of service: replays and unkeyed traffic still work. */}}
+    {{- $_ := set $s "IDEM_READY_WHEN_FULL" "true" }}
     {{- range $k, $v := $s }}
     - name: {{ $k }}
       value: {{ $v | quote }}
@@ -182,4 +190,27 @@ and the volumes of "idem.secretVolumes".
     {{- include "idem.containerSecurity" . | nindent 4 }}
   volumeMounts:
     {{- include "idem.secretMounts" . | indent 4 }}
+{{- end -}}
+
+{{/* The ConfigMap's data: the settings, and the service-wide ones. */}}
+{{- define "idem.configData" -}}
+{{- $s := fromYaml (include "idem.settings" .) -}}
+{{- $_ := set $s "IDEM_LOG_FORMAT" .Values.config.logFormat -}}
+{{- $_ := set $s "IDEM_RETENTION" .Values.config.retention -}}
+{{- $_ := set $s "IDEM_SESSION_TTL" .Values.config.sessionTTL -}}
+{{- $_ := set $s "IDEM_SHUTDOWN_GRACE" .Values.config.shutdownGrace -}}
+{{- if .Values.config.upstream }}{{ $_ := set $s "IDEM_UPSTREAM" .Values.config.upstream }}{{ end -}}
+{{- toYaml $s -}}
+{{- end -}}
+
+{{/* Egress to your etcd: the ports of etcd.endpoints (2379 when a URL has none). */}}
+{{- define "idem.etcdPorts" -}}
+{{- $ports := dict -}}
+{{- range .Values.etcd.endpoints -}}
+{{- $host := (urlParse .).host -}}
+{{- $port := "2379" -}}
+{{- if regexMatch ":[0-9]+$" $host }}{{ $port = regexFind "[0-9]+$" $host }}{{ end -}}
+{{- $_ := set $ports $port true -}}
+{{- end -}}
+{{- keys $ports | sortAlpha | join "," -}}
 {{- end -}}
