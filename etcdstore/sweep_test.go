@@ -9,6 +9,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/idem-dev/idem/etcdtest"
 )
 
 // Expired records are deleted by the sweeper a chunk at a time, never all of
@@ -136,5 +138,84 @@ func TestSweeperLeavesARecordWrittenAgain(t *testing.T) {
 	rec, err := s.Get(ctx, Key{ID: "b"})
 	if err != nil || string(rec.Outcome.Body) != "second" {
 		t.Fatalf("the record written again: %+v, %v; want it kept with its new outcome", rec, err)
+	}
+}
+
+// The sweeper works under etcd RBAC with a role on the store's prefix only
+// (docs/SECURITY.md): listing a lease's keys, deleting records, taking the
+// sweep lock and revoking emptied leases all stay inside the prefix.
+func TestSweeperUnderRBAC(t *testing.T) {
+	c := etcdtest.Start(t, 1, etcdtest.Options{})
+	root := c.MustClient(t)
+	ctx := testCtx(t)
+	const prefix = "/rbac/idem/"
+	for _, step := range []func() error{
+		func() error { _, err := root.UserAdd(ctx, "root", "root-pw"); return err },
+		func() error { _, err := root.UserGrantRole(ctx, "root", "root"); return err },
+		func() error { _, err := root.RoleAdd(ctx, "idem"); return err },
+		func() error {
+			_, err := root.RoleGrantPermission(ctx, "idem", prefix, clientv3.GetPrefixRangeEnd(prefix), clientv3.PermissionType(clientv3.PermReadWrite))
+			return err
+		},
+		func() error { _, err := root.UserAdd(ctx, "idem", "idem-pw"); return err },
+		func() error { _, err := root.UserGrantRole(ctx, "idem", "idem"); return err },
+		func() error { _, err := root.AuthEnable(ctx); return err },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), Username: "idem", Password: "idem-pw", DialTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	admin, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), Username: "root", Password: "root-pw", DialTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close() })
+	// The role cannot read outside the prefix: the test would prove
+	// nothing if it could.
+	if _, err := cli.Get(ctx, "/elsewhere"); err == nil {
+		t.Fatal("the idem user reads outside its prefix")
+	}
+
+	s := newStore(t, cli, prefix, WithRetention(2*time.Second), WithBucketWidth(2*time.Second), WithKeysPerLease(100))
+	s.setSweepPace(300*time.Millisecond, time.Second)
+	start := revision(t, admin)
+	const n = 100
+	for i := range n {
+		if _, err := s.Do(ctx, Key{ID: fmt.Sprintf("r%03d", i)}, nil, func(context.Context, *Claim) ([]byte, error) { return []byte("ok"), nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := admin.Watch(ctx, s.ks.records(), clientv3.WithPrefix(), clientv3.WithRev(start+1))
+	bw := admin.Watch(ctx, s.ks.buckets(), clientv3.WithPrefix(), clientv3.WithRev(start+1))
+	gone, revoked := 0, false
+	deletes := map[int64]int{} // revision -> records deleted at it
+	for gone < n || !revoked {
+		select {
+		case wr := <-w:
+			for _, ev := range wr.Events {
+				if ev.Type == mvccpb.DELETE {
+					deletes[ev.Kv.ModRevision]++
+					gone++
+				}
+			}
+		case wr := <-bw:
+			for _, ev := range wr.Events {
+				revoked = revoked || ev.Type == mvccpb.DELETE
+			}
+		case <-ctx.Done():
+			t.Fatalf("under RBAC: %d of %d expired records deleted, a lease revoked: %v (sweeper: %+v)", gone, n, revoked, s.SweepStats())
+		}
+	}
+	// The sweeper's, not etcd's lease expiry (which deletes a lease's 100
+	// records in one entry): chunks of at most sweepChunk.
+	for rev, d := range deletes {
+		if d > sweepChunk {
+			t.Fatalf("%d records deleted at revision %d: not the sweeper's chunks of %d", d, rev, sweepChunk)
+		}
 	}
 }
