@@ -161,7 +161,7 @@ func (s *Store) Claim(ctx context.Context, key Key, fp Fingerprint, opts ...Clai
 func (s *Store) claim(ctx context.Context, key Key, fp Fingerprint, cfg *claimConfig) (*Claim, *Record, error) {
 	ctx, sp := s.startSpan(ctx, "idem.claim", key)
 	c, done, err := s.claimUntraced(ctx, key, fp, cfg)
-	endClaimSpan(sp, key, c, done, err)
+	s.endClaimSpan(sp, key, c, done, err)
 	return c, done, err
 }
 

@@ -36,7 +36,7 @@ func (s *Store) startSpan(ctx context.Context, name string, key Key) (context.Co
 }
 
 // endClaimSpan names and ends a claim's span by what the claim found.
-func endClaimSpan(sp trace.Span, key Key, c *Claim, done *Record, err error) {
+func (s *Store) endClaimSpan(sp trace.Span, key Key, c *Claim, done *Record, err error) {
 	if sp == nil {
 		return
 	}
@@ -55,14 +55,14 @@ func endClaimSpan(sp trace.Span, key Key, c *Claim, done *Record, err error) {
 	case errors.Is(err, ErrMismatch):
 		sp.SetAttributes(AttrOutcome.String("mismatch"))
 	default:
-		endSpanErr(sp, err, &key)
+		s.endSpanErr(sp, err, key)
 		return
 	}
 	sp.End()
 }
 
 // endWriteSpan ends the span of a claim's write.
-func endWriteSpan(sp trace.Span, c *Claim, err error) {
+func (s *Store) endWriteSpan(sp trace.Span, c *Claim, err error) {
 	if sp == nil {
 		return
 	}
@@ -73,41 +73,25 @@ func endWriteSpan(sp trace.Span, c *Claim, err error) {
 	case errors.Is(err, ErrFenced), errors.Is(err, ErrClaimEnded):
 		sp.SetAttributes(AttrOutcome.String("fenced"))
 	default:
-		endSpanErr(sp, err, &c.key)
+		s.endSpanErr(sp, err, c.key)
 		return
 	}
 	sp.End()
 }
 
-// endSpanErr ends a span with an error; errors name their key, which a
-// span records as its digest unless the store traces keys (the span knows
-// which: see startSpan).
-func endSpanErr(sp trace.Span, err error, key *Key) {
+// endSpanErr ends a span with an error. Errors name their key, which the
+// span records as its digest unless the store traces keys.
+func (s *Store) endSpanErr(sp trace.Span, err error, key Key) {
 	outcome := "error"
 	if errors.Is(err, ErrUnavailable) {
 		outcome = "unavailable"
 	}
 	sp.SetAttributes(AttrOutcome.String(outcome))
 	msg := err.Error()
-	if key != nil && !spanTracesKeys(sp) {
+	if !s.traceKeys {
 		msg = key.redact(err)
 	}
 	sp.AddEvent("exception", trace.WithAttributes(attribute.String("exception.message", msg)))
 	sp.SetStatus(codes.Error, msg)
 	sp.End()
-}
-
-// spanTracesKeys reports whether a span records keys in clear: it has
-// the idem.key attribute only when the store was told to.
-func spanTracesKeys(sp trace.Span) bool {
-	ro, ok := sp.(interface{ Attributes() []attribute.KeyValue })
-	if !ok {
-		return false
-	}
-	for _, a := range ro.Attributes() {
-		if a.Key == AttrKey {
-			return true
-		}
-	}
-	return false
 }

@@ -31,7 +31,7 @@ func (s *Store) Wait(ctx context.Context, key Key) (rec *Record, err error) {
 		ctx, sp = s.startSpan(ctx, "idem.wait", key)
 		defer func() {
 			if err != nil && !errors.Is(err, ErrNotFound) && ctx.Err() == nil {
-				endSpanErr(sp, err, &key)
+				s.endSpanErr(sp, err, key)
 				return
 			}
 			state := "gone"

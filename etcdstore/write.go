@@ -116,7 +116,7 @@ func (c *Claim) write(ctx context.Context, op string, final bool, extra []client
 	if c.s.tracer != nil {
 		var sp trace.Span
 		ctx, sp = c.s.startSpan(ctx, "idem."+op, c.key)
-		defer func() { endWriteSpan(sp, c, err) }() // under c.mu
+		defer func() { c.s.endWriteSpan(sp, c, err) }() // under c.mu
 	}
 	if c.ended {
 		return fmt.Errorf("%s %s: %w", op, c.key, ErrClaimEnded)

@@ -11,7 +11,17 @@ import (
 	"strings"
 	"time"
 
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/fencing"
+	"github.com/idem-dev/idem/idemgrpc"
 	"github.com/idem-dev/idem/idemhttp"
 )
 
@@ -20,6 +30,7 @@ import (
 var (
 	storeKeys = []string{"k0", "k1", "k2"}
 	httpKeys  = []string{"h0", "h1"}
+	grpcKeys  = []string{"g0", "g1"}
 )
 
 func params(key string, odd bool) []byte {
@@ -52,7 +63,9 @@ func lastStep(cp []byte) int {
 // spawnActor adds an actor of a random kind.
 func (w *world) spawnActor(n int) {
 	name := fmt.Sprintf("a%d", n)
-	switch w.rng.IntN(5) {
+	switch w.rng.IntN(6) {
+	case 5:
+		w.s.spawn(name+"/grpc", nil, func(a *actor) { w.grpcClient(a) })
 	case 4:
 		p := w.procs[w.rng.IntN(len(w.procs))]
 		w.s.spawn(name+"/job", p, func(a *actor) { w.jobWorker(a, p) })
@@ -384,4 +397,64 @@ func (w *world) observe(p *process) {
 		w.waits = append(w.waits, event{kind: evResult, key: key, actor: "observer", body: string(rec.Outcome.Body), replayed: true, via: "wait"})
 		w.mu.Unlock()
 	}()
+}
+
+// grpcClient calls a process's idemgrpc interceptor (in-process, as grpc-go
+// would), retrying with the same key while the answer says to: ABORTED
+// (in flight), UNAVAILABLE, or the handler's NOT_EXECUTED. The handler has
+// an effect per run, then answers, fails after its effect, or says it did
+// nothing before any.
+func (w *world) grpcClient(a *actor) {
+	for op := 0; op < 2; op++ {
+		key := grpcKeys[w.rng.IntN(len(grpcKeys))]
+		behaviour := []string{"ok", "ok", "ok", "fail", "notexec"}[w.rng.IntN(5)]
+		for try := 0; try < 4; try++ {
+			w.s.step(a)
+			p := w.procs[w.rng.IntN(len(w.procs))]
+			ctx := metadata.NewIncomingContext(w.ctx(a, p), metadata.Pairs(idemgrpc.MetadataKey, key))
+			var ran bool
+			handler := func(ctx context.Context, req any) (any, error) {
+				tok, _ := fencing.FromContext(ctx)
+				ran = true
+				w.log(event{kind: evGrant, key: key, token: int64(tok), proc: p.name, actor: a.name, via: "grpc"})
+				defer w.log(event{kind: evHoldEnd, key: key, token: int64(tok), actor: a.name, via: "grpc"})
+				if behaviour == "notexec" {
+					return nil, idemgrpc.NotExecuted(codes.Unavailable, "busy", 0)
+				}
+				accepted := w.sink.apply(key, 1, int64(tok), "grpc")
+				w.log(event{kind: evEffect, key: key, step: 1, token: int64(tok), accepted: accepted, via: "grpc"})
+				if behaviour == "fail" {
+					return nil, status.Error(codes.Internal, fmt.Sprintf("%s failed after its effect under %d", key, tok))
+				}
+				return wrapperspb.String(fmt.Sprintf("%s by %d", key, tok)), nil
+			}
+			resp, err := p.unary(ctx, wrapperspb.String(string(params(key, false))), &grpc.UnaryServerInfo{FullMethod: "/explore.Payments/Charge"}, handler)
+			st := status.Convert(err)
+			out := st.Message()
+			if err == nil {
+				out = resp.(*wrapperspb.StringValue).GetValue()
+			}
+			w.log(event{kind: evResult, key: key, actor: a.name, status: int(st.Code()), body: out, replayed: err == nil && !ran, via: "grpc"})
+			if c := st.Code(); c != codes.Aborted && c != codes.Unavailable {
+				break
+			}
+		}
+	}
+}
+
+// grpcAnswer is what a saved gRPC outcome answers: the status code and the
+// response's value, or the status message.
+func grpcAnswer(o *etcdstore.Outcome) (codes.Code, string) {
+	var st spb.Status
+	if o.Status < 1000 || proto.Unmarshal(o.Body, &st) != nil {
+		return codes.Unknown, fmt.Sprintf("not a gRPC outcome: %d %q", o.Status, o.Body)
+	}
+	if codes.Code(st.Code) != codes.OK || len(st.Details) != 1 {
+		return codes.Code(st.Code), st.Message
+	}
+	var v wrapperspb.StringValue
+	if err := st.Details[0].UnmarshalTo(&v); err != nil {
+		return codes.Unknown, err.Error()
+	}
+	return codes.OK, v.GetValue()
 }

@@ -194,7 +194,7 @@ func runSchedule(seed uint64) (st stats, err error) {
 		fatal("reading the history: %v", err)
 	}
 	final := map[string]*etcdstore.Record{}
-	names := append(append([]string{}, storeKeys...), httpKeys...)
+	names := append(append(append([]string{}, storeKeys...), httpKeys...), grpcKeys...)
 	for _, id := range jobKeys {
 		names = append(names, jobKey(id))
 	}

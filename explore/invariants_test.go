@@ -1,6 +1,8 @@
 package explore
 
 import (
+	"google.golang.org/grpc/codes"
+
 	"context"
 	"fmt"
 	"sort"
@@ -348,12 +350,19 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 			e.status == 502 && strings.Contains(e.body, "upstream-unavailable")) {
 			continue // not an outcome: the client retries
 		}
+		if e.via == "grpc" && (codes.Code(e.status) == codes.Aborted || codes.Code(e.status) == codes.Unavailable) {
+			continue // not an outcome: the client retries (NotExecuted released the key too)
+		}
 		rec := final[e.key]
 		switch {
 		case rec == nil || rec.State != etcdstore.Done:
 			fail("%s answered %q at %d, but the key's final record is %v", e.key, e.body, e.seq, describe(rec))
 		case e.via == "proxy" && (e.status != rec.Outcome.Status || e.body != string(rec.Outcome.Body)):
 			fail("%s answered %d %q at %d; saved %d %q", e.key, e.status, e.body, e.seq, rec.Outcome.Status, rec.Outcome.Body)
+		case e.via == "grpc":
+			if c, body := grpcAnswer(rec.Outcome); codes.Code(e.status) != c || e.body != body {
+				fail("%s answered %v %q at %d; saved %v %q", e.key, codes.Code(e.status), e.body, e.seq, c, body)
+			}
 		case e.via != "proxy" && e.body != string(rec.Outcome.Body):
 			fail("%s answered %q at %d; saved %q", e.key, e.body, e.seq, rec.Outcome.Body)
 		}

@@ -28,6 +28,7 @@ import (
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/etcdtest"
 	"github.com/idem-dev/idem/fencing"
+	"github.com/idem-dev/idem/idemgrpc"
 	"github.com/idem-dev/idem/idemhttp"
 	"github.com/idem-dev/idem/internal/sim"
 )
@@ -94,6 +95,7 @@ type process struct {
 	cli       *clientv3.Client
 	store     *etcdstore.Store
 	proxy     http.Handler
+	unary     grpc.UnaryServerInterceptor // idemgrpc's, on the process's store
 	renew     chan struct{}
 	owner     string // the session the explorer last saw
 	outage    int    // the next calls through it that all fail or lose their reply
@@ -206,6 +208,11 @@ func (w *world) newProcess(slot, gen int) (*process, error) {
 	if err != nil {
 		return nil, err
 	}
+	icp, err := idemgrpc.New(idemgrpc.Config{Store: st})
+	if err != nil {
+		return nil, err
+	}
+	p.unary = icp.Unary()
 	up, _ := url.Parse(w.up.URL)
 	rp, err := idemhttp.ReverseProxy(up, idemhttp.ProxyOptions{
 		Transport: &refusing{next: &http.Transport{ResponseHeaderTimeout: 10 * time.Millisecond}},

@@ -81,9 +81,9 @@ func UnaryClientInterceptor(opts ...ClientOption) grpc.UnaryClientInterceptor {
 			return invoker(ctx, method, req, reply, cc, callOpts...)
 		}
 		key, _ := ctx.Value(keyCtx{}).(string)
-		if msg, ok := req.(proto.Message); ok && cfg.field != "-" {
-			m := msg.ProtoReflect()
-			if f := m.Descriptor().Fields().ByName(cfg.field); f != nil && f.Kind() == protoreflect.StringKind && !f.IsList() && !f.IsMap() {
+		if msg, ok := req.(proto.Message); ok {
+			if f := requestIDField(msg, cfg.field); f != nil {
+				m := msg.ProtoReflect()
 				// The key goes in the field and in the metadata both, so
 				// that a server reading either finds it.
 				switch cur := m.Get(f).String(); {

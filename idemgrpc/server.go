@@ -238,11 +238,8 @@ func (i *Interceptor) keyOf(md metadata.MD, msg proto.Message) (string, bool, er
 			return "", false, withInfo(codes.InvalidArgument, ReasonInvalidKey, MetadataKey+" is empty")
 		}
 	}
-	if msg != nil && i.cfg.RequestIDField != "-" {
-		m := msg.ProtoReflect()
-		if f := m.Descriptor().Fields().ByName(i.cfg.RequestIDField); f != nil && f.Kind() == protoreflect.StringKind && !f.IsList() && !f.IsMap() {
-			fromField = m.Get(f).String()
-		}
+	if f := requestIDField(msg, i.cfg.RequestIDField); f != nil {
+		fromField = msg.ProtoReflect().Get(f).String()
 	}
 	switch {
 	case fromMD != "" && fromField != "" && fromMD != fromField:
@@ -314,39 +311,38 @@ func (i *Interceptor) run(ctx context.Context, req any, info *grpc.UnaryServerIn
 			}()
 			live, liveErr = handler(hctx, req)
 		}()
+		// notSaved saves st in place of the answer, and says so to the
+		// first caller too.
+		notSaved := func(st *status.Status) (etcdstore.Outcome, etcdstore.End) {
+			replaced = true
+			return saved(st), etcdstore.EndSave
+		}
 		if panicked != nil {
 			// It may have acted before it panicked.
-			st := status.New(codes.Internal, "the handler failed while running this call; it may have acted: reconcile before using a new key")
-			return etcdstore.Outcome{Status: statusBase + int(codes.Internal), Body: mustMarshal(st.Proto())}, etcdstore.EndSave
+			return notSaved(status.New(codes.Internal, "the handler failed while running this call; it may have acted: reconcile before using a new key"))
 		}
 		if liveErr != nil {
 			st := status.Convert(liveErr)
 			body := mustMarshal(st.Proto())
 			if limit := i.cfg.Store.MaxRecordSize() - 4096; len(body) > limit {
-				replaced = true
-				st = statusWithInfo(codes.Internal, ReasonNotSaved, fmt.Sprintf(
-					"the call ran once and failed with %s, but its status (%d bytes) is over the %d-byte limit and cannot be replayed; do not retry it with a new key", st.Code(), len(body), limit))
-				return etcdstore.Outcome{Status: statusBase + int(codes.Internal), Body: mustMarshal(st.Proto())}, etcdstore.EndSave
+				return notSaved(statusWithInfo(codes.Internal, ReasonNotSaved, fmt.Sprintf(
+					"the call ran once and failed with %s, but its status (%d bytes) is over the %d-byte limit and cannot be replayed; do not retry it with a new key", st.Code(), len(body), limit)))
 			}
-			return etcdstore.Outcome{Status: statusBase + int(st.Code()), Body: body}, i.cfg.OnStatus(st)
+			return saved(st), i.cfg.OnStatus(st)
 		}
 		resp, ok := live.(proto.Message)
 		if !ok {
-			st := status.New(codes.Internal, "the handler's response is not a protobuf message and cannot be saved")
-			return etcdstore.Outcome{Status: statusBase + int(codes.Internal), Body: mustMarshal(st.Proto())}, etcdstore.EndSave
+			return notSaved(status.New(codes.Internal, "the handler's response is not a protobuf message and cannot be saved"))
 		}
 		a, err := anypb.New(resp)
 		if err != nil {
-			st := status.New(codes.Internal, "the handler's response cannot be encoded: "+err.Error())
-			return etcdstore.Outcome{Status: statusBase + int(codes.Internal), Body: mustMarshal(st.Proto())}, etcdstore.EndSave
+			return notSaved(status.New(codes.Internal, "the handler's response cannot be encoded: "+err.Error()))
 		}
 		body := mustMarshal(&spb.Status{Code: int32(codes.OK), Details: []*anypb.Any{a}})
 		if limit := i.cfg.Store.MaxRecordSize() - 4096; len(body) > limit {
 			// It ran; say so to every retry, since it cannot be replayed.
-			replaced = true
-			st := statusWithInfo(codes.Internal, ReasonNotSaved, fmt.Sprintf(
-				"the call ran once, but its response (%d bytes) is over the %d-byte limit and cannot be replayed; do not retry it with a new key", len(body), limit))
-			return etcdstore.Outcome{Status: statusBase + int(codes.Internal), Body: mustMarshal(st.Proto())}, etcdstore.EndSave
+			return notSaved(statusWithInfo(codes.Internal, ReasonNotSaved, fmt.Sprintf(
+				"the call ran once, but its response (%d bytes) is over the %d-byte limit and cannot be replayed; do not retry it with a new key", len(body), limit)))
 		}
 		return etcdstore.Outcome{Status: statusBase, Body: body}, etcdstore.EndSave
 	}, opts...)
@@ -381,7 +377,7 @@ func (i *Interceptor) run(ctx context.Context, req any, info *grpc.UnaryServerIn
 		// as the HTTP middleware gives it.
 		i.cfg.Logger.Error("idem: ending a claim", "key", key.Digest(), "err", key.Redact(err))
 	}
-	if replaced || res.Status == statusBase+int(codes.Internal) && liveErr == nil {
+	if replaced {
 		return replay(res.Outcome) // the answer was not saved: say so to this caller too
 	}
 	return live, liveErr
@@ -464,6 +460,11 @@ func withRetry(c codes.Code, reason, msg string, after time.Duration) error {
 	return st.Err()
 }
 
+// saved is the outcome that saves st.
+func saved(st *status.Status) etcdstore.Outcome {
+	return etcdstore.Outcome{Status: statusBase + int(st.Code()), Body: mustMarshal(st.Proto())}
+}
+
 func mustMarshal(m proto.Message) []byte {
 	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
 	if err != nil {
@@ -483,4 +484,17 @@ func TokenFromIncoming(ctx context.Context) (fencing.Token, bool, error) {
 	}
 	t, err := fencing.Parse(v[0])
 	return t, err == nil, err
+}
+
+// requestIDField is msg's string field named name (AIP-155's request_id),
+// or nil when it has none or name is "-".
+func requestIDField(msg proto.Message, name protoreflect.Name) protoreflect.FieldDescriptor {
+	if msg == nil || name == "-" {
+		return nil
+	}
+	f := msg.ProtoReflect().Descriptor().Fields().ByName(name)
+	if f == nil || f.Kind() != protoreflect.StringKind || f.IsList() || f.IsMap() {
+		return nil
+	}
+	return f
 }

@@ -609,14 +609,11 @@ func (e etcdCollector) Collect(ch chan<- prometheus.Metric) {
 	// take a second per dead endpoint.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	var wg sync.WaitGroup
-	var mu sync.Mutex
+	var wg sync.WaitGroup // ch takes concurrent sends
 	for _, cli := range clis {
 		for _, ep := range cli.Endpoints() {
 			wg.Go(func() {
 				st, err := cli.Status(ctx, ep)
-				mu.Lock()
-				defer mu.Unlock()
 				if err != nil {
 					ch <- prometheus.MustNewConstMetric(descEtcdUp, prometheus.GaugeValue, 0, ep)
 					return
