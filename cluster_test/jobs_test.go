@@ -243,8 +243,12 @@ func TestJobsAcrossThreeDataCentres(t *testing.T) {
 
 	<-submitted
 	// The schedulers run a few more occurrences after the faults.
+	schedAdmin, err := etcdstore.NewAdmin(admin, etcdstore.WithPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
 	cursor := func() time.Time {
-		infos, err := jobs.Schedules(ctx, admin, prefix, "")
+		infos, err := jobs.Schedules(ctx, schedAdmin, "")
 		if err != nil || len(infos) != 1 {
 			t.Fatalf("schedules: %v, %v", infos, err)
 		}
@@ -299,7 +303,7 @@ func TestJobsAcrossThreeDataCentres(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tenant := dec.TenantPrefix(jobs.DefaultTenant)
+	tenant := prefix + "k/" + jobs.DefaultTenant + "/"
 history:
 	for wr := range hist {
 		if wr.Err() != nil {

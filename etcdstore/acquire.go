@@ -15,18 +15,26 @@ import (
 	"github.com/idem-dev/idem/lease"
 )
 
-// acquire runs the decision table until the claim is won, the key is found
-// done, or a definite refusal. It returns the done record for a replay, and
-// whether a claim write of its own had an unknown outcome (it may have
-// landed) when the claim was not won.
-func (s *Store) acquire(ctx context.Context, c *Claim, sess *lease.Session, cfg *claimConfig) (done *Record, uncertain bool, err error) {
-	done, err = s.decide(ctx, c, sess, cfg, &uncertain)
-	return done, uncertain, err
+// attempted is what a claim's writes left behind when the claim was not
+// won: whether one had an unknown outcome (it may have landed, or land
+// still), and the highest revision the claim saw etcd at: every compare of
+// its writes was of a state at or before it.
+type attempted struct {
+	uncertain bool
+	seen      int64
 }
 
-// decide is acquire's loop; it sets *uncertain when a claim write's outcome
-// is unknown.
-func (s *Store) decide(ctx context.Context, c *Claim, sess *lease.Session, cfg *claimConfig, uncertain *bool) (*Record, error) {
+// acquire runs the decision table until the claim is won, the key is found
+// done, or a definite refusal. It returns the done record for a replay, and
+// what the claim's writes left behind.
+func (s *Store) acquire(ctx context.Context, c *Claim, sess *lease.Session, cfg *claimConfig) (done *Record, left attempted, err error) {
+	done, err = s.decide(ctx, c, sess, cfg, &left)
+	return done, left, err
+}
+
+// decide is acquire's loop; it records in left what its writes left
+// behind.
+func (s *Store) decide(ctx context.Context, c *Claim, sess *lease.Session, cfg *claimConfig, left *attempted) (*Record, error) {
 	ekey := s.ks.record(c.key)
 	// A claim under a session is written only while the session's owner key
 	// exists, so a claim can never be made under a session that has ended.
@@ -55,18 +63,33 @@ func (s *Store) decide(ctx context.Context, c *Claim, sess *lease.Session, cfg *
 				return nil, &MismatchError{Key: c.key}
 			case cur.State == Done:
 				return cur, nil
+			case cur.Owner != "" && !SameAttempt(cur.Attempt, c.attempt) && s.runningHere(c.key, cur.Attempt):
+				// Held by this very process: running, or finished with its
+				// final write still pending (its outcome is only here). Its
+				// owner is alive by definition, whatever its session or
+				// deadline: this process never runs the key again meanwhile.
+				if !cfg.wait {
+					return nil, s.conflict(c.key, cur, now)
+				}
+				next, rev, err := s.awaitChange(ctx, c.key, cur, seenRev, 0)
+				if err != nil {
+					return nil, err
+				}
+				cur, seenRev = next, rev
+				continue
+			case cur.pastDeadline(now): // even our own: its holder may be gone
+				taken = cur
+			case cur.Owner != "" && cur.Owner == c.owner && SameAttempt(cur.Attempt, c.attempt):
+				// Our own claim, written by an earlier try whose reply was lost.
+				c.won(cur, nil)
+				return nil, nil
 			case cur.Owner == "", // abandoned for the next claimant
-				cur.pastDeadline(now), // even our own: its holder may be gone
 				// Our orphan: nobody here runs it, and without a deadline it
 				// would hold the key until this process dies. A claim with a
 				// deadline may be renewed through another process (Attach),
 				// so only its deadline makes it stale.
-				cur.Owner == c.owner && cur.Deadline.IsZero() && !s.runningHere(c.key, cur.Attempt):
+				cur.Owner == c.owner && cur.Deadline.IsZero():
 				taken = cur
-			case cur.Owner == c.owner && SameAttempt(cur.Attempt, c.attempt):
-				// Our own claim, written by an earlier try whose reply was lost.
-				c.won(cur, nil)
-				return nil, nil
 			default:
 				alive, ownerRev, err := s.ownerAlive(ctx, cur.Owner)
 				if err != nil {
@@ -98,6 +121,9 @@ func (s *Store) decide(ctx context.Context, c *Claim, sess *lease.Session, cfg *
 			Created:     now,
 			Expires:     now.Add(s.retention),
 		}
+		if cfg.fence {
+			rec.Owner = "" // written abandoned: see reap
+		}
 		if cfg.deadline > 0 {
 			rec.Deadline = toMillis(now.Add(cfg.deadline))
 		}
@@ -119,7 +145,7 @@ func (s *Store) decide(ctx context.Context, c *Claim, sess *lease.Session, cfg *
 		}
 		if err != nil {
 			if mayHaveLanded(err) {
-				*uncertain = true
+				left.uncertain = true
 			}
 			if errors.Is(err, ErrCorrupt) || !retryable(ctx, err) || tries >= maxTries {
 				return nil, wrapEtcd("claim", c.key, err)
@@ -127,7 +153,7 @@ func (s *Store) decide(ctx context.Context, c *Claim, sess *lease.Session, cfg *
 			// Unknown outcome: read what is there and decide again. Our own
 			// claim is recognised by its owner and attempt id.
 			tries++
-			if !backoff(ctx, tries) {
+			if !s.backoff(ctx, tries) {
 				return nil, wrapEtcd("claim", c.key, err)
 			}
 			known = false
@@ -146,6 +172,7 @@ func (s *Store) decide(ctx context.Context, c *Claim, sess *lease.Session, cfg *
 			s.epoch.Store(res.epoch) // the shard's epoch was raised: claim under it
 		}
 		cur, seenRev, known = res.cur, res.rev, true
+		left.seen = max(left.seen, res.rev)
 		if cur != nil && round == 1 {
 			s.observe(true)
 		}
@@ -162,7 +189,7 @@ func (s *Store) decide(ctx context.Context, c *Claim, sess *lease.Session, cfg *
 func (s *Store) findDone(ctx context.Context, k Key, fp Fingerprint) (*Record, error) {
 	var rec *Record
 	if s.cache != nil {
-		if r := s.cache.get(s.ks.record(k), k); r != nil && !r.expired(s.now()) {
+		if r, ok := s.cache.Get(s.ks.record(k)); ok && !r.expired(s.now()) {
 			rec = r
 		}
 	}
@@ -190,7 +217,7 @@ func (s *Store) readDone(ctx context.Context, k Key) (*Record, error) {
 	if err != nil || len(resp.Kvs) == 0 {
 		return nil, err
 	}
-	rec, err := s.decode(k, resp.Kvs[0])
+	rec, err := s.decode(ctx, k, resp.Kvs[0])
 	if err != nil || rec.State != Done || rec.expired(s.now()) {
 		return nil, err
 	}
@@ -225,15 +252,16 @@ func (s *Store) readOnly(ctx context.Context, c *Claim, werr error) (*Record, er
 // owner is set, only while owner's key exists), with token (0: the revision
 // of this write), refreshing the lease once if etcd no longer knows it.
 func (s *Store) writeRecord(ctx context.Context, k Key, owner string, cmps []cond, rec *Record, token fencing.Token, extra ...clientv3.Op) (casResult, error) {
-	val := s.encodeAs(s.format, rec, token)
 	for refreshed := false; ; refreshed = true {
 		id, err := s.buckets.For(ctx, s.now())
 		if err != nil {
 			return casResult{}, err
 		}
+		val := s.encodeAs(ctx, s.format, rec, token, id)
 		res, err := s.cas(ctx, k, owner, cmps, write{key: s.ks.record(k), value: val, lease: id}, extra)
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) && !refreshed {
 			s.buckets.Invalidate(id)
+			s.dicts.Forget(id)
 			continue
 		}
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) && len(extra) > 0 {
@@ -254,6 +282,7 @@ func (c *Claim) won(rec *Record, previous *Record) {
 	c.takeovers = rec.Takeovers
 	c.previous = previous
 	c.checkpoint = rec.Checkpoint
+	c.fenced = rec.State == InFlight && rec.Owner == ""
 }
 
 // ownerAlive reports whether owner's liveness key exists, with a

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/idem-dev/idem/clock"
+	"github.com/idem-dev/idem/etcdstore/internal/dict"
 )
 
 // Admin reads and evicts records without a session: for operators' tools,
@@ -16,25 +18,13 @@ import (
 type Admin struct {
 	client  *clientv3.Client
 	ks      keyspace
-	now     func() time.Time
+	clock   clock.Clock
 	timeout time.Duration // per etcd request; 0: none
-
-	dictsOnce sync.Once
-	dicts     *dictionaries // the compression dictionaries met (format 3)
-	log       *slog.Logger
+	dicts   *dict.Set     // the compression dictionaries met (format 3)
+	log     *slog.Logger
 }
 
-// dictionaries returns a's dictionaries, made on first use.
-func (a *Admin) dictionaries() *dictionaries {
-	a.dictsOnce.Do(func() {
-		log := a.log
-		if log == nil {
-			log = slog.New(slog.DiscardHandler)
-		}
-		a.dicts = newDictionaries(a.client, a.ks, a.timeout, log, a.now)
-	})
-	return a.dicts
-}
+func (a *Admin) now() time.Time { return a.clock.Now() }
 
 // bound limits one call of the store, its retries included, to the
 // request timeout (or to the caller's deadline, when that comes first).
@@ -42,10 +32,10 @@ func (a *Admin) bound(ctx context.Context) (context.Context, context.CancelFunc)
 	if a.timeout <= 0 {
 		return ctx, func() {}
 	}
-	if d, ok := ctx.Deadline(); ok && time.Until(d) <= a.timeout {
+	if d, ok := ctx.Deadline(); ok && d.Sub(a.clock.Now()) <= a.timeout {
 		return ctx, func() {}
 	}
-	return context.WithTimeout(ctx, a.timeout)
+	return a.clock.WithTimeout(ctx, a.timeout)
 }
 
 // try prepares the context of one etcd request within a bounded call. It
@@ -60,7 +50,7 @@ func (a *Admin) try(ctx context.Context) (context.Context, context.CancelFunc) {
 	if a.timeout <= 0 {
 		return ctx, func() {}
 	}
-	return context.WithTimeout(ctx, a.timeout/tryShare)
+	return a.clock.WithTimeout(ctx, a.timeout/tryShare)
 }
 
 // tryShare: one etcd request gets 1/tryShare of the request timeout.
@@ -74,7 +64,7 @@ func (a *Admin) retry(ctx context.Context, read func(context.Context) error) err
 		tctx, cancel := a.try(ctx)
 		err := read(tctx)
 		cancel()
-		if err == nil || !retryable(ctx, err) || !backoff(ctx, n) {
+		if err == nil || !retryable(ctx, err) || !a.backoff(ctx, n) {
 			return err
 		}
 	}
@@ -85,13 +75,15 @@ func NewAdmin(client *clientv3.Client, opts ...AdminOption) (*Admin, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil etcd client", ErrInvalidArgument)
 	}
-	c := config{prefix: DefaultPrefix, requestTimeout: DefaultRequestTimeout}
+	c := config{prefix: DefaultPrefix, requestTimeout: DefaultRequestTimeout, clock: clock.Real}
 	for _, o := range opts {
 		if err := o.apply(&c); err != nil {
 			return nil, fmt.Errorf("new admin: %w", err)
 		}
 	}
-	return &Admin{client: client, ks: keyspace{prefix: c.prefix}, now: time.Now, timeout: c.requestTimeout}, nil
+	a := &Admin{client: client, ks: keyspace{prefix: c.prefix}, clock: c.clock, timeout: c.requestTimeout, log: slog.New(slog.DiscardHandler)}
+	a.dicts = dict.New(dict.Config{Client: client, Clock: c.clock, Log: a.log, Try: a.try, Prefix: a.ks.dictionaries()})
+	return a, nil
 }
 
 // Get returns the record of key with a linearizable read, or an error
@@ -126,7 +118,7 @@ func (a *Admin) get(ctx context.Context, k Key) (*Record, int64, error) {
 	if len(resp.Kvs) == 0 {
 		return nil, resp.Header.Revision, nil
 	}
-	rec, err := a.decode(k, resp.Kvs[0])
+	rec, err := a.decode(ctx, k, resp.Kvs[0])
 	if err != nil {
 		return nil, 0, fmt.Errorf("get %s: %w", k, err)
 	}
@@ -245,7 +237,7 @@ func (a *Admin) List(ctx context.Context, tenant string, o ListOptions) ([]*Reco
 				corrupt++
 				continue
 			}
-			rec, err := a.decode(k, kv)
+			rec, err := a.decode(ctx, k, kv)
 			if err != nil {
 				corrupt++
 				continue
@@ -314,7 +306,7 @@ func (a *Admin) Stats(ctx context.Context, maxScan int64) (Stats, error) {
 				return st, nil
 			}
 			k, _ := a.ks.parseRecord(string(kv.Key))
-			rec, err := a.decode(k, kv)
+			rec, err := a.decode(ctx, k, kv)
 			st.Scanned++
 			switch {
 			case err != nil:
@@ -334,28 +326,6 @@ func (a *Admin) Stats(ctx context.Context, maxScan int64) (Stats, error) {
 	return st, nil
 }
 
-// Client returns the etcd client the store talks to.
-func (a *Admin) Client() *clientv3.Client { return a.client }
-
 // Prefix returns the etcd key prefix under which the store keeps everything
 // (WithPrefix).
 func (a *Admin) Prefix() string { return a.ks.prefix }
-
-// RecordKey returns the etcd key of key's record, for tools that watch or
-// read records directly (package jobs); DecodeRecord reads what they find.
-func (a *Admin) RecordKey(key Key) string { return a.ks.record(key) }
-
-// TenantPrefix returns the etcd key prefix of tenant's records: every key
-// with this prefix is a record of tenant, and no other is.
-func (a *Admin) TenantPrefix(tenant string) string {
-	if tenant == "" {
-		tenant = DefaultTenant
-	}
-	return a.ks.tenant(tenant)
-}
-
-// OwnerPrefix returns the etcd key prefix of the sessions' liveness keys:
-// the key of a live session is this prefix followed by its owner id (a
-// Record's Owner), on the session's lease. A claim's owner is alive while
-// its key exists.
-func (a *Admin) OwnerPrefix() string { return a.ks.owners() }

@@ -44,7 +44,7 @@ func TestAdminWithoutSession(t *testing.T) {
 		t.Fatalf("Admin.List = %d, %v; want the one in-flight record", len(recs), err)
 	}
 	s.setClock(func() time.Time { return time.Now().Add(48 * time.Hour) })
-	a.now = s.now
+	a.clock = s.clock
 	if st, err := a.Stats(ctx, 1); err != nil || st.Scanned != 1 || st.Expired != 1 {
 		t.Fatalf("capped Stats in the future = %+v, %v; want 1 scanned, expired", st, err)
 	}

@@ -90,8 +90,8 @@ func TestCloseFlushesPendingFinalWrites(t *testing.T) {
 	if !errors.Is(err, ErrUnavailable) || string(res.Body) != "charged" {
 		t.Fatalf("Do = %q, %v; want the work's result and ErrUnavailable", res.Body, err)
 	}
-	if s.Pending() != 1 {
-		t.Fatalf("Pending = %d; want the final write pending", s.Pending())
+	if s.Metrics().Pending != 1 {
+		t.Fatalf("Pending = %d; want the final write pending", s.Metrics().Pending)
 	}
 	fail.Store(0) // etcd is back while the process shuts down
 	if err := s.Close(); err != nil {
@@ -182,7 +182,7 @@ func TestRunEndsItsClaimWhenEveryEndFails(t *testing.T) {
 		t.Fatalf("Run = %v; want ErrTooLarge", err)
 	}
 	settle(t, s)
-	if n := s.Running(); n != 0 {
+	if n := s.Metrics().Running; n != 0 {
 		t.Fatalf("Running = %d; want the claim ended", n)
 	}
 }
@@ -304,7 +304,7 @@ func TestEvictIsNotUndoneByALaggingWatch(t *testing.T) {
 	key := Key{ID: "k"}
 
 	// The watch runs once it has proved itself current; then a first key.
-	waitFor(t, "the cache's watch", func() bool { return s.CacheStats().Lag < DefaultCacheStaleness })
+	waitFor(t, "the cache's watch", func() bool { return s.Metrics().Cache.Lag < DefaultCacheStaleness })
 	if _, err := s.Do(ctx, Key{ID: "warm"}, nil, func(context.Context, *Claim) ([]byte, error) { return []byte("w"), nil }); err != nil {
 		t.Fatal(err)
 	}
@@ -340,7 +340,7 @@ func TestEvictIsNotUndoneByALaggingWatch(t *testing.T) {
 	waitApplied(before + 1)
 	held <- struct{}{}
 	waitApplied(before + 2)
-	if r := s.cache.get(s.ks.record(key), key); r != nil {
+	if r, ok := s.cache.Get(s.ks.record(key)); ok {
 		t.Fatalf("the cache replays the evicted outcome %q", r.Outcome.Body)
 	}
 	release.Do(free)
@@ -359,8 +359,8 @@ func TestRunOutcomeTooLargeIsNotLeftHeld(t *testing.T) {
 	if _, err := s.Run(ctx, Key{ID: "k"}, fpOf(t, "p"), work); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("Run = %v; want ErrTooLarge", err)
 	}
-	if s.Running() != 0 {
-		t.Fatalf("Running = %d; want the claim ended", s.Running())
+	if s.Metrics().Running != 0 {
+		t.Fatalf("Running = %d; want the claim ended", s.Metrics().Running)
 	}
 	res, err := s.Run(ctx, Key{ID: "k"}, fpOf(t, "p"), work)
 	if err != nil || !res.Replayed || res.Err == "" || runs != 1 {

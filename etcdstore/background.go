@@ -6,24 +6,25 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idem-dev/idem/internal/sim"
+	"github.com/idem-dev/idem/clock"
 )
 
 // background runs the store's writes that must outlive the call that
-// started them, retrying each until it is done:
+// started them, retrying each until it is done, as background work of the
+// store's clock:
 //
 //   - the final write of a claim whose work finished while etcd did not
 //     answer (finishLater): the outcome exists only in this process;
-//   - the abandon of a claim whose own claim write had an unknown outcome
-//     (abandonIfOurs): nobody here runs it, and others would see a live
-//     owner until this process dies.
+//   - the fence of a claim whose own claim write had an unknown outcome
+//     (reap): nobody here runs it, and others would see a live owner until
+//     this process dies.
 //
 // Close flushes them (tries at once, without backoff) for up to a bound
 // before the session is revoked: dropping a pending final write and then
 // revoking the session would let a retry anywhere take the key over and run
 // the work again. Tasks started after the flush gave up are refused.
 type background struct {
-	sim *sim.Hooks // nil: real goroutines and timers
+	clk clock.Clock
 	log *slog.Logger
 
 	mu      sync.Mutex
@@ -31,13 +32,18 @@ type background struct {
 	pending int
 	idle    chan struct{} // closed when pending drops to zero; nil while zero
 
-	flush chan struct{} // closed by close: try at once
-	stop  chan struct{} // closed when close gives up: stop trying
-	wg    sync.WaitGroup
+	flushing context.Context // ends when close starts: try at once
+	flushNow context.CancelFunc
+	running  context.Context // ends when close gives up: stop trying
+	stopNow  context.CancelFunc
+	group    clock.Group
 }
 
-func newBackground(h *sim.Hooks, log *slog.Logger) *background {
-	return &background{sim: h, log: log, flush: make(chan struct{}), stop: make(chan struct{})}
+func newBackground(clk clock.Clock, log *slog.Logger) *background {
+	b := &background{clk: clk, log: log}
+	b.flushing, b.flushNow = context.WithCancel(context.Background())
+	b.running, b.stopNow = context.WithCancel(context.Background())
+	return b
 }
 
 // start runs try until it reports done, waiting between tries with a
@@ -53,48 +59,21 @@ func (b *background) start(name string, first time.Duration, try func(ctx contex
 		b.idle = make(chan struct{})
 	}
 	b.pending++
-	if b.sim != nil {
-		b.sim.Spawn(name, func(ctx context.Context) bool {
-			done := try(ctx)
-			if done {
-				b.done()
-			}
-			return done
-		})
-		return true
-	}
-	b.wg.Add(1)
-	go func() {
-		defer b.wg.Done()
+	b.group.Go(b.clk, b.running, name, func(context.Context) {
 		defer b.done()
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		go func() {
-			select {
-			case <-b.stop:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
 		for n := 0; ; n++ {
 			wait := first << min(n, 6)
-			select {
-			case <-b.flush:
-				wait = min(wait, 20*time.Millisecond) // closing: keep trying, quickly
-			default:
+			if b.flushing.Err() == nil {
+				// Woken early when Close starts to flush.
+				clock.Sleep(b.clk, b.flushing, wait)
+			} else if clock.Sleep(b.clk, b.running, min(wait, 20*time.Millisecond)) != nil {
+				return // closing: keep trying, quickly, until Close gives up
 			}
-			t := time.NewTimer(wait)
-			select {
-			case <-b.stop:
-				t.Stop()
-				return
-			case <-t.C:
-			}
-			if try(ctx) {
+			if b.running.Err() != nil || try(b.running) {
 				return
 			}
 		}
-	}()
+	})
 	return true
 }
 
@@ -117,31 +96,25 @@ func (b *background) Pending() int {
 
 // close flushes the pending tasks for at most bound, then stops what is
 // left, and reports how many were left unfinished.
-func (b *background) close(bound time.Duration) int {
+func (b *background) close(ctx context.Context, bound time.Duration) int {
 	b.mu.Lock()
 	if b.stopped {
 		b.mu.Unlock()
 		return 0
 	}
-	close(b.flush)
+	b.flushNow()
 	idle := b.idle
 	b.mu.Unlock()
-	switch {
-	case b.sim != nil:
-		b.sim.Flush()
-	case idle != nil:
-		t := time.NewTimer(bound)
-		select {
-		case <-idle:
-		case <-t.C:
-		}
-		t.Stop()
+	if idle != nil {
+		wctx, cancel := b.clk.WithTimeout(ctx, bound)
+		b.clk.Wait(wctx, idle)
+		cancel()
 	}
 	b.mu.Lock()
 	b.stopped = true
 	left := b.pending
-	close(b.stop)
 	b.mu.Unlock()
-	b.wg.Wait()
+	b.stopNow()
+	b.group.Wait(b.clk, ctx)
 	return left
 }

@@ -48,7 +48,7 @@ func TestBatchesUnderLoad(t *testing.T) {
 	cli := client(t)
 	s := newStore(t, cli, testPrefix(t))
 	tokens := load(t, s, 128, []byte("ok"))
-	st := s.BatchStats()
+	st := s.Metrics().Batch
 	if st.Batches == 0 || st.Members <= st.Batches {
 		t.Fatalf("batch stats %+v: 256 writes (claims and completes) of 128 concurrent callers went out one by one", st)
 	}
@@ -120,7 +120,7 @@ func TestBatchRefusedAsAWholeIsSplit(t *testing.T) {
 	if len(tokens) != 48 {
 		t.Fatalf("%d of 48 keys done", len(tokens))
 	}
-	if st := s.BatchStats(); st.Split == 0 {
+	if st := s.Metrics().Batch; st.Split == 0 {
 		t.Fatalf("batch stats %+v: etcd refused no batch as too large: nothing was split", st)
 	}
 }
@@ -159,7 +159,7 @@ func TestBatchLostReply(t *testing.T) {
 	if runs.Load() != 48 {
 		t.Fatalf("works ran %d times for 48 keys; want once each", runs.Load())
 	}
-	if st := s.BatchStats(); st.Members <= st.Batches {
+	if st := s.Metrics().Batch; st.Members <= st.Batches {
 		t.Fatalf("batch stats %+v: nothing went in a batch", st)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -68,7 +67,7 @@ func TestCacheReplaysWithoutEtcd(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the watch to cache the record and prove itself current", func() bool {
-		st := s.CacheStats()
+		st := s.Metrics().Cache
 		return st.Entries == 1 && st.Lag < DefaultCacheStaleness/2
 	})
 	before := calls.Load()
@@ -86,12 +85,12 @@ func TestCacheReplaysWithoutEtcd(t *testing.T) {
 	if err := other.Evict(ctx, Key{ID: "k"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the watch to invalidate the record", func() bool { return s.CacheStats().Entries == 0 })
+	waitFor(t, "the watch to invalidate the record", func() bool { return s.Metrics().Cache.Entries == 0 })
 	if res, err := s.Do(ctx, Key{ID: "k"}, []byte("p"), work); err != nil || res.Replayed || runs != 2 {
 		t.Fatalf("after an eviction = %+v, %v (runs %d); want a new run", res, err, runs)
 	}
 	// Evicted here: invalidated at once, no waiting.
-	waitFor(t, "the new record to be cached", func() bool { return s.CacheStats().Entries == 1 })
+	waitFor(t, "the new record to be cached", func() bool { return s.Metrics().Cache.Entries == 1 })
 	if err := s.Evict(ctx, Key{ID: "k"}); err != nil {
 		t.Fatal(err)
 	}
@@ -100,25 +99,8 @@ func TestCacheReplaysWithoutEtcd(t *testing.T) {
 	}
 }
 
-func TestCacheEvictsLeastRecentlyUsed(t *testing.T) {
+func TestIsDone(t *testing.T) {
 	val := encode(&Record{State: Done, Outcome: &Outcome{Body: []byte("x")}}, 1)
-	kv := func(size int) *mvccpb.KeyValue {
-		return &mvccpb.KeyValue{Value: append(val, make([]byte, size)...), ModRevision: 1}
-	}
-	c := newDoneCache(3*int64(len(val)+10+1+256), time.Hour)
-	c.current.Store(sinceEpoch()) // as if a progress answer had just come
-	for _, k := range []string{"a", "b", "c"} {
-		c.put(k, kv(10))
-	}
-	c.get("a", Key{ID: "a"}) // a is now the most recently used
-	c.put("d", kv(10))
-	if c.get("b", Key{ID: "b"}) != nil || c.get("a", Key{ID: "a"}) == nil || c.get("d", Key{ID: "d"}) == nil {
-		t.Fatal("the least recently used entry was not the one evicted")
-	}
-	c.put("huge", kv(1<<20))
-	if c.get("huge", Key{ID: "huge"}) != nil {
-		t.Fatal("an entry larger than the cache was kept")
-	}
 	if !isDone(val) || isDone(encode(&Record{State: InFlight}, 1)) || isDone(nil) {
 		t.Fatal("isDone misjudges a record's state")
 	}
@@ -202,7 +184,7 @@ func TestCutOffCacheStopsReplaying(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the cut store's cache to hold the record, current", func() bool {
-		st := cut.CacheStats()
+		st := cut.Metrics().Cache
 		return st.Entries == 1 && st.Lag < bound/2
 	})
 	if res, err := cut.Do(ctx, k, []byte(`{"v":1}`), work("never")); err != nil || string(res.Body) != "first" {
@@ -217,7 +199,7 @@ func TestCutOffCacheStopsReplaying(t *testing.T) {
 	if _, err := other.Do(ctx, k, []byte(`{"v":2}`), work("second")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the cache to pass its staleness bound", func() bool { return cut.CacheStats().Lag > bound })
+	waitFor(t, "the cache to pass its staleness bound", func() bool { return cut.Metrics().Cache.Lag > bound })
 	t.Logf("cut off: the cache stopped answering %v after the cut (bound %v)", time.Since(cutAt).Round(time.Millisecond), bound)
 	for _, params := range []string{`{"v":1}`, `{"v":2}`} {
 		res, err := cut.Do(ctx, k, []byte(params), work("never"))
@@ -225,7 +207,7 @@ func TestCutOffCacheStopsReplaying(t *testing.T) {
 			t.Fatalf("cut off, past the bound, params %s: %q replayed=%v, %v; want ErrUnavailable", params, res.Body, res.Replayed, err)
 		}
 	}
-	st := cut.CacheStats()
+	st := cut.Metrics().Cache
 	if st.Stale == 0 {
 		t.Fatalf("cache stats %+v: want lookups refused as stale", st)
 	}

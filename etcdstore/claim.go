@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -27,9 +28,16 @@ type Claim struct {
 	deadline  time.Time
 	takeovers int     // how often the key was taken over before this claim
 	previous  *Record // the stale record this claim replaced, or nil
+	fenced    bool    // won by writing the record abandoned (reap)
 
-	ctx    context.Context
-	cancel context.CancelCauseFunc
+	ctx  context.Context // ends when the claim is lost or ended
+	life *lifetime
+
+	// pending is set while the claim's final write is retried in the
+	// background (finishLater): its work is over and its outcome exists
+	// only in this process, which keeps the claim registered, whatever
+	// happens to its session or deadline, until the write is settled.
+	pending atomic.Bool
 
 	mu         sync.Mutex
 	timer      func() bool // stops the timer that cancels ctx with ErrDeadline at the deadline
@@ -38,6 +46,68 @@ type Claim struct {
 	checkpoint []byte
 	ended      bool
 }
+
+// lifetime is a claim's context and those derived from it by Context: all
+// of them are cancelled, with the claim's cause, in the call that cancels
+// the claim (not later, in another goroutine, as context.AfterFunc would),
+// so that whoever cancels a claim knows its work has been told.
+type lifetime struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	mu   sync.Mutex
+	next int
+	kids map[int]context.CancelCauseFunc
+}
+
+func newLifetime() *lifetime {
+	l := &lifetime{kids: make(map[int]context.CancelCauseFunc)}
+	l.ctx, l.cancel = context.WithCancelCause(context.Background())
+	return l
+}
+
+// end cancels the claim's context and every context derived from it.
+func (l *lifetime) end(cause error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.cancel(cause)
+	cause = context.Cause(l.ctx) // the first cause wins
+	for id, k := range l.kids {
+		k(cause)
+		delete(l.kids, id)
+	}
+}
+
+// derive returns a context of parent that also ends with the claim.
+func (l *lifetime) derive(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
+	l.mu.Lock()
+	if l.ctx.Err() != nil {
+		l.mu.Unlock()
+		cancel(context.Cause(l.ctx))
+		return ctx, func() { cancel(context.Canceled) }
+	}
+	id := l.next
+	l.next++
+	l.kids[id] = cancel
+	l.mu.Unlock()
+	return ctx, func() {
+		l.mu.Lock()
+		delete(l.kids, id)
+		l.mu.Unlock()
+		cancel(context.Canceled)
+	}
+}
+
+// newClaim returns a claim of key that is not won yet.
+func (s *Store) newClaim(key Key, fp Fingerprint, attempt, owner string) *Claim {
+	c := &Claim{s: s, key: key, fp: fp, attempt: attempt, owner: owner, life: newLifetime()}
+	c.ctx = c.life.ctx
+	return c
+}
+
+// cancel ends the claim's context (and its derived ones) with cause.
+func (c *Claim) cancel(cause error) { c.life.end(cause) }
 
 // Key returns the claimed key.
 func (c *Claim) Key() Key { return c.key }
@@ -114,12 +184,7 @@ func (c *Claim) Context(parent context.Context) (context.Context, context.Cancel
 	c.mu.Lock()
 	c.watchLocked()
 	c.mu.Unlock()
-	ctx, cancel := context.WithCancelCause(fencing.NewContext(parent, c.token))
-	stop := context.AfterFunc(c.ctx, func() { cancel(context.Cause(c.ctx)) })
-	return ctx, func() {
-		stop()
-		cancel(context.Canceled)
-	}
+	return c.life.derive(fencing.NewContext(parent, c.token))
 }
 
 // IsOwner returns a comparison that holds while this claim's last write is
@@ -190,23 +255,22 @@ func (s *Store) claimUntraced(ctx context.Context, key Key, fp Fingerprint, cfg 
 		}
 		owner = deadlineOwner
 	}
-	c := &Claim{s: s, key: key, fp: fp, attempt: cfg.attempt, owner: owner}
-	c.ctx, c.cancel = context.WithCancelCause(context.Background())
+	c := s.newClaim(key, fp, cfg.attempt, owner)
 	if err := s.register(c); err != nil {
 		c.cancel(ErrClaimEnded)
 		return nil, nil, fmt.Errorf("claim %s: %w", key, err)
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	done, uncertain, err := s.acquire(ctx, c, sess, cfg)
+	done, left, err := s.acquire(ctx, c, sess, cfg)
 	if err != nil || done != nil {
 		s.unregister(c)
 		c.cancel(ErrClaimEnded)
-		if uncertain {
+		if left.uncertain {
 			// A claim write of ours may have landed although we could not
-			// learn it: nobody here will run it, and other processes would
-			// see a live owner until this one dies. Give it up if it is ours.
-			s.abandonIfOurs(key, c.owner, c.attempt)
+			// learn it, or may still land: nobody here will run it, and
+			// other processes would see a live owner until this one dies.
+			s.reap(key, fp, c.owner, c.attempt, left.seen)
 		}
 		return nil, done, err
 	}
@@ -241,13 +305,13 @@ func (c *Claim) armDeadlineLocked() {
 	if !c.watching {
 		return // armed on first use of Done or Context
 	}
-	cancel, s, rk, ctx := c.cancel, c.s, runKey{c.key, c.attempt}, c.ctx
-	c.timer = s.afterFunc(c.deadline.Sub(s.now()), func() {
+	life, s, rk := c.life, c.s, runKey{c.key, c.attempt}
+	c.timer = s.clock.AfterFunc(c.deadline.Sub(s.now()), func() {
 		// No longer held here first, then Done: a caller that sees Done
 		// and claims again with the same attempt id must not find the
 		// ended claim still registered (a conflict with itself).
-		s.unregisterIf(rk, ctx)
-		cancel(ErrDeadline)
+		s.unregisterIfCurrent(rk, life)
+		life.end(ErrDeadline)
 	})
 }
 

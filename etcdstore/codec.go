@@ -1,6 +1,7 @@
 package etcdstore
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
@@ -10,8 +11,10 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/encoding/protowire"
 
+	"github.com/idem-dev/idem/etcdstore/internal/dict"
 	"github.com/idem-dev/idem/fencing"
 )
 
@@ -196,9 +199,9 @@ func split(v []byte) (byte, []byte, []byte, bool) {
 	return v[0], v[1+w : 1+w+int(n)], v[1+w+int(n):], true
 }
 
-// encodeAs lays r out in format (1, 2 or 3), offering a done record's body
-// to the next compression dictionary.
-func (a *Admin) encodeAs(format byte, r *Record, token fencing.Token) []byte {
+// encodeAs lays r out in format (1, 2 or 3) for a write onto lease l,
+// offering a done record to the next compression dictionary.
+func (s *Store) encodeAs(ctx context.Context, format byte, r *Record, token fencing.Token, l clientv3.LeaseID) []byte {
 	switch format {
 	case recordV1:
 		return encodeV1(r, token)
@@ -206,12 +209,11 @@ func (a *Admin) encodeAs(format byte, r *Record, token fencing.Token) []byte {
 		return encode(r, token)
 	}
 	v2 := encode(r, token)
-	if r.Outcome == nil || len(r.Outcome.Body) < compressMin {
+	if r.Outcome == nil || len(r.Outcome.Body) < dict.Min {
 		return v2
 	}
-	d := a.dictionaries()
-	d.sample(v2[1:]) // what is compressed: headers and metadata too
-	id, frame := d.compress(v2[1:])
+	s.dicts.Sample(s.life, v2[1:]) // what is compressed: headers and metadata too
+	id, frame := s.dicts.Compress(ctx, v2[1:], l)
 	v3 := make([]byte, 0, 2+binary.MaxVarintLen32+len(frame))
 	v3 = append(v3, recordV3, 2)
 	v3 = binary.AppendUvarint(v3, uint64(id))
@@ -232,11 +234,22 @@ func (a *Admin) DecodeRecord(kv *mvccpb.KeyValue) (*Record, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: %q is not a record key under %q", ErrCorrupt, kv.Key, a.ks.prefix)
 	}
-	return a.decode(k, kv)
+	return a.decode(context.Background(), k, kv)
+}
+
+// decodeKV reads a record key-value of this store's.
+func (a *Admin) decodeKV(ctx context.Context, kv *mvccpb.KeyValue) (*Record, error) {
+	k, ok := a.ks.parseRecord(string(kv.Key))
+	if !ok {
+		return nil, fmt.Errorf("%w: %q is not a record key under %q", ErrCorrupt, kv.Key, a.ks.prefix)
+	}
+	return a.decode(ctx, k, kv)
 }
 
 // decode reads a record from its etcd key-value, decompressing format 3.
-func (a *Admin) decode(k Key, kv *mvccpb.KeyValue) (*Record, error) {
+// A dictionary that cannot be read from etcd is ErrUnavailable; one etcd
+// does not hold, or that does not decode, is ErrCorrupt.
+func (a *Admin) decode(ctx context.Context, k Key, kv *mvccpb.KeyValue) (*Record, error) {
 	if len(kv.Value) < 3 || kv.Value[0] != recordV3 {
 		return decode(k, kv)
 	}
@@ -244,11 +257,11 @@ func (a *Admin) decode(k Key, kv *mvccpb.KeyValue) (*Record, error) {
 	if n <= 0 || id > 1<<32-1 {
 		return nil, fmt.Errorf("record %s: %w: bad layout", k, ErrCorrupt)
 	}
-	plain, err := a.dictionaries().decompress(uint32(id), kv.Value[2+n:])
-	if err != nil {
-		if errors.Is(err, ErrUnavailable) {
-			return nil, fmt.Errorf("record %s: %w", k, err)
-		}
+	plain, err := a.dicts.Decompress(ctx, uint32(id), kv.Value[2+n:])
+	switch {
+	case errors.Is(err, dict.ErrRead):
+		return nil, fmt.Errorf("record %s: %w: %w", k, ErrUnavailable, err)
+	case err != nil:
 		return nil, fmt.Errorf("record %s: %w: %v", k, ErrCorrupt, err)
 	}
 	v2 := &mvccpb.KeyValue{Key: kv.Key, CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision,

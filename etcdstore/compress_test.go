@@ -12,6 +12,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/idem-dev/idem/etcdstore/internal/dict"
 	"github.com/idem-dev/idem/internal/workload"
 )
 
@@ -36,14 +37,10 @@ func TestCompressedRecords(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for i := 0; i < dictSamples; i++ {
+	for i := 0; i < dict.Samples; i++ {
 		do(s, "warm-"+strconv.Itoa(i))
 	}
-	waitFor(t, "the dictionary to be published", func() bool {
-		s.dicts.mu.Lock()
-		defer s.dicts.mu.Unlock()
-		return s.dicts.current != nil
-	})
+	waitFor(t, "the dictionary to be published", func() bool { return s.Metrics().Dictionaries.Published == 1 })
 	do(s, "k")
 	raw, err := cli.Get(ctx, s.ks.record(Key{ID: "k"}))
 	if err != nil || len(raw.Kvs) != 1 {
@@ -104,12 +101,12 @@ func TestCompressedRecords(t *testing.T) {
 	if res, err := s.Do(ctx, Key{ID: "written-as-2"}, []byte(`{"p":1}`), nil); err != nil || string(res.Body) != string(bodies["written-as-2"]) {
 		t.Fatalf("format 3 store reading format 2: %v", err)
 	}
-	waitFor(t, "the other store's cache to be current", func() bool { return other.CacheStats().Lag < DefaultCacheStaleness/2 })
+	waitFor(t, "the other store's cache to be current", func() bool { return other.Metrics().Cache.Lag < DefaultCacheStaleness/2 })
 	do(s, "k2") // seen by the other store's cache watch, compressed
 	waitFor(t, "the cache to replay the compressed record", func() bool {
-		before := other.CacheStats().Hits
+		before := other.Metrics().Cache.Hits
 		res, err := other.Do(ctx, Key{ID: "k2"}, []byte(`{"p":1}`), nil)
-		return err == nil && string(res.Body) == string(bodies["k2"]) && other.CacheStats().Hits > before
+		return err == nil && string(res.Body) == string(bodies["k2"]) && other.Metrics().Cache.Hits > before
 	})
 }
 
@@ -124,75 +121,127 @@ func uvarint(b []byte) (uint64, int) {
 	return 0, -1
 }
 
+// warm saves dict.Samples compressible outcomes through st, which then
+// publishes a dictionary (or adopts another process's).
+func warm(t *testing.T, st *Store, prefix string) {
+	t.Helper()
+	ctx := testCtx(t)
+	for i := 0; i < dict.Samples; i++ {
+		body := paymentLike(i)
+		if _, err := st.Do(ctx, Key{ID: fmt.Sprintf("warm-%s-%d", st.Owner(), i)}, nil, func(context.Context, *Claim) ([]byte, error) { return body, nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// dictionaryOf returns the dictionary id key's record names (0: none).
+func dictionaryOf(t *testing.T, cli *clientv3.Client, st *Store, key Key) uint64 {
+	t.Helper()
+	raw, err := cli.Get(testCtx(t), st.ks.record(key))
+	if err != nil || len(raw.Kvs) != 1 || raw.Kvs[0].Value[0] != recordV3 {
+		t.Fatalf("record of %s: %v, %v; want one of format 3", key, raw, err)
+	}
+	id, _ := uvarint(raw.Kvs[0].Value[2:])
+	return id
+}
+
 // Two processes publish at once: one dictionary becomes current, and both
 // write with it.
 func TestDictionaryPublishRace(t *testing.T) {
 	prefix := testPrefix(t)
+	cli := client(t)
 	a, b := newStore(t, client(t), prefix), newStore(t, client(t), prefix)
 	var wg sync.WaitGroup
-	errs := make([]error, 2)
-	for i, st := range []*Store{a, b} {
+	for _, st := range []*Store{a, b} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = st.dicts.publish([][]byte{paymentLike(i)}, nil)
+			warm(t, st, prefix)
 		}()
 	}
 	wg.Wait()
-	if errs[0] != nil || errs[1] != nil {
-		t.Fatal(errs)
-	}
+	waitFor(t, "one dictionary to be current in both", func() bool {
+		ma, mb := a.Metrics().Dictionaries, b.Metrics().Dictionaries
+		return ma.Published+mb.Published == 1 && ma.Published+ma.Raced+mb.Published+mb.Raced >= 1
+	})
 	ctx := testCtx(t)
-	resp, err := client(t).Get(ctx, prefix+"z/", clientv3.WithPrefix())
-	if err != nil {
-		t.Fatal(err)
+	ids := map[uint64]bool{}
+	for i, st := range []*Store{a, b} {
+		key := Key{ID: fmt.Sprintf("after-%d", i)}
+		waitFor(t, "both to write with the current dictionary", func() bool {
+			st.Evict(ctx, key)
+			body := paymentLike(100 + i)
+			if _, err := st.Do(ctx, key, nil, func(context.Context, *Claim) ([]byte, error) { return body, nil }); err != nil {
+				t.Fatal(err)
+			}
+			id := dictionaryOf(t, cli, st, key)
+			if id != 0 {
+				ids[id] = true
+			}
+			return id != 0
+		})
 	}
-	if len(resp.Kvs) != 2 { // current and one dictionary: the loser deleted its own
-		t.Fatalf("%d keys under z/; want current and one dictionary", len(resp.Kvs))
-	}
-	if a.dicts.current == nil || b.dicts.current == nil || a.dicts.current.id != b.dicts.current.id {
-		t.Fatalf("stores write with different dictionaries: %v %v", a.dicts.current, b.dicts.current)
+	if len(ids) != 1 {
+		t.Fatalf("the stores write with dictionaries %v; want one", ids)
 	}
 }
 
-// A dictionary is deleted once its successor is older than twice the
-// retention, and not before; the current one never.
-func TestDictionaryPrune(t *testing.T) {
+// A dictionary outlives every record that names it, whatever retention the
+// process that wrote the record had: here a process with a 2 s retention
+// publishes dictionaries (one a second) and sweeps its own records and
+// leases quickly, and a process with an hour's retention writes a record
+// against the first one, which must stay readable while the short-lived
+// process publishes successors, races over them, and has all its own
+// records and leases swept. (Until 0.5 a dictionary was deleted once its
+// successor was older than twice the retention of the process that
+// published the successor, and the record became ErrCorrupt.)
+func TestDictionaryOutlivesItsRecords(t *testing.T) {
 	prefix := testPrefix(t)
-	s := newStore(t, client(t), prefix, WithRetention(time.Hour))
-	now := time.Now()
-	var mu sync.Mutex
-	s.dicts.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
-	var ids []uint32
-	for i := 0; i < 3; i++ {
-		if err := s.dicts.publish([][]byte{paymentLike(i)}, s.dicts.current); err != nil {
+	short := newStore(t, client(t), prefix, WithRetention(2*time.Second), withDictionaryRefresh(time.Second),
+		withSweepPace(500*time.Millisecond, time.Second, nil))
+	long := newStore(t, client(t), prefix, WithRetention(time.Hour))
+	ctx := testCtx(t)
+	warm(t, short, prefix)
+	waitFor(t, "a dictionary", func() bool { return short.Metrics().Dictionaries.Published == 1 })
+	key := Key{ID: "kept-an-hour"}
+	body := paymentLike(1000)
+	var first uint64
+	waitFor(t, "the long-lived store to write with the dictionary", func() bool {
+		long.Evict(ctx, key)
+		if _, err := long.Do(ctx, key, nil, func(context.Context, *Claim) ([]byte, error) { return body, nil }); err != nil {
 			t.Fatal(err)
 		}
-		ids = append(ids, s.dicts.current.id)
-		advance(90 * time.Minute)
+		first = dictionaryOf(t, client(t), long, key)
+		return first != 0
+	})
+	// Successors, a race over one (another short-lived store), and every
+	// record and lease of the short-lived stores swept.
+	racer := newStore(t, client(t), prefix, WithRetention(2*time.Second), withDictionaryRefresh(time.Second),
+		withSweepPace(500*time.Millisecond, time.Second, nil))
+	for round := 0; round < 3; round++ {
+		time.Sleep(1100 * time.Millisecond) // the refresh interval: a real wait
+		var wg sync.WaitGroup
+		for _, st := range []*Store{short, racer} {
+			wg.Add(1)
+			go func() { defer wg.Done(); warm(t, st, prefix) }()
+		}
+		wg.Wait()
 	}
-	// Now: d0 made at 0, d1 at 1.5 h, d2 at 3 h (current), clock 4.5 h.
-	// d0's successor is 3 h old (> 2 h): gone at the last publish? It was
-	// 1.5 h old then: kept. Publish again to prune.
-	advance(time.Hour)
-	if err := s.dicts.publish([][]byte{paymentLike(9)}, s.dicts.current); err != nil {
-		t.Fatal(err)
+	waitFor(t, "the short-lived stores' first leases to be swept", func() bool {
+		return short.Metrics().Sweep.Leases+racer.Metrics().Sweep.Leases >= 2
+	})
+	m := short.Metrics().Dictionaries
+	m = m.add(racer.Metrics().Dictionaries)
+	if m.Published < 2 {
+		t.Fatalf("dictionaries %+v; want successors published", m)
 	}
-	ctx := testCtx(t)
-	have := map[uint32]bool{}
-	resp, err := client(t).Get(ctx, prefix+"z/", clientv3.WithPrefix())
+	fresh, err := NewAdmin(client(t), WithPrefix(prefix)) // has met no dictionary
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, kv := range resp.Kvs {
-		var id uint64
-		if _, err := fmt.Sscanf(string(kv.Key), prefix+"z/%d", &id); err == nil {
-			have[uint32(id)] = true
-		}
-	}
-	if have[ids[0]] || have[ids[1]] || !have[ids[2]] || !have[s.dicts.current.id] {
-		t.Fatalf("dictionaries left %v; want d0 and d1 pruned (successors 4 h and 2.5 h old), d2 and the current kept", have)
+	rec, err := fresh.Get(ctx, key)
+	if err != nil || string(rec.Outcome.Body) != string(body) {
+		t.Fatalf("the record compressed against dictionary %d reads %v, %v; want its body", first, rec, err)
 	}
 }
 
@@ -208,7 +257,7 @@ func TestCorruptCompressedRecords(t *testing.T) {
 		"damaged frame":      {recordV3, 2, 0, 0xde, 0xad, 0xbe, 0xef},
 		"no id":              {recordV3, 2},
 	} {
-		_, err := adm.decode(Key{ID: "k"}, &mvccpb.KeyValue{Value: v, ModRevision: 3})
+		_, err := adm.decode(testCtx(t), Key{ID: "k"}, &mvccpb.KeyValue{Value: v, ModRevision: 3})
 		if !errors.Is(err, ErrCorrupt) {
 			t.Errorf("%s: %v; want ErrCorrupt", name, err)
 		}

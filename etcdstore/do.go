@@ -204,13 +204,15 @@ func truncate(s string, n int) string {
 }
 
 // finishLater retries a claim's final write in the background until it
-// lands or is refused. The claim stays registered all along, so this
-// process keeps answering ErrConflict for its key; Close waits for it.
-// Fencing makes every try safe, even after the session is lost: the write
-// lands only if nobody took the key over.
+// lands or is refused. The claim stays registered all along (pending), so
+// this process keeps answering ErrConflict for its key, across a lost
+// session and past the claim's deadline; Close waits for it. Fencing makes
+// every try safe, even after the session is lost: the write lands only if
+// nobody took the key over.
 func (s *Store) finishLater(c *Claim, op string, finish func(context.Context) error) {
+	c.pending.Store(true)
 	ok := s.bg.start(fmt.Sprintf("%s %s %d", op, c.key, c.token), 100*time.Millisecond, func(ctx context.Context) bool {
-		tctx, cancel := context.WithTimeout(ctx, s.endTimeout)
+		tctx, cancel := s.clock.WithTimeout(ctx, s.endTimeout)
 		err := finish(tctx)
 		cancel()
 		if errors.Is(err, ErrUnavailable) && ctx.Err() == nil {
@@ -221,62 +223,113 @@ func (s *Store) finishLater(c *Claim, op string, finish func(context.Context) er
 		} else {
 			s.log.Info("idem: ended a claim after retries", "key", c.key.Digest(), "err", c.key.redact(err))
 		}
+		c.pending.Store(false)
+		c.giveUp(ErrClaimEnded) // settled either way: no longer held here
 		return true
 	})
 	if !ok {
+		c.pending.Store(false)
+		c.giveUp(ErrClosed)
 		s.log.Error("idem: a final write failed after close; the key will be taken over", "key", c.key.Digest())
 	}
 }
 
-// abandonIfOurs gives up, in the background, a claim of this process's
-// session whose write had an unknown outcome: if the record is in flight
-// under owner and attempt, it is abandoned (owner cleared), so the next
-// claimant anywhere takes it over at once. While it works it holds attempt
-// in this process, so a retry with the same attempt id gets ErrConflict
-// instead of racing it.
+// reap gives up, in the background, a claim of this process's session
+// whose claim write had an unknown outcome: that write may have landed, or
+// may still land (a request that has left this process can be applied
+// after its caller stopped waiting), as an in-flight record under a live
+// session that nobody here runs; other processes would answer ErrConflict
+// until this process dies. seen is the highest revision the claim saw
+// etcd at: each of its writes compared the record's absence, or a state of
+// it at or before seen.
+//
+// The reaper reads the record. Its own claim (the lost write landed) it
+// abandons: the next claimant anywhere takes the key over at once, with a
+// greater token. A record written after seen, not its own, needs nothing:
+// no lost write can land on it, ever. Otherwise (absent, or a state the
+// claim saw, which a lost write may have compared) it fences the key: it
+// claims it again with the same attempt id, writing the record abandoned.
+// That write is conditioned on that very state, so once it lands the lost
+// one can never land after it (etcd revisions only grow: the one residue
+// is a record deleted later, on which a lost create could still land). A
+// record held by another live owner, done or moved needs nothing. While
+// it works it holds the attempt id in this process, so a retry with the
+// same attempt id waits for it instead of racing it.
 //
 // Only claims under this process's session are reaped. A claim made
 // WithoutSession may be recognised by its attempt id through another
 // process, which then runs it: reaping it from here would hand the key to a
 // second owner while the first still runs. Such a claim is left to its
 // deadline.
-func (s *Store) abandonIfOurs(k Key, owner, attempt string) {
+func (s *Store) reap(k Key, fp Fingerprint, owner, attempt string, seen int64) {
 	if owner == deadlineOwner {
 		return
 	}
 	s.bg.start("reap "+k.String(), 50*time.Millisecond, func(ctx context.Context) bool {
-		hold := &Claim{s: s, key: k, attempt: attempt, owner: owner}
-		hold.ctx, hold.cancel = context.WithCancelCause(context.Background())
-		defer hold.cancel(ErrClaimEnded)
-		if err := s.register(hold); err != nil {
-			// ErrConflict: a retry with this attempt id is running here: let
-			// it decide. Otherwise our session ended or the store closed:
-			// its claims are stale to everyone now.
-			return !errors.Is(err, ErrConflict)
-		}
-		defer s.unregister(hold)
-		return s.abandonOnce(ctx, k, owner, attempt)
+		return s.reapOnce(ctx, k, fp, owner, attempt, seen)
 	})
 }
 
-// abandonOnce makes one attempt; it reports whether there is nothing left
-// to do.
-func (s *Store) abandonOnce(ctx context.Context, k Key, owner, attempt string) bool {
-	ctx, cancel := context.WithTimeout(ctx, s.endTimeout)
+// reapOnce makes one attempt; it reports whether there is nothing left to
+// do.
+func (s *Store) reapOnce(ctx context.Context, k Key, fp Fingerprint, owner, attempt string, seen int64) bool {
+	sess, err := s.session()
+	switch {
+	case errors.Is(err, ErrClosed):
+		return true
+	case err != nil:
+		return false // reconnecting: the old session may still be alive in etcd
+	case sess.Owner() != owner:
+		// The session the lost write was made under has ended (a claim
+		// compares that its owner key exists): it can no longer land, and
+		// if it did, its record is stale to everyone.
+		return true
+	}
+	hold := s.newClaim(k, fp, attempt, owner)
+	if err := s.register(hold); err != nil {
+		hold.cancel(ErrClaimEnded)
+		// ErrConflict: a retry with this attempt id is running here: let
+		// it decide. Otherwise our session ended or the store closed.
+		return !errors.Is(err, ErrConflict) && !errors.Is(err, ErrUnavailable)
+	}
+	defer func() {
+		s.unregister(hold)
+		hold.cancel(ErrClaimEnded)
+	}()
+	ctx, cancel := s.clock.WithTimeout(ctx, s.endTimeout)
 	defer cancel()
 	rec, _, err := s.get(ctx, k)
-	if err != nil {
+	switch {
+	case err != nil:
 		return false
-	}
-	if rec == nil || rec.State != InFlight || rec.Owner != owner || rec.Attempt != attempt {
-		return true // never written, or not ours any more
-	}
-	c := &Claim{s: s, key: k, fp: rec.Fingerprint, attempt: attempt, owner: owner}
-	c.ctx, c.cancel = context.WithCancelCause(context.Background())
-	c.won(rec, nil)
-	err = c.Abandon(ctx)
-	if err == nil {
+	case rec != nil && rec.State == InFlight && rec.Owner == owner && SameAttempt(rec.Attempt, attempt):
+		hold.won(rec, nil) // the lost write landed: abandon it
+		if err := hold.Abandon(ctx); errors.Is(err, ErrUnavailable) {
+			return false
+		}
+		s.reaped.Add(1)
 		s.log.Info("idem: abandoned a claim whose write had an unknown outcome", "key", k.Digest())
+		return true
+	case rec != nil && (rec.Revision > seen || rec.State != InFlight):
+		return true // written since, by another: no lost write can land on it
 	}
-	return !errors.Is(err, ErrUnavailable)
+	cfg := claimConfig{attempt: attempt, fence: true}
+	var left attempted
+	done, err := s.decide(ctx, hold, sess, &cfg, &left)
+	switch {
+	case err == nil && done == nil && !hold.fenced:
+		// The lost write had landed meanwhile: abandon it.
+		if err := hold.Abandon(ctx); errors.Is(err, ErrUnavailable) {
+			return false
+		}
+		s.reaped.Add(1)
+		return true
+	case err == nil && done == nil:
+		s.reaped.Add(1)
+		s.log.Info("idem: fenced a claim whose write had an unknown outcome", "key", k.Digest())
+		return true
+	case err == nil, errors.Is(err, ErrConflict), errors.Is(err, ErrMismatch), errors.Is(err, ErrMoved):
+		return true // done, held elsewhere, or another operation: the lost write cannot land
+	}
+	return false
 }

@@ -86,7 +86,7 @@ func (s *Store) Enqueue(ctx context.Context, key Key, fp Fingerprint, data []byt
 				return nil, wrapEtcd("enqueue", key, err)
 			}
 			tries++
-			if !backoff(ctx, tries) {
+			if !s.backoff(ctx, tries) {
 				return nil, wrapEtcd("enqueue", key, err)
 			}
 			known = false // the write may have landed: read what is there

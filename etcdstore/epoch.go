@@ -101,7 +101,7 @@ func (s *Store) RaiseEpoch(ctx context.Context, above int64) (int64, error) {
 			s.epoch.Store(next)
 			s.log.Info("idem: shard epoch raised", "epoch", next)
 			return next, nil
-		case err != nil && (!retryable(ctx, err) || !backoff(ctx, try)):
+		case err != nil && (!retryable(ctx, err) || !s.backoff(ctx, try)):
 			return 0, unavailable("raise epoch", Key{}, err)
 		}
 		// Another process moved it, or the reply was lost: read again.
@@ -160,7 +160,7 @@ func (s *Store) Forward(ctx context.Context, key Key, to string) (*Record, error
 		}
 		res, err := s.writeRecord(ctx, key, "", append(cmps, s.epochCond(e)), rec, 0)
 		if err != nil {
-			if errors.Is(err, ErrCorrupt) || !retryable(ctx, err) || !backoff(ctx, try) {
+			if errors.Is(err, ErrCorrupt) || !retryable(ctx, err) || !s.backoff(ctx, try) {
 				return nil, wrapEtcd("forward", key, err)
 			}
 			if cur, _, err = s.get(ctx, key); err != nil { // the outcome is unknown: look
@@ -178,4 +178,61 @@ func (s *Store) Forward(ctx context.Context, key Key, to string) (*Record, error
 		cur = res.cur
 	}
 	return nil, fmt.Errorf("forward %s: %w: the record kept changing", key, ErrUnavailable)
+}
+
+// DefaultRestoreEpochBump is how far BumpEpoch raises a shard epoch after
+// a restore: more than the epoch can have grown between a backup and its
+// restore (it grows by one when a key moves to a shard whose epoch is not
+// already above the old shard's).
+const DefaultRestoreEpochBump = 1024
+
+// BumpEpoch raises the shard epoch under the Admin's prefix by by (at
+// least 1), creating it if there is none, and returns it: run it once
+// after etcd is restored from a snapshot, before any idem process serves
+// from it. A restore brings the epoch key back to its value at the
+// backup, and a token is epoch<<EpochShift | revision: raising the
+// revision alone (etcdutl snapshot restore --bump-revision) leaves every
+// token lower than those handed out before the restore once an epoch was
+// raised since the backup. idem serve does it on the first start after
+// idem snapshot restore. It is harmless on a store without epochs.
+func (a *Admin) BumpEpoch(ctx context.Context, by int64) (int64, error) {
+	if by < 1 || by >= 1<<(63-EpochShift) {
+		return 0, fmt.Errorf("%w: epoch bump %d", ErrInvalidArgument, by)
+	}
+	key := a.ks.prefix + "epoch"
+	ctx, cancel := a.bound(ctx)
+	defer cancel()
+	for try := 0; ; try++ {
+		var resp *clientv3.GetResponse
+		if err := a.retry(ctx, func(ctx context.Context) (err error) {
+			resp, err = a.client.Get(ctx, key)
+			return err
+		}); err != nil {
+			return 0, unavailable("bump epoch", Key{}, err)
+		}
+		cur, cmp := int64(0), clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+		if len(resp.Kvs) > 0 {
+			var err error
+			if cur, err = parseEpoch(resp.Kvs[0].Value); err != nil {
+				return 0, err
+			}
+			cmp = clientv3.Compare(clientv3.ModRevision(key), "=", resp.Kvs[0].ModRevision)
+		}
+		next := cur + by
+		if next >= 1<<(63-EpochShift) {
+			return 0, fmt.Errorf("%w: shard epoch %d cannot be raised by %d", ErrInvalidArgument, cur, by)
+		}
+		tctx, tcancel := a.try(ctx)
+		tr, err := a.client.Txn(tctx).If(cmp).Then(clientv3.OpPut(key, strconv.FormatInt(next, 10))).Commit()
+		tcancel()
+		switch {
+		case err == nil && tr.Succeeded:
+			return next, nil
+		case err != nil && (!retryable(ctx, err) || !a.backoff(ctx, try)):
+			return 0, unavailable("bump epoch", Key{}, err)
+		}
+		// Moved meanwhile, or the reply was lost: read again. A bump that
+		// landed with its reply lost is bumped again: the epoch only grows
+		// more, which is as safe.
+	}
 }

@@ -10,22 +10,33 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/idem-dev/idem/clock"
 )
 
-// sessionLease returns the current session's lease, for tests that kill it.
-func (s *Store) sessionLease() clientv3.LeaseID {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.sess.Lease()
+// sessionLeaseID returns the current session's lease, for tests that kill
+// it.
+func (s *Store) sessionLeaseID() clientv3.LeaseID {
+	_, id, _ := s.sessionLease()
+	return id
 }
 
-// setClock replaces the store's clock. The store must have no sweeper
-// (WithExpirySweep(false)): it reads the clock from its own goroutine.
+// nowClock is the real clock with another time.
+type nowClock struct {
+	clock.Clock
+	now func() time.Time
+}
+
+func (c nowClock) Now() time.Time { return c.now() }
+
+// setClock makes the store read its time from now (record expiry,
+// deadlines); its timers stay real. The store must have no sweeper
+// (WithExpirySweep(false)), whose clock was set at New.
 func (s *Store) setClock(now func() time.Time) {
 	if s.sweep != nil {
 		panic("setClock on a store with a sweeper")
 	}
-	s.now = now
+	s.clock = nowClock{Clock: clock.Real, now: now}
 }
 
 // settle waits until the store's background writes (final writes retried
@@ -41,7 +52,7 @@ func settle(t testing.TB, s *Store) {
 	select {
 	case <-idle:
 	case <-time.After(30 * time.Second):
-		t.Fatalf("background writes still pending after 30 s: %d", s.Pending())
+		t.Fatalf("background writes still pending after 30 s: %d", s.Metrics().Pending)
 	}
 }
 
@@ -74,15 +85,23 @@ func hookedClient(t testing.TB, hook interceptor) *clientv3.Client {
 // lost, or that failed before it reached etcd.
 var errLost = status.Error(codes.Unavailable, "test: connection lost")
 
-// setSweepPace makes the sweeper sweep a bucket margin after its records
-// expired, within window: a test's retention is seconds, not hours.
-func (s *Store) setSweepPace(margin, window time.Duration) { s.setSweepHook(margin, window, nil) }
+// withSweepPace makes the sweeper sweep a bucket margin after its records
+// expired, within window (a test's retention is seconds, not hours), and
+// call listed, when set, with each sweep's listed records before its
+// deletes.
+func withSweepPace(margin, window time.Duration, listed func([]string)) Option {
+	return option(func(c *config) error {
+		c.sweepMargin, c.sweepWindow, c.sweepListed = margin, window, listed
+		return nil
+	})
+}
 
-// setSweepHook is setSweepPace with a hook called with each sweep's listed
-// records, before its deletes. Call it right after New: the sweeper reads
-// these from its goroutine under the store's mutex.
-func (s *Store) setSweepHook(margin, window time.Duration, listed func([]string)) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.sweepMargin, s.sweepWindow, s.sweepListed = margin, window, listed
+// withDictionaryRefresh makes dictionaries due for a successor after d
+// (default a day).
+func withDictionaryRefresh(d time.Duration) Option {
+	return option(func(c *config) error { c.dictRefresh = d; return nil })
+}
+
+func (m DictionaryMetrics) add(o DictionaryMetrics) DictionaryMetrics {
+	return Metrics{Dictionaries: m}.Add(Metrics{Dictionaries: o}).Dictionaries
 }

@@ -55,8 +55,7 @@ func (s *Store) Attach(ctx context.Context, h Handle) (*Claim, error) {
 	if rec == nil || rec.State != InFlight || rec.Owner == "" || rec.Token != h.Token || !SameAttempt(rec.Attempt, h.Attempt) {
 		return nil, fmt.Errorf("attach %s: %w", h.Key, ErrFenced)
 	}
-	c := &Claim{s: s, key: h.Key, fp: rec.Fingerprint, attempt: rec.Attempt, owner: rec.Owner}
-	c.ctx, c.cancel = context.WithCancelCause(context.Background())
+	c := s.newClaim(h.Key, rec.Fingerprint, rec.Attempt, rec.Owner)
 	c.won(rec, nil)
 	return c, nil
 }

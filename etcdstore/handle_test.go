@@ -84,8 +84,8 @@ func TestRenewMovesTheDeadline(t *testing.T) {
 	if !errors.Is(c.Err(), ErrDeadline) {
 		t.Fatalf("cause = %v; want ErrDeadline", c.Err())
 	}
-	if a.Running() != 0 {
-		t.Fatalf("Running = %d after the deadline; want 0", a.Running())
+	if a.Metrics().Running != 0 {
+		t.Fatalf("Running = %d after the deadline; want 0", a.Metrics().Running)
 	}
 	n, _, err := b.Claim(ctx, key, fpOf(t, "p"))
 	if err != nil || !n.TookOver() {

@@ -96,6 +96,10 @@ func ValidateTenant(t string) error {
 //	<prefix>k/<tenant>/<id>   records
 //	<prefix>o/<owner>         owner liveness keys, on session leases
 //	<prefix>l/...             retention bucket keys, on their own leases
+//	<prefix>x/<lease>         sweepers' locks, on their session leases
+//	<prefix>z/...             compression dictionaries, on retention leases
+//	<prefix>epoch             the shard epoch (WithEpochs)
+//	<prefix>j/<name>          values of packages built on the store (Value)
 //
 // A tenant cannot contain '/', so "<prefix>k/<tenant>/" is a prefix of exactly
 // that tenant's records, whatever bytes the id holds.
@@ -116,6 +120,14 @@ func (ks keyspace) buckets() string { return ks.prefix + "l/" }
 
 // sweeps is where a sweeper locks the lease it sweeps (<prefix>x/<lease id>).
 func (ks keyspace) sweeps() string { return ks.prefix + "x/" }
+
+// dictionaries is where compression dictionaries live (<prefix>z/current,
+// <prefix>z/<id>/<lease>).
+func (ks keyspace) dictionaries() string { return ks.prefix + "z/" }
+
+// values is where packages built on the store keep values of their own
+// (<prefix>j/<name>: package jobs' schedule cursors).
+func (ks keyspace) values() string { return ks.prefix + "j/" }
 
 // parseRecord splits a record's etcd key back into its Key.
 func (ks keyspace) parseRecord(etcdKey string) (Key, bool) {

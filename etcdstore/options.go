@@ -3,6 +3,9 @@ package etcdstore
 import (
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idem-dev/idem/clock"
+	"github.com/idem-dev/idem/etcdstore/internal/send"
+
 	"fmt"
 	"log/slog"
 	"strings"
@@ -51,6 +54,27 @@ type config struct {
 	noSweep        bool
 	batchMembers   int
 	batchBytes     int
+	clock          clock.Clock
+
+	// The sweeper's pace, for tests; zero: by the bucket width.
+	sweepMargin, sweepWindow time.Duration
+	sweepListed              func(records []string)
+	dictRefresh              time.Duration // for tests; zero: a day
+}
+
+// WithClock sets the clock the store runs on: its time (record expiry,
+// deadlines, buckets), its timers, the deadlines of its etcd requests, its
+// background work and its waits (default clock.Real). A simulation hands in
+// its own, to decide when each of those happens; production never sets it.
+// The store's session and buckets run on it too.
+func WithClock(c clock.Clock) AdminOption {
+	return adminOption(func(cfg *config) error {
+		if c == nil {
+			return fmt.Errorf("%w: WithClock(nil)", ErrInvalidArgument)
+		}
+		cfg.clock = c
+		return nil
+	})
 }
 
 // WithPrefix sets the etcd key prefix under which the store keeps everything
@@ -354,6 +378,7 @@ type claimConfig struct {
 	wait      bool
 	onError   End
 	noSession bool
+	fence     bool // write the claim abandoned (reap)
 }
 
 // MaxAttemptLen is the longest attempt id.
@@ -477,3 +502,11 @@ func OnError(e End) RunOption {
 		return nil
 	})
 }
+
+// Defaults of the batches (WithBatchLimits). etcd refuses a Txn of more
+// than --max-txn-ops (default 128) ops in a branch, counting each inner
+// Txn as one, and a request over --max-request-bytes (default 1.5 MiB).
+const (
+	DefaultBatchMembers = send.DefaultMaxMembers
+	DefaultBatchBytes   = send.DefaultMaxBytes
+)

@@ -143,8 +143,8 @@ func TestReplayWhenEtcdIsFull(t *testing.T) {
 	if _, _, err := s.Claim(ctx, Key{ID: "in-flight"}, fpOf(t, "p")); !errors.Is(err, ErrConflict) {
 		t.Fatalf("a key in flight under a live owner, when full = %v; want ErrConflict", err)
 	}
-	if full, err := s.CheckFull(ctx); !s.Full() || !full || err != nil {
-		t.Fatalf("Full() = %v, CheckFull = %v, %v; want full", s.Full(), full, err)
+	if full, err := s.CheckFull(ctx); !s.Metrics().Full || !full || err != nil {
+		t.Fatalf("Full() = %v, CheckFull = %v, %v; want full", s.Metrics().Full, full, err)
 	}
 
 	// The recovery docs/OPERATIONS.md gives: delete, compact, defragment,
@@ -171,8 +171,8 @@ func TestReplayWhenEtcdIsFull(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if full, err := s.CheckFull(ctx); full || err != nil || s.Full() {
-		t.Fatalf("after the recovery CheckFull = %v, %v (Full %v); want room again", full, err, s.Full())
+	if full, err := s.CheckFull(ctx); full || err != nil || s.Metrics().Full {
+		t.Fatalf("after the recovery CheckFull = %v, %v (Full %v); want room again", full, err, s.Metrics().Full)
 	}
 	if res, err := s.Do(ctx, Key{ID: "new"}, []byte("p"), work); err != nil || res.Replayed {
 		t.Fatalf("new key after the recovery = %+v, %v", res, err)

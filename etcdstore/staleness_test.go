@@ -15,7 +15,7 @@ func TestNoClaimUnderADeadSession(t *testing.T) {
 	ctx := testCtx(t)
 	for i := 0; i < 5; i++ {
 		dead := s.Owner()
-		if _, err := cli.Revoke(ctx, s.sessionLease()); err != nil {
+		if _, err := cli.Revoke(ctx, s.sessionLeaseID()); err != nil {
 			t.Fatal(err)
 		}
 		key := Key{ID: "k" + string(rune('a'+i))}

@@ -11,11 +11,15 @@ import (
 	"sync/atomic"
 	"time"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/idem-dev/idem/internal/sim"
+	"github.com/idem-dev/idem/clock"
+	"github.com/idem-dev/idem/etcdstore/internal/cache"
+	"github.com/idem-dev/idem/etcdstore/internal/dict"
+	"github.com/idem-dev/idem/etcdstore/internal/send"
+	"github.com/idem-dev/idem/etcdstore/internal/sweep"
 	"github.com/idem-dev/idem/lease"
 )
 
@@ -37,17 +41,18 @@ const (
 
 // Store is an idempotency store on etcd. It is safe for concurrent use.
 //
-// New starts goroutines, all stopped by Close: one that keeps the process's
-// session lease alive, one that replaces the session when it is lost, and,
-// WithCache, one that feeds the cache from a Watch. A claim whose final
-// write failed with an unknown outcome also runs a goroutine that retries
-// that write until it lands or is fenced out; Close waits for those (up to
-// WithEndTimeout) before it revokes the session.
+// New starts the store's background work, on its clock (WithClock), all
+// of it stopped by Close: keeping the process's session lease alive and
+// replacing the session when it is lost, the expiry sweeper, following the
+// current compression dictionary, and, WithCache, feeding the cache from a
+// Watch. A claim whose final write failed with an unknown outcome also runs
+// background work that retries that write until it lands or is fenced out;
+// Close waits for those (up to WithEndTimeout) before it revokes the
+// session.
 type Store struct {
 	Admin // Get, List, Evict, Stats
 
-	client     *clientv3.Client
-	kv         pb.KVClient // the client's raw KV API, for hot-path Txns
+	kv         *send.Sender // every conditional write goes through it
 	buckets    *lease.Buckets
 	retention  time.Duration
 	sessionTTL time.Duration
@@ -55,9 +60,7 @@ type Store struct {
 	retryAfter time.Duration
 	endTimeout time.Duration
 	format     byte // of the records written
-	log        *slog.Logger
 	tracer     trace.Tracer
-	observeTxn func(time.Duration)
 	traceKeys  bool
 
 	full atomic.Bool // etcd refused the last write for lack of space
@@ -65,32 +68,29 @@ type Store struct {
 	epochs bool         // one shard of a set (WithEpochs)
 	epoch  atomic.Int64 // the shard epoch last seen
 
-	cache     *doneCache // nil without WithCache
+	cache     *cache.Cache[*Record] // nil without WithCache
 	claimPath ClaimPath
 	hitRate   atomic.Int64 // recent share of claims that found a record, in 1/65536
 
-	batch *batcher // group commit; nil without
-	sweep *sweeper // expiry without stalls; nil without
-	// Pace of the sweeper, for tests; zero: by the bucket width.
-	sweepMargin, sweepWindow time.Duration
-	// sweepListed, when a test sets it before the sweeper runs, is called
-	// with the records a sweep listed, before it deletes any.
-	sweepListed func(records []string)
-	bg          *background                                    // retried writes that outlive their call
-	afterFunc   func(time.Duration, func()) (stop func() bool) // deadline timers
+	sweep  *sweep.Sweeper // nil without
+	bg     *background    // retried writes that outlive their call
+	reaped atomic.Int64   // claims of unknown outcome given up in the background
+
+	life context.Context // the store's background work ends with it (Close)
+	stop context.CancelFunc
+	work clock.Group
 
 	mu      sync.Mutex
 	sess    *lease.Session // nil while a lost session is being replaced
 	running map[runKey]*Claim
 	closed  bool
-
-	closing chan struct{}
-	wg      sync.WaitGroup
 }
 
 // New returns a Store on client and starts its session: it grants the
-// session lease and writes the owner key, so ctx bounds those two calls.
-// The Store does not close client.
+// session lease and writes the owner key. ctx, bounded by the request
+// timeout (WithRequestTimeout), bounds those calls and every read New
+// makes: with no etcd to answer, New fails with ErrUnavailable within the
+// timeout. The Store does not close client.
 func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil etcd client", ErrInvalidArgument)
@@ -102,6 +102,7 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 		maxRecord:  DefaultMaxRecordSize,
 		retryAfter: DefaultRetryAfter,
 		endTimeout: DefaultEndTimeout,
+		clock:      clock.Real,
 
 		requestTimeout: DefaultRequestTimeout,
 		cacheStaleness: DefaultCacheStaleness,
@@ -120,34 +121,31 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}
+	if c.sessionTTL < lease.MinTTL || c.sessionTTL%time.Second != 0 {
+		return nil, fmt.Errorf("new store: %w: session ttl %v must be whole seconds, at least %v", ErrInvalidArgument, c.sessionTTL, lease.MinTTL)
+	}
 	ks := keyspace{prefix: c.prefix}
-	b, err := lease.NewBuckets(client, ks.buckets(), c.retention, c.bucketWidth)
+	b, err := lease.NewBuckets(client, ks.buckets(), c.retention, c.bucketWidth, lease.WithClock(c.clock))
 	if err != nil {
 		return nil, fmt.Errorf("new store: %w: %w", ErrInvalidArgument, err)
 	}
 	if c.keysPerLease > 0 {
 		b.SetMaxUses(c.keysPerLease)
 	}
-	hooks := sim.Lookup(client)
-	sweeping := !c.noSweep && hooks == nil // (a simulation's clock is not the sweeper's)
-	if sweeping {
+	if !c.noSweep {
 		b.SetGrace(2 * c.bucketWidth)
 	}
-	if c.sessionTTL < lease.MinTTL || c.sessionTTL%time.Second != 0 {
-		return nil, fmt.Errorf("new store: %w: session ttl %v must be whole seconds, at least %v", ErrInvalidArgument, c.sessionTTL, lease.MinTTL)
+	if c.requestTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = c.clock.WithTimeout(ctx, c.requestTimeout)
+		defer cancel()
 	}
-	sess, err := lease.NewSession(ctx, client, ks.owners(), c.sessionTTL)
+	sess, err := lease.NewSession(ctx, client, ks.owners(), c.sessionTTL, lease.WithClock(c.clock))
 	if err != nil {
 		return nil, fmt.Errorf("new store: %w: %w", ErrUnavailable, err)
 	}
-	now, afterFunc := time.Now, func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
-	if hooks != nil {
-		now, afterFunc = hooks.Now, hooks.AfterFunc
-	}
 	s := &Store{
-		Admin:      Admin{client: client, ks: ks, now: now, timeout: c.requestTimeout, log: c.log},
-		client:     client,
-		kv:         clientv3.RetryKVClient(client),
+		Admin:      Admin{client: client, ks: ks, clock: c.clock, timeout: c.requestTimeout, log: c.log},
 		buckets:    b,
 		retention:  c.retention,
 		sessionTTL: c.sessionTTL,
@@ -155,53 +153,71 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 		retryAfter: c.retryAfter,
 		endTimeout: c.endTimeout,
 		format:     c.format,
-		log:        c.log,
 		tracer:     c.tracer,
-		observeTxn: c.observeTxn,
 		traceKeys:  c.traceKeys,
 		claimPath:  c.claimPath,
+		epochs:     c.epochs,
 		sess:       sess,
 		running:    make(map[runKey]*Claim),
-		closing:    make(chan struct{}),
-		bg:         newBackground(hooks, c.log),
-		afterFunc:  afterFunc,
 	}
+	s.life, s.stop = context.WithCancel(context.Background())
+	s.bg = newBackground(c.clock, c.log)
 	b.Request = s.try
-	if !c.noBatching && hooks == nil {
-		// (A simulation runs one caller at a time: nothing to batch.)
-		s.batch = newBatcher(s.kv, s.try, c.batchMembers, c.batchBytes)
-		s.batch.observe = c.observeTxn
-	}
-	if c.epochs {
-		s.epochs = true
+	s.kv = send.New(send.Config{KV: clientv3.RetryKVClient(client), Clock: c.clock, Try: s.tryWrite,
+		Batching: !c.noBatching, MaxMembers: c.batchMembers, MaxBytes: c.batchBytes, Observe: c.observeTxn})
+	s.dicts = dict.New(dict.Config{Client: client, Clock: c.clock, Log: c.log, Send: s.kv, Try: s.try,
+		Prefix: ks.dictionaries(), Refresh: c.dictRefresh, Lease: func(ctx context.Context) (clientv3.LeaseID, error) { return b.For(ctx, s.clock.Now()) }})
+	if s.epochs {
 		if _, err := s.loadEpoch(ctx); err != nil {
-			sess.Close()
+			sess.CloseContext(ctx)
 			return nil, fmt.Errorf("new store: %w", err)
 		}
 	}
 	if c.format == recordV3 {
-		d := s.dictionaries()
-		d.retention = c.retention
-		if err := d.load(ctx); err != nil {
-			s.log.Warn("idem: reading the current compression dictionary; records are written uncompressed until it is read", "err", err)
+		if _, err := s.dicts.Load(ctx); err != nil {
+			s.log.Warn("idem: reading the current compression dictionary; records are compressed without it until it is read", "err", err)
 		}
-		s.wg.Add(1)
-		go s.followDictionary()
+		s.work.Go(s.clock, s.life, "dictionary follower", s.dicts.Follow)
 	}
-	s.wg.Add(1)
-	go s.superviseSession(sess)
-	if sweeping {
-		s.sweep = &sweeper{}
-		s.wg.Add(1)
-		go s.runSweeper()
+	s.work.Go(s.clock, s.life, "session supervisor", func(ctx context.Context) { s.superviseSession(ctx, sess) })
+	if !c.noSweep {
+		s.sweep = sweep.New(sweep.Config{Client: client, Clock: c.clock, Send: s.kv, Try: s.try,
+			Buckets: ks.buckets(), Records: ks.records(), Locks: ks.sweeps(), Width: c.bucketWidth,
+			Session: s.sessionLease, Margin: c.sweepMargin, Window: c.sweepWindow, Listed: c.sweepListed})
+		s.work.Go(s.clock, s.life, "sweeper", s.sweep.Run)
 	}
 	if c.cacheBytes > 0 {
-		s.cache = newDoneCache(c.cacheBytes, c.cacheStaleness)
-		s.cache.decode = s.decode
-		s.wg.Add(1)
-		go s.feedCache()
+		s.cache = cache.New(cache.Config[*Record]{Client: client, Clock: c.clock, Log: c.log, Prefix: ks.records(),
+			Bytes: c.cacheBytes, Bound: c.cacheStaleness, Timeout: c.requestTimeout,
+			Decode: func(kv *mvccpb.KeyValue) (*Record, error) { return s.decodeKV(s.life, kv) },
+			IsDone: isDone, Applied: testHookCacheApplied})
+		s.work.Go(s.clock, s.life, "cache feed", s.cache.Run)
 	}
 	return s, nil
+}
+
+// testHookCacheApplied, when set by a test before New, is called after the
+// cache has applied each watch event.
+var testHookCacheApplied func(rev int64)
+
+// tryWrite prepares the context of one write: like try, but always with
+// a timeout, since a write that has left is waited for until it answers.
+func (s *Store) tryWrite(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.timeout > 0 {
+		return s.try(ctx)
+	}
+	return s.clock.WithTimeout(clientv3.WithRequireLeader(ctx), 30*time.Second)
+}
+
+// sessionLease returns the current session's owner and lease, for the
+// sweeper's locks.
+func (s *Store) sessionLease() (string, clientv3.LeaseID, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sess == nil {
+		return "", clientv3.NoLease, false
+	}
+	return s.sess.Owner(), s.sess.Lease(), true
 }
 
 // Evict deletes key's record (see Admin.Evict), and drops it from this
@@ -210,7 +226,7 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 func (s *Store) Evict(ctx context.Context, key Key) error {
 	rev, err := s.Admin.evict(ctx, key)
 	if s.cache != nil {
-		s.cache.invalidate(s.ks.record(key), rev)
+		s.cache.Invalidate(s.ks.record(key), rev)
 	}
 	return err
 }
@@ -253,6 +269,10 @@ func (s *Store) MaxRecordSize() int { return s.maxRecord }
 // Retention returns how long keys are kept after their last write.
 func (s *Store) Retention() time.Duration { return s.retention }
 
+// Clock returns the clock the store runs on (WithClock): packages built on
+// the store (jobs) run on it too.
+func (s *Store) Clock() clock.Clock { return s.clock }
+
 // Owner returns the owner id of the current session, or "" while a lost
 // session is being replaced.
 func (s *Store) Owner() string {
@@ -264,35 +284,26 @@ func (s *Store) Owner() string {
 	return s.sess.Owner()
 }
 
-// Live reports whether the store has a live session: claims can be made.
-func (s *Store) Live() bool { return s.Owner() != "" }
-
-// Full reports whether etcd refused this store's last write for lack of
-// space (the NOSPACE alarm: the database reached its quota), and no write
-// has been accepted since. While it is full, new keys and takeovers fail
-// with ErrStoreFull; done keys are still replayed, and in-flight keys still
-// conflict.
-func (s *Store) Full() bool { return s.full.Load() }
-
 // CheckFull asks etcd whether it still refuses writes for lack of space,
-// when Full says it did, and returns the answer: a Txn whose Put can never
-// run (its compare is never true), which etcd refuses while its NOSPACE
-// alarm is raised and otherwise answers writing nothing. A store that
-// writes nothing while etcd is full would otherwise never learn that an
-// operator freed space.
+// when Metrics says it did (Full), and returns the answer: a Txn whose Put
+// can never run (its compare is never true), which etcd refuses while its
+// NOSPACE alarm is raised and otherwise answers writing nothing. A store
+// that writes nothing while etcd is full would otherwise never learn that
+// an operator freed space.
 func (s *Store) CheckFull(ctx context.Context) (bool, error) {
-	if !s.Full() {
+	if !s.full.Load() {
 		return false, nil
 	}
-	ctx, cancel := s.try(ctx)
-	defer cancel()
 	probe := s.ks.prefix + "full-probe"
-	_, err := s.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(probe), "<", 0)).Then(clientv3.OpPut(probe, "")).Commit()
+	err := s.kv.Do(ctx, func(ctx context.Context) error {
+		_, err := s.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(probe), "<", 0)).Then(clientv3.OpPut(probe, "")).Commit()
+		return err
+	})
 	switch {
 	case errors.Is(err, rpctypes.ErrNoSpace):
 		return true, nil
 	case err != nil:
-		return s.Full(), err
+		return s.full.Load(), err
 	}
 	s.noteFull(false)
 	return false, nil
@@ -310,23 +321,17 @@ func (s *Store) noteFull(full bool) {
 	}
 }
 
-// Running returns how many claims this process holds and has not ended.
-func (s *Store) Running() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.running)
-}
-
 // Close ends the store. It cancels the context of every claim still
 // running (cause ErrClosed), then waits, up to WithEndTimeout, for the
 // final writes still pending in the background (outcomes of finished work
-// that etcd did not acknowledge) to land, stops the background goroutines,
-// and revokes the session lease, which lets other processes take over
+// that etcd did not acknowledge) to land, stops the background work, and
+// only then revokes the session lease, which lets other processes take over
 // unfinished claims at once. An outcome that could not be saved within the
 // bound is lost: its key is taken over later with a greater token, so the
 // work must be fenced downstream. Wait for running work to finish before
 // calling Close when that matters. Close does not close the etcd client.
 func (s *Store) Close() error {
+	ctx := context.Background()
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -339,7 +344,7 @@ func (s *Store) Close() error {
 	for _, c := range running {
 		c.cancel(ErrClosed)
 	}
-	if left := s.bg.close(s.endTimeout); left > 0 {
+	if left := s.bg.close(ctx, s.endTimeout); left > 0 {
 		s.log.Error("idem: closing with final writes that etcd has not acknowledged; their keys will be taken over",
 			"writes", left, "waited", s.endTimeout.String())
 	}
@@ -347,67 +352,14 @@ func (s *Store) Close() error {
 	sess := s.sess
 	s.sess = nil
 	s.mu.Unlock()
-	close(s.closing)
-	s.wg.Wait()
-	if s.dicts != nil {
-		s.dicts.close()
-	}
+	s.stop()
+	s.work.Wait(s.clock, ctx)
+	s.dicts.Close()
 	if sess != nil {
-		return sess.Close()
+		return sess.CloseContext(ctx)
 	}
 	return nil
 }
-
-// untilClosed returns a context that ends when the store closes, for the
-// store's own goroutines.
-func (s *Store) untilClosed() (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		select {
-		case <-s.closing:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	return ctx, cancel
-}
-
-// followDictionary watches which compression dictionary is current, until
-// the store closes: a dictionary another process published becomes this
-// one's at once. A broken watch starts again, after a read.
-func (s *Store) followDictionary() {
-	defer s.wg.Done()
-	ctx, cancel := s.untilClosed()
-	defer cancel()
-	for try := 0; ctx.Err() == nil; try++ {
-		if err := s.dicts.load(ctx); err != nil {
-			s.log.Debug("idem: reading the current compression dictionary", "err", err)
-			if !backoff(ctx, min(try, 6)) {
-				return
-			}
-			continue
-		}
-		wch := s.client.Watch(clientv3.WithRequireLeader(ctx), s.dicts.currentKey())
-		for wr := range wch {
-			if wr.Err() != nil {
-				break
-			}
-			if len(wr.Events) > 0 {
-				if err := s.dicts.load(ctx); err != nil {
-					s.log.Debug("idem: reading the current compression dictionary", "err", err)
-				}
-			}
-		}
-		if !backoff(ctx, min(try, 6)) {
-			return
-		}
-	}
-}
-
-// Pending returns how many final writes this process still retries in the
-// background: outcomes of finished work, or abandons of claims whose write
-// had an unknown outcome, that etcd has not acknowledged yet.
-func (s *Store) Pending() int { return s.bg.Pending() }
 
 // session returns the live session or an error wrapping ErrUnavailable or
 // ErrClosed.
@@ -425,13 +377,17 @@ func (s *Store) session() (*lease.Session, error) {
 
 // superviseSession waits for the session to end, cancels the claims made
 // under it, and replaces it, until the store closes.
-func (s *Store) superviseSession(sess *lease.Session) {
-	defer s.wg.Done()
+//
+// A claim whose work has finished and whose final write is still pending
+// (finishLater) is neither cancelled nor forgotten: this process holds its
+// outcome, so the claim stays registered across the new session, and a
+// retry here is answered as in flight (ErrConflict) until the write has
+// landed or been fenced out, instead of taking the key over from the dead
+// session and running the work again.
+func (s *Store) superviseSession(ctx context.Context, sess *lease.Session) {
 	for {
-		select {
-		case <-s.closing:
+		if s.clock.Wait(ctx, sess.Done()) != nil {
 			return
-		case <-sess.Done():
 		}
 		s.mu.Lock()
 		if s.closed {
@@ -440,28 +396,28 @@ func (s *Store) superviseSession(sess *lease.Session) {
 		}
 		s.sess = nil
 		var lost []*Claim
+		kept := 0
 		for rk, c := range s.running {
-			if c.owner == sess.Owner() {
+			switch {
+			case c.owner != sess.Owner():
+			case c.pending.Load():
+				kept++
+			default:
 				lost = append(lost, c)
 				delete(s.running, rk)
 			}
 		}
 		s.mu.Unlock()
 		s.log.Warn("idem session lost; cancelling its claims and starting a new session",
-			"owner", sess.Owner(), "claims", len(lost))
+			"owner", sess.Owner(), "claims", len(lost), "pending_final_writes", kept)
 		for _, c := range lost {
 			c.cancel(ErrSessionLost)
 		}
 		// The old lease is gone or unrenewable; revoking it is best effort.
-		// The session is passed, not captured: the loop reassigns sess, and
-		// a late goroutine would otherwise revoke the new session.
-		s.wg.Add(1)
-		go func(old *lease.Session) {
-			defer s.wg.Done()
-			old.Close()
-		}(sess)
+		// The session is passed, not captured: the loop reassigns sess.
+		s.work.Go(s.clock, ctx, "revoke lost session", func(ctx context.Context) { sess.CloseContext(ctx) })
 
-		next, ok := s.newSession()
+		next, ok := s.newSession(ctx)
 		if !ok {
 			return
 		}
@@ -470,19 +426,19 @@ func (s *Store) superviseSession(sess *lease.Session) {
 }
 
 // newSession retries until a session is made or the store closes.
-func (s *Store) newSession() (*lease.Session, bool) {
+func (s *Store) newSession(ctx context.Context) (*lease.Session, bool) {
 	backoff := 50 * time.Millisecond
 	for {
 		// Each try gets a quarter of the TTL: a member that hangs costs that
 		// much, and the next try, new RPCs, goes to another member.
-		ctx, cancel := context.WithTimeout(context.Background(), s.sessionTTL/4)
-		sess, err := lease.NewSession(ctx, s.client, s.ks.owners(), s.sessionTTL)
+		tctx, cancel := s.clock.WithTimeout(ctx, s.sessionTTL/4)
+		sess, err := lease.NewSession(tctx, s.client, s.ks.owners(), s.sessionTTL, lease.WithClock(s.clock))
 		cancel()
 		if err == nil {
 			s.mu.Lock()
 			if s.closed {
 				s.mu.Unlock()
-				sess.Close()
+				sess.CloseContext(ctx)
 				return nil, false
 			}
 			s.sess = sess
@@ -491,10 +447,8 @@ func (s *Store) newSession() (*lease.Session, bool) {
 			return sess, true
 		}
 		s.log.Warn("idem session: cannot start", "err", err, "retry_in", backoff)
-		select {
-		case <-s.closing:
+		if clock.Sleep(s.clock, ctx, backoff) != nil {
 			return nil, false
-		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, s.sessionTTL/4)
 	}
@@ -537,16 +491,19 @@ func (s *Store) unregister(c *Claim) {
 	}
 }
 
-// unregisterIf forgets rk if it is still the claim whose context is ctx.
-func (s *Store) unregisterIf(rk runKey, ctx context.Context) {
+// unregisterIfCurrent forgets the claim of rk at its deadline if it is
+// still the one of life, unless its final write is pending: this process
+// holds its outcome.
+func (s *Store) unregisterIfCurrent(rk runKey, life *lifetime) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if c := s.running[rk]; c != nil && c.ctx == ctx {
+	if c := s.running[rk]; c != nil && c.life == life && !c.pending.Load() {
 		delete(s.running, rk)
 	}
 }
 
-// runningHere reports whether this process runs attempt on key.
+// runningHere reports whether this process runs attempt on key, or holds
+// its outcome while the final write is pending.
 func (s *Store) runningHere(k Key, attempt string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()

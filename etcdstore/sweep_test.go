@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/idem-dev/idem/etcdstore/internal/sweep"
 	"github.com/idem-dev/idem/etcdtest"
 )
 
@@ -21,8 +23,8 @@ func TestSweeperDeletesExpiredRecordsInChunks(t *testing.T) {
 	prefix := testPrefix(t)
 	// Leases of up to 800 writes: were etcd to delete a lease's records on
 	// its expiry, one raft entry would delete all of them.
-	s := newStore(t, cli, prefix, WithRetention(2*time.Second), WithBucketWidth(2*time.Second), WithKeysPerLease(800))
-	s.setSweepPace(500*time.Millisecond, time.Second)
+	s := newStore(t, cli, prefix, WithRetention(2*time.Second), WithBucketWidth(2*time.Second), WithKeysPerLease(800),
+		withSweepPace(500*time.Millisecond, time.Second, nil))
 	ctx := testCtx(t)
 	start := revision(t, cli)
 	const n = 300
@@ -69,8 +71,8 @@ func TestSweeperDeletesExpiredRecordsInChunks(t *testing.T) {
 	for _, d := range deletes {
 		most = max(most, d)
 	}
-	if most > sweepChunk || len(deletes) < n/sweepChunk {
-		t.Fatalf("%d records deleted in %d raft entries, at most %d in one; want chunks of at most %d", n, len(deletes), most, sweepChunk)
+	if most > sweep.Chunk || len(deletes) < n/sweep.Chunk {
+		t.Fatalf("%d records deleted in %d raft entries, at most %d in one; want chunks of at most %d", n, len(deletes), most, sweep.Chunk)
 	}
 	// Then the emptied leases are revoked: their bucket keys go (long
 	// before their TTL, two bucket widths later), and the sweep locks.
@@ -97,25 +99,27 @@ func TestSweeperDeletesExpiredRecordsInChunks(t *testing.T) {
 func TestSweeperLeavesARecordWrittenAgain(t *testing.T) {
 	cli := client(t)
 	prefix := testPrefix(t)
-	s := newStore(t, cli, prefix, WithRetention(2*time.Second), WithBucketWidth(2*time.Second))
 	ctx := testCtx(t)
+	rewrote := make(chan struct{})
+	var once sync.Once
+	var store atomic.Pointer[Store] // the hook runs on the sweeper's goroutine
+	s := newStore(t, cli, prefix, WithRetention(2*time.Second), WithBucketWidth(2*time.Second),
+		withSweepPace(500*time.Millisecond, time.Second, func(recs []string) {
+			once.Do(func() {
+				// The retention of "b" has passed: a client's new operation.
+				if _, err := store.Load().Do(ctx, Key{ID: "b"}, nil, func(context.Context, *Claim) ([]byte, error) { return []byte("second"), nil }); err != nil {
+					t.Error(err)
+				}
+				close(rewrote)
+			})
+		}))
+	store.Store(s)
 	work := func(context.Context, *Claim) ([]byte, error) { return []byte("first"), nil }
 	for _, id := range []string{"a", "b", "c"} {
 		if _, err := s.Do(ctx, Key{ID: id}, nil, work); err != nil {
 			t.Fatal(err)
 		}
 	}
-	rewrote := make(chan struct{})
-	var once sync.Once
-	s.setSweepHook(500*time.Millisecond, time.Second, func(recs []string) {
-		once.Do(func() {
-			// The retention of "b" has passed: a client's new operation.
-			if _, err := s.Do(ctx, Key{ID: "b"}, nil, func(context.Context, *Claim) ([]byte, error) { return []byte("second"), nil }); err != nil {
-				t.Error(err)
-			}
-			close(rewrote)
-		})
-	})
 	select {
 	case <-rewrote:
 	case <-ctx.Done():
@@ -181,8 +185,8 @@ func TestSweeperUnderRBAC(t *testing.T) {
 		t.Fatal("the idem user reads outside its prefix")
 	}
 
-	s := newStore(t, cli, prefix, WithRetention(2*time.Second), WithBucketWidth(2*time.Second), WithKeysPerLease(100))
-	s.setSweepPace(300*time.Millisecond, time.Second)
+	s := newStore(t, cli, prefix, WithRetention(2*time.Second), WithBucketWidth(2*time.Second), WithKeysPerLease(100),
+		withSweepPace(300*time.Millisecond, time.Second, nil))
 	start := revision(t, admin)
 	const n = 100
 	for i := range n {
@@ -208,14 +212,14 @@ func TestSweeperUnderRBAC(t *testing.T) {
 				revoked = revoked || ev.Type == mvccpb.DELETE
 			}
 		case <-ctx.Done():
-			t.Fatalf("under RBAC: %d of %d expired records deleted, a lease revoked: %v (sweeper: %+v)", gone, n, revoked, s.SweepStats())
+			t.Fatalf("under RBAC: %d of %d expired records deleted, a lease revoked: %v (sweeper: %+v)", gone, n, revoked, s.Metrics().Sweep)
 		}
 	}
 	// The sweeper's, not etcd's lease expiry (which deletes a lease's 100
-	// records in one entry): chunks of at most sweepChunk.
+	// records in one entry): chunks of at most sweep.Chunk.
 	for rev, d := range deletes {
-		if d > sweepChunk {
-			t.Fatalf("%d records deleted at revision %d: not the sweeper's chunks of %d", d, rev, sweepChunk)
+		if d > sweep.Chunk {
+			t.Fatalf("%d records deleted at revision %d: not the sweeper's chunks of %d", d, rev, sweep.Chunk)
 		}
 	}
 }

@@ -186,7 +186,7 @@ func TestStaleOwnerIsTakenOverOnce(t *testing.T) {
 	}
 	// The owner's process dies: its session lease goes, and its owner key
 	// with it.
-	if _, err := cli.Revoke(ctx, dead.sessionLease()); err != nil {
+	if _, err := cli.Revoke(ctx, dead.sessionLeaseID()); err != nil {
 		t.Fatal(err)
 	}
 	<-old.Done()
@@ -481,8 +481,8 @@ func TestPanickingWorkEndsAsOnErrorSays(t *testing.T) {
 			}()
 			s.Do(ctx, key, nil, func(context.Context, *Claim) ([]byte, error) { panic("boom") }, tc.opts...)
 		}()
-		if s.Running() != 0 {
-			t.Fatalf("%s: Running = %d after the panic; want 0", tc.key, s.Running())
+		if s.Metrics().Running != 0 {
+			t.Fatalf("%s: Running = %d after the panic; want 0", tc.key, s.Metrics().Running)
 		}
 		rec, err := s.Get(ctx, key)
 		if err != nil || !tc.want(rec) {

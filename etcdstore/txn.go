@@ -3,17 +3,16 @@ package etcdstore
 import (
 	"context"
 	"errors"
-	"math"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/idem-dev/idem/internal/sim"
+	"github.com/idem-dev/idem/clock"
+	"github.com/idem-dev/idem/etcdstore/internal/send"
 )
 
 // casResult is the answer of a compare-and-set Txn.
@@ -81,10 +80,6 @@ func (c cond) cmp() clientv3.Cmp {
 	return clientv3.Compare(clientv3.CreateRevision(c.key), op, c.value)
 }
 
-// callOpts are clientv3's default call options, for the Txns the store
-// sends as protobuf requests.
-var callOpts = []grpc.CallOption{grpc.WaitForReady(true), grpc.MaxCallSendMsgSize(2 << 20), grpc.MaxCallRecvMsgSize(math.MaxInt32)}
-
 // cas runs If(cmps [, owner key exists]) Then(w, extra...) Else(Get(record)
 // [, count owner key]): one round trip that either writes or tells the
 // caller what the record is now. An undecodable record in the Else branch
@@ -119,23 +114,9 @@ func (s *Store) cas(ctx context.Context, k Key, owner string, cmps []cond, w wri
 			req.Failure = append(req.Failure, &pb.RequestOp{Request: &pb.RequestOp_RequestRange{RequestRange: &pb.RangeRequest{Key: []byte(s.epochKey())}}})
 		}
 		var r *pb.TxnResponse
-		if s.batch != nil {
-			r, err = s.batch.do(ctx, req, []string{w.key}) // the batch has its own try context
-		} else {
-			rctx, cancel := s.try(ctx)
-			start := time.Now()
-			if r, err = s.kv.Txn(rctx, req, callOpts...); err != nil {
-				err = clientv3.ContextError(rctx, err)
-			}
-			if s.observeTxn != nil {
-				s.observeTxn(time.Since(start))
-			}
-			cancel()
-		}
+		r, err = s.kv.Txn(ctx, req, []string{w.key})
 		resp = (*clientv3.TxnResponse)(r)
 	} else {
-		rctx, cancel := s.try(ctx)
-		defer cancel()
 		els := []clientv3.Op{clientv3.OpGet(ekey)}
 		if okey != "" {
 			els = append(els, clientv3.OpGet(okey, clientv3.WithCountOnly()))
@@ -147,7 +128,10 @@ func (s *Store) cas(ctx context.Context, k Key, owner string, cmps []cond, w wri
 		for i, c := range cmps {
 			ifs[i] = c.cmp()
 		}
-		resp, err = s.client.Txn(rctx).If(ifs...).Then(append([]clientv3.Op{w.op()}, extra...)...).Else(els...).Commit()
+		err = s.kv.Do(ctx, func(ctx context.Context) (err error) {
+			resp, err = s.client.Txn(ctx).If(ifs...).Then(append([]clientv3.Op{w.op()}, extra...)...).Else(els...).Commit()
+			return err
+		})
 	}
 	if errors.Is(err, rpctypes.ErrNoSpace) {
 		s.noteFull(true)
@@ -173,7 +157,7 @@ func (s *Store) cas(ctx context.Context, k Key, owner string, cmps []cond, w wri
 		}
 	}
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
-		if res.cur, err = s.decode(k, kvs[0]); err != nil {
+		if res.cur, err = s.decode(ctx, k, kvs[0]); err != nil {
 			return casResult{}, err
 		}
 	}
@@ -225,38 +209,17 @@ func etcdCode(err error) codes.Code {
 }
 
 // mayHaveLanded reports whether a write that failed with err may have been
-// applied all the same: every error but those etcd returns before it
-// proposes the request, and the store's own refusal to read the answer.
+// applied all the same (send.MayHaveLanded), except that the store's own
+// refusal to read the answer (ErrCorrupt: the Else branch ran) says it
+// did not.
 func mayHaveLanded(err error) bool {
-	for _, definite := range []error{rpctypes.ErrLeaseNotFound, rpctypes.ErrNoSpace, rpctypes.ErrRequestTooLarge,
-		rpctypes.ErrTooManyOps, rpctypes.ErrDuplicateKey, rpctypes.ErrPermissionDenied, rpctypes.ErrNoLeader,
-		rpctypes.ErrInvalidAuthToken, rpctypes.ErrAuthOldRevision, ErrCorrupt} {
-		if errors.Is(err, definite) {
-			return false
-		}
-	}
-	switch status.Code(err) {
-	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated, codes.FailedPrecondition, codes.OutOfRange, codes.ResourceExhausted:
-		return false
-	}
-	return true
+	return send.MayHaveLanded(err) && !errors.Is(err, ErrCorrupt)
 }
 
-// backoff sleeps before retry try (0-based), or returns false when ctx ends
-// first.
-func backoff(ctx context.Context, try int) bool {
-	if sim.NoWaits(ctx) {
-		return ctx.Err() == nil
-	}
-	d := time.Duration(25<<min(try, 5)) * time.Millisecond
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+// backoff sleeps, on the store's clock, before retry try (0-based), or
+// returns false when ctx ends first.
+func (a *Admin) backoff(ctx context.Context, try int) bool {
+	return clock.Sleep(a.clock, ctx, time.Duration(25<<min(try, 5))*time.Millisecond) == nil
 }
 
 // maxTries bounds the store's own retries of one etcd write.

@@ -10,6 +10,8 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/idem-dev/idem/internal/watch"
 )
 
 // Wait blocks, on an etcd Watch, until key is no longer in flight under a
@@ -90,46 +92,42 @@ func (s *Store) awaitChange(ctx context.Context, k Key, cur *Record, seenRev, ow
 	defer cancel()
 	ekey := s.ks.record(k)
 	from := max(cur.Revision, seenRev) + 1
-	recCh := s.client.Watch(wctx, ekey, clientv3.WithRev(from))
-	var ownerCh clientv3.WatchChan
+	stream := watch.New(s.clock)
+	recW := stream.Add(s.client.Watch(wctx, ekey, clientv3.WithRev(from)))
 	if cur.Owner != "" && cur.Owner != deadlineOwner {
-		ownerCh = s.client.Watch(wctx, s.ks.owner(cur.Owner), clientv3.WithRev(max(ownerRev, seenRev)+1))
+		stream.Add(s.client.Watch(wctx, s.ks.owner(cur.Owner), clientv3.WithRev(max(ownerRev, seenRev)+1)))
 	}
-	var deadline <-chan struct{}
+	until := ctx // ends at cur's deadline too
 	if !cur.Deadline.IsZero() {
-		passed := make(chan struct{})
-		stop := s.afterFunc(cur.Deadline.Sub(s.now()), func() { close(passed) })
+		var stop context.CancelFunc
+		until, stop = s.clock.WithTimeout(ctx, cur.Deadline.Sub(s.now()))
 		defer stop()
-		deadline = passed
 	}
 	if testHookAwait != nil {
 		testHookAwait()
 	}
 	for {
-		select {
-		case <-ctx.Done():
+		r, err := stream.Next(until)
+		switch {
+		case ctx.Err() != nil:
 			return nil, 0, fmt.Errorf("wait %s: %w", k, context.Cause(ctx))
-		case <-deadline:
-			return cur, seenRev, nil
-		case wr, ok := <-recCh:
-			if !ok || wr.Canceled || wr.Err() != nil {
-				return s.afterWatchEnded(ctx, k, wr, ok)
-			}
-			if n := len(wr.Events); n > 0 {
-				ev := wr.Events[n-1]
+		case err != nil:
+			return cur, seenRev, nil // the deadline passed
+		case r.Closed || r.Canceled || r.Err() != nil:
+			return s.afterWatchEnded(ctx, k, r.WatchResponse, !r.Closed)
+		case r.Watch == recW:
+			if n := len(r.Events); n > 0 {
+				ev := r.Events[n-1]
 				if ev.Type == mvccpb.DELETE {
 					return nil, ev.Kv.ModRevision, nil
 				}
-				rec, err := s.decode(k, ev.Kv)
+				rec, err := s.decode(ctx, k, ev.Kv)
 				return rec, ev.Kv.ModRevision, err
 			}
-		case wr, ok := <-ownerCh:
-			if !ok || wr.Canceled || wr.Err() != nil {
-				return s.afterWatchEnded(ctx, k, wr, ok)
-			}
-			for _, ev := range wr.Events {
+		default:
+			for _, ev := range r.Events {
 				if ev.Type == mvccpb.DELETE {
-					return cur, seenRev, nil
+					return cur, seenRev, nil // its owner died
 				}
 			}
 		}
@@ -151,7 +149,7 @@ func (s *Store) afterWatchEnded(ctx context.Context, k Key, wr clientv3.WatchRes
 		// History was compacted: read again, and watch from that read on.
 		return s.get(ctx, k)
 	}
-	if errors.Is(wr.Err(), rpctypes.ErrNoLeader) && backoff(ctx, 1) {
+	if errors.Is(wr.Err(), rpctypes.ErrNoLeader) && s.backoff(ctx, 1) {
 		// The watch met a member cut off from the leader. A read goes to a
 		// member that has one; the caller then watches again.
 		return s.get(ctx, k)

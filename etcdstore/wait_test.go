@@ -82,7 +82,7 @@ func TestWaitEndsWhenReleasedOrStale(t *testing.T) {
 		t.Fatal(err)
 	}
 	got = waitAsync(t, waiter, key)
-	if _, err := cli.Revoke(ctx, owner.sessionLease()); err != nil { // the owner dies
+	if _, err := cli.Revoke(ctx, owner.sessionLeaseID()); err != nil { // the owner dies
 		t.Fatal(err)
 	}
 	r := <-got

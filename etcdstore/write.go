@@ -137,7 +137,7 @@ func (c *Claim) write(ctx context.Context, op string, final bool, extra []client
 			res, err = s.writeRecord(ctx, c.key, "", cmps, want, c.token, extra...)
 		}
 		if err != nil {
-			if errors.Is(err, ErrCorrupt) || !retryable(ctx, err) || try >= maxTries-1 || !backoff(ctx, try) {
+			if errors.Is(err, ErrCorrupt) || !retryable(ctx, err) || try >= maxTries-1 || !s.backoff(ctx, try) {
 				return wrapEtcd(op, c.key, err) // the claim stays held
 			}
 			continue

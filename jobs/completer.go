@@ -4,17 +4,10 @@ import (
 	"container/heap"
 	"context"
 	"errors"
-	"fmt"
-	"strconv"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc/metadata"
-
+	"github.com/idem-dev/idem/clock"
 	"github.com/idem-dev/idem/etcdstore"
 )
 
@@ -34,8 +27,7 @@ type completer struct {
 	owners map[string]bool   // live sessions
 	due    dueQueue          // when each entry may be tried, by time
 	free   int               // slots for jobs
-	kick   chan struct{}
-	gen    int // watch streams opened, to give each its own
+	kick   chan struct{}     // closed (and replaced) to wake dispatch
 }
 
 // entry is what the completer knows of one in-flight job.
@@ -65,44 +57,38 @@ type entry struct {
 const stallAfter = 10 * time.Second
 
 func newCompleter(w *Worker) *completer {
-	return &completer{w: w, jobs: map[string]*entry{}, owners: map[string]bool{}, free: w.conc, kick: make(chan struct{}, 1)}
+	return &completer{w: w, jobs: map[string]*entry{}, owners: map[string]bool{}, free: w.conc, kick: make(chan struct{})}
 }
 
+// start runs the completer's two pieces of work until the worker stops.
 func (c *completer) start() {
-	ctx, cancel := context.WithCancel(context.Background())
-	c.w.wg.Add(2)
-	go func() {
-		defer c.w.wg.Done()
-		<-c.w.stopping
-		cancel()
-	}()
-	go func() {
-		defer c.w.wg.Done()
-		c.follow(ctx)
-	}()
-	c.w.wg.Add(1)
-	go func() {
-		defer c.w.wg.Done()
-		c.dispatch(ctx)
-	}()
+	clk := c.w.q.clock
+	c.w.wg.Go(clk, c.w.stopping, "job completer follow", c.follow)
+	c.w.wg.Go(clk, c.w.stopping, "job completer dispatch", c.dispatch)
 }
 
 func (c *completer) wake() {
-	select {
-	case c.kick <- struct{}{}:
-	default:
-	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.wakeLocked()
+}
+
+func (c *completer) wakeLocked() {
+	close(c.kick)
+	c.kick = make(chan struct{})
 }
 
 // follow keeps the index current: a read of every record and session,
-// then the watches from the revision after it; again whenever a watch
-// breaks.
+// then their changes from the revision of that read (a Feed); again
+// whenever the feed breaks or stalls.
 func (c *completer) follow(ctx context.Context) {
 	for fails := 0; ctx.Err() == nil; fails++ {
-		rev, err := c.load(ctx)
+		feed, err := c.w.q.store.Follow(ctx, c.w.q.tenant, etcdstore.FollowOptions{Sessions: true, Stall: stallAfter})
 		if err == nil {
 			fails = 0
-			err = c.watch(ctx, rev)
+			c.load(feed)
+			err = c.watch(ctx, feed)
+			feed.Close()
 		}
 		if ctx.Err() != nil {
 			return
@@ -110,43 +96,21 @@ func (c *completer) follow(ctx context.Context) {
 		if err != nil {
 			c.w.log.Info("idem: job completer re-reading the queue", "err", err)
 		}
-		c.w.q.clock.sleep(ctx, min(time.Duration(100<<min(fails, 6))*time.Millisecond, 5*time.Second))
+		clock.Sleep(c.w.q.clock, ctx, min(time.Duration(100<<min(fails, 6))*time.Millisecond, 5*time.Second))
 	}
 }
 
-// load reads every live session and every job record at one revision and
-// rebuilds the index from them.
-func (c *completer) load(ctx context.Context) (int64, error) {
-	st := c.w.q.store
-	cli := st.Client()
-	rctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), 30*time.Second)
-	defer cancel()
-	resp, err := cli.Get(rctx, st.OwnerPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
-	if err != nil {
-		return 0, err
-	}
-	rev := resp.Header.Revision
+// load rebuilds the index from what a feed started from.
+func (c *completer) load(feed *etcdstore.Feed) {
 	owners := map[string]bool{}
-	for _, kv := range resp.Kvs {
-		owners[strings.TrimPrefix(string(kv.Key), st.OwnerPrefix())] = true
+	for _, o := range feed.Owners() {
+		owners[o] = true
 	}
-	prefix := st.TenantPrefix(c.w.q.tenant)
-	end := clientv3.GetPrefixRangeEnd(prefix)
 	jobs := map[string]*entry{}
-	for from := prefix; ; {
-		resp, err := cli.Get(rctx, from, clientv3.WithRange(end), clientv3.WithRev(rev), clientv3.WithLimit(500))
-		if err != nil {
-			return 0, err
+	for _, rec := range feed.Records() {
+		if e := c.entryOf(rec); e != nil {
+			jobs[e.id] = e
 		}
-		for _, kv := range resp.Kvs {
-			if e := c.entryOf(kv); e != nil {
-				jobs[e.id] = e
-			}
-		}
-		if !resp.More || len(resp.Kvs) == 0 {
-			break
-		}
-		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -159,108 +123,43 @@ func (c *completer) load(ctx context.Context) (int64, error) {
 	for _, e := range jobs {
 		c.schedule(e)
 	}
-	c.wake()
-	return rev, nil
+	c.wakeLocked()
 }
 
-// watch follows the records and the sessions from rev until a watch
-// breaks, stalls, or ctx ends.
-//
-// A watch whose connection stops moving bytes delivers nothing and reports
-// no error, so "no event" cannot mean "nothing changed": both watches share
-// a gRPC stream of their own, on which the completer asks etcd for a
-// progress notification every stallAfter/4; a stream that answers nothing
-// for stallAfter is given up, and the queue read again. The watches start
-// at the read's own revision, not the next: etcd answers no progress
-// request of a watch that starts in the future. (Events at rev are state
-// the read saw: applying them again changes nothing.)
-func (c *completer) watch(ctx context.Context, rev int64) error {
-	st := c.w.q.store
-	cli := st.Client()
-	c.gen++
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(metadata.AppendToOutgoingContext(ctx, "idem-jobs-watch", strconv.Itoa(c.gen))))
-	defer cancel()
-	recs := cli.Watch(wctx, st.TenantPrefix(c.w.q.tenant), clientv3.WithPrefix(), clientv3.WithRev(rev))
-	owners := cli.Watch(wctx, st.OwnerPrefix(), clientv3.WithPrefix(), clientv3.WithRev(rev))
-	var heard atomic.Int64 // when the stream last delivered anything
-	heard.Store(time.Now().UnixNano())
-	stalled := make(chan struct{})
-	go func() {
-		t := time.NewTicker(stallAfter / 4)
-		defer t.Stop()
-		for {
-			select {
-			case <-wctx.Done():
-				return
-			case <-t.C:
-			}
-			if time.Since(time.Unix(0, heard.Load())) > stallAfter {
-				close(stalled)
-				return
-			}
-			cli.RequestProgress(wctx)
-		}
-	}()
+// watch applies a feed's changes until it breaks or stalls, or ctx ends.
+func (c *completer) watch(ctx context.Context, feed *etcdstore.Feed) error {
 	for {
-		select {
-		case <-stalled:
-			return fmt.Errorf("the watch delivered nothing for %v", stallAfter)
-		case wr, ok := <-recs:
-			if !ok || wr.Err() != nil {
-				return watchErr(wr, ok)
-			}
-			heard.Store(time.Now().UnixNano())
-			c.mu.Lock()
-			for _, ev := range wr.Events {
-				c.recordChanged(ev)
-			}
-			c.mu.Unlock()
-		case wr, ok := <-owners:
-			if !ok || wr.Err() != nil {
-				return watchErr(wr, ok)
-			}
-			heard.Store(time.Now().UnixNano())
-			c.mu.Lock()
-			for _, ev := range wr.Events {
-				id := strings.TrimPrefix(string(ev.Kv.Key), st.OwnerPrefix())
-				if ev.Type == mvccpb.PUT {
-					c.owners[id] = true
-					continue
-				}
-				delete(c.owners, id)
+		changes, err := feed.Next(ctx)
+		if err != nil {
+			return err
+		}
+		c.mu.Lock()
+		for _, ch := range changes {
+			switch {
+			case ch.Owner != "" && ch.Alive:
+				c.owners[ch.Owner] = true
+			case ch.Owner != "":
+				delete(c.owners, ch.Owner)
 				for _, e := range c.jobs {
-					if e.owner == id {
+					if e.owner == ch.Owner {
 						e.held = 0 // its owner is dead now: try again
 						c.schedule(e)
 					}
 				}
+			default:
+				c.recordChanged(ch)
 			}
-			c.mu.Unlock()
 		}
-		c.wake()
+		c.wakeLocked()
+		c.mu.Unlock()
 	}
 }
 
-func watchErr(wr clientv3.WatchResponse, ok bool) error {
-	if !ok {
-		return errors.New("watch closed")
-	}
-	return wr.Err()
-}
-
-// recordChanged applies one event of a job record.
-func (c *completer) recordChanged(ev *clientv3.Event) {
-	if ev.Type == mvccpb.DELETE {
-		if id, ok := c.idOf(ev.Kv.Key); ok {
-			c.drop(id)
-		}
-		return
-	}
-	e := c.entryOf(ev.Kv)
+// recordChanged applies one change of a job record.
+func (c *completer) recordChanged(ch etcdstore.Change) {
+	e := c.entryOf(ch.Record)
 	if e == nil {
-		if id, ok := c.idOf(ev.Kv.Key); ok {
-			c.drop(id)
-		}
+		c.drop(ch.Key.ID)
 		return
 	}
 	if old := c.jobs[e.id]; old != nil {
@@ -268,10 +167,6 @@ func (c *completer) recordChanged(ev *clientv3.Event) {
 	}
 	c.jobs[e.id] = e
 	c.schedule(e)
-}
-
-func (c *completer) idOf(key []byte) (string, bool) {
-	return strings.CutPrefix(string(key), c.w.q.store.TenantPrefix(c.w.q.tenant))
 }
 
 func (c *completer) drop(id string) {
@@ -283,9 +178,8 @@ func (c *completer) drop(id string) {
 
 // entryOf returns the entry of an in-flight job record of a registered
 // kind, or nil.
-func (c *completer) entryOf(kv *mvccpb.KeyValue) *entry {
-	rec, err := c.w.q.store.DecodeRecord(kv)
-	if err != nil || rec.State != etcdstore.InFlight {
+func (c *completer) entryOf(rec *etcdstore.Record) *entry {
+	if rec == nil || rec.State != etcdstore.InFlight {
 		return nil
 	}
 	st, err := decodeState(rec.Checkpoint)
@@ -338,7 +232,7 @@ func (c *completer) when(e *entry, now time.Time) (time.Time, bool) {
 // schedule (re)queues e at the time it may be tried.
 func (c *completer) schedule(e *entry) {
 	e.version++
-	if t, ok := c.when(e, c.w.q.clock.now()); ok {
+	if t, ok := c.when(e, c.w.q.clock.Now()); ok {
 		heap.Push(&c.due, dueItem{at: t, id: e.id, version: e.version})
 	}
 }
@@ -347,7 +241,7 @@ func (c *completer) schedule(e *entry) {
 func (c *completer) dispatch(ctx context.Context) {
 	for {
 		c.mu.Lock()
-		now := c.w.q.clock.now()
+		now := c.w.q.clock.Now()
 		var next time.Time
 		for c.free > 0 && len(c.due) > 0 {
 			it := c.due[0]
@@ -366,37 +260,34 @@ func (c *completer) dispatch(ctx context.Context) {
 			}
 			e.running = true
 			c.free--
-			c.w.wg.Add(1)
-			go c.run(*e) // not ctx: a running job has Close's drain to finish
+			job := *e
+			// Not ctx: a running job has Close's drain to finish.
+			c.w.wg.Go(c.w.q.clock, context.WithoutCancel(ctx), "job "+e.id, func(context.Context) { c.run(job) })
 		}
+		kick := c.kick
 		c.mu.Unlock()
 		var stop func() bool
 		if !next.IsZero() {
-			stop = c.w.q.clock.after(next.Sub(now), c.wake)
+			stop = c.w.q.clock.AfterFunc(next.Sub(now), c.wake)
 		}
-		select {
-		case <-ctx.Done():
-			if stop != nil {
-				stop()
-			}
-			return
-		case <-c.kick:
-		}
+		err := c.w.q.clock.Wait(ctx, kick)
 		if stop != nil {
 			stop()
+		}
+		if err != nil {
+			return
 		}
 	}
 }
 
 // run tries one job, then sets when it may be tried again.
 func (c *completer) run(e entry) {
-	defer c.w.wg.Done()
 	err := c.w.execute(context.Background(), e.id, e.fp, e.kind)
 	c.mu.Lock()
 	defer func() {
 		c.free++
+		c.wakeLocked()
 		c.mu.Unlock()
-		c.wake()
 	}()
 	cur := c.jobs[e.id]
 	if cur == nil {
@@ -409,7 +300,7 @@ func (c *completer) run(e entry) {
 		// event is still on its way, or it died meanwhile): try again
 		// soon rather than wait for an event that may have come already.
 		cur.fails++
-		cur.retryAt = c.w.q.clock.now().Add(min(time.Duration(100<<min(cur.fails, 6))*time.Millisecond, 5*time.Second))
+		cur.retryAt = c.w.q.clock.Now().Add(min(time.Duration(100<<min(cur.fails, 6))*time.Millisecond, 5*time.Second))
 	case err == nil || errors.Is(err, etcdstore.ErrConflict) || errors.Is(err, etcdstore.ErrFenced):
 		// Ran, or held by a live owner: the record has changed, or will
 		// change, and its events (or its owner's death, or its deadline)
@@ -417,7 +308,7 @@ func (c *completer) run(e entry) {
 		cur.held, cur.fails, cur.retryAt = e.rev, 0, time.Time{}
 	default:
 		cur.fails++
-		cur.retryAt = c.w.q.clock.now().Add(min(time.Duration(100<<min(cur.fails, 8))*time.Millisecond, 30*time.Second))
+		cur.retryAt = c.w.q.clock.Now().Add(min(time.Duration(100<<min(cur.fails, 8))*time.Millisecond, 30*time.Second))
 		c.w.log.Info("idem: job attempt failed to start or end; retrying later", "job", c.w.q.Key(e.id).Digest(), "err", err)
 	}
 	c.schedule(cur)

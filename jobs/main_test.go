@@ -77,7 +77,7 @@ func endSession(t testing.TB, s *etcdstore.Store) {
 	t.Helper()
 	cli := cluster.MustClient(t)
 	ctx := testCtx(t)
-	resp, err := cli.Get(ctx, s.OwnerPrefix()+s.Owner())
+	resp, err := cli.Get(ctx, s.Prefix()+"o/"+s.Owner())
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("owner key of %s: %v, %v", s.Owner(), resp, err)
 	}

@@ -9,11 +9,9 @@ import (
 	"log/slog"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idem-dev/idem/etcdstore"
-	"github.com/idem-dev/idem/internal/sim"
+	"github.com/idem-dev/idem/clock"
 )
 
 // DefaultTenant is the tenant a Queue keeps its jobs under unless told
@@ -28,7 +26,7 @@ type Queue struct {
 	store  *etcdstore.Store
 	tenant string
 	log    *slog.Logger
-	clock  clock
+	clock  clock.Clock
 }
 
 // Option configures a Queue.
@@ -59,10 +57,7 @@ func New(store *etcdstore.Store, opts ...Option) (*Queue, error) {
 	if store == nil {
 		return nil, fmt.Errorf("new queue: %w: nil store", ErrInvalid)
 	}
-	q := &Queue{store: store, tenant: DefaultTenant, log: slog.New(slog.DiscardHandler), clock: realClock}
-	if h := sim.Lookup(store.Client()); h != nil {
-		q.clock = clock{now: h.Now, after: h.AfterFunc}
-	}
+	q := &Queue{store: store, tenant: DefaultTenant, log: slog.New(slog.DiscardHandler), clock: store.Clock()}
 	for _, o := range opts {
 		if err := o(q); err != nil {
 			return nil, fmt.Errorf("new queue: %w", err)
@@ -116,7 +111,7 @@ func (q *Queue) Submit(ctx context.Context, id, kind string, params []byte, opts
 	for _, o := range opts {
 		o(st)
 	}
-	if st.NotBefore != 0 && time.UnixMilli(st.NotBefore).After(q.clock.now().Add(q.store.Retention()/2)) {
+	if st.NotBefore != 0 && time.UnixMilli(st.NotBefore).After(q.clock.Now().Add(q.store.Retention()/2)) {
 		return nil, fmt.Errorf("submit %s: %w: RunAt %v is past half the store's retention (%v): the job could be forgotten before it runs",
 			id, ErrInvalid, time.UnixMilli(st.NotBefore), q.store.Retention())
 	}
@@ -124,7 +119,7 @@ func (q *Queue) Submit(ctx context.Context, id, kind string, params []byte, opts
 	if err != nil {
 		return nil, fmt.Errorf("submit: %w", err)
 	}
-	return FromRecord(rec, q.clock.now())
+	return FromRecord(rec, q.clock.Now())
 }
 
 // fingerprint is what a job's key is claimed with: its kind and params, in
@@ -147,7 +142,7 @@ func (q *Queue) Get(ctx context.Context, id string) (*Job, error) {
 	if err != nil {
 		return nil, err
 	}
-	return FromRecord(rec, q.clock.now())
+	return FromRecord(rec, q.clock.Now())
 }
 
 // ListOptions selects jobs for List.
@@ -188,7 +183,7 @@ func (q *Queue) List(ctx context.Context, o ListOptions) ([]*Job, error) {
 			listErr = err // records that did not decode, counted after the page
 		}
 		for _, rec := range recs {
-			if j, err := FromRecord(rec, q.clock.now()); err == nil && (o.State == "" || j.State == o.State) {
+			if j, err := FromRecord(rec, q.clock.Now()); err == nil && (o.State == "" || j.State == o.State) {
 				out = append(out, j)
 				if len(out) == limit {
 					return out, listErr
@@ -212,61 +207,60 @@ func (q *Queue) Wait(ctx context.Context, id string) (*Job, error) {
 	if err := key.Validate(); err != nil {
 		return nil, fmt.Errorf("wait: %w", err)
 	}
-	ekey := q.store.RecordKey(key)
-	cli := q.store.Client()
 	for {
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		resp, err := cli.Get(clientv3.WithRequireLeader(rctx), ekey)
-		cancel()
+		feed, err := q.store.Follow(ctx, q.tenant, etcdstore.FollowOptions{ID: id})
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil, ctx.Err()
+				return nil, context.Cause(ctx)
 			}
-			if err := q.clock.sleep(ctx, time.Second); err != nil {
+			if err := clock.Sleep(q.clock, ctx, time.Second); err != nil {
 				return nil, err
 			}
 			continue
 		}
-		if len(resp.Kvs) == 0 {
+		if recs := feed.Records(); len(recs) == 0 {
+			feed.Close()
 			return nil, fmt.Errorf("wait %s: %w", key, etcdstore.ErrNotFound)
-		}
-		j, done, err := q.decodeKV(resp.Kvs[0])
-		if err != nil || done {
+		} else if j, done, err := q.waitOver(recs[0]); err != nil || done {
+			feed.Close()
 			return j, err
 		}
-		wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-		for wr := range cli.Watch(wctx, ekey, clientv3.WithRev(resp.Header.Revision+1)) {
-			if wr.Err() != nil {
-				break // re-read: compacted, or the leader was lost
-			}
-			for _, ev := range wr.Events {
-				if ev.Type == mvccpb.DELETE {
-					wcancel()
-					return nil, fmt.Errorf("wait %s: %w", key, etcdstore.ErrNotFound)
-				}
-				if j, done, err := q.decodeKV(ev.Kv); err != nil || done {
-					wcancel()
-					return j, err
-				}
-			}
+		j, done, err := q.waitFeed(ctx, key, feed)
+		feed.Close()
+		if done || ctx.Err() != nil {
+			return j, err
 		}
-		wcancel()
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
+		// The watch broke or stalled: read again.
+	}
+}
+
+// waitFeed follows feed until job key is over, or the feed breaks.
+func (q *Queue) waitFeed(ctx context.Context, key etcdstore.Key, feed *etcdstore.Feed) (*Job, bool, error) {
+	for {
+		changes, err := feed.Next(ctx)
+		if err != nil {
+			return nil, ctx.Err() != nil, err
+		}
+		for _, c := range changes {
+			switch {
+			case c.Err != nil:
+				return nil, true, c.Err
+			case c.Record == nil:
+				return nil, true, fmt.Errorf("wait %s: %w", key, etcdstore.ErrNotFound)
+			}
+			if j, done, err := q.waitOver(c.Record); err != nil || done {
+				return j, true, err
+			}
 		}
 	}
 }
 
-// decodeKV decodes a job's record and says whether Wait is over.
-func (q *Queue) decodeKV(kv *mvccpb.KeyValue) (*Job, bool, error) {
-	rec, err := q.store.DecodeRecord(kv)
-	if err != nil {
-		return nil, true, err
-	}
-	if rec.Expires.Before(q.clock.now()) {
+// waitOver decodes a job's record and says whether Wait is over.
+func (q *Queue) waitOver(rec *etcdstore.Record) (*Job, bool, error) {
+	if rec.Expires.Before(q.clock.Now()) {
 		return nil, true, fmt.Errorf("wait %s: %w", rec.Key, etcdstore.ErrNotFound)
 	}
-	j, err := FromRecord(rec, q.clock.now())
+	j, err := FromRecord(rec, q.clock.Now())
 	if err != nil {
 		return nil, true, err
 	}
@@ -320,7 +314,7 @@ func (q *Queue) operate(ctx context.Context, name, id string, check func(*Job) e
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	j, err := FromRecord(rec, q.clock.now())
+	j, err := FromRecord(rec, q.clock.Now())
 	switch {
 	case err != nil:
 		return nil, fmt.Errorf("%s: %w", name, err)
@@ -347,7 +341,7 @@ func (q *Queue) operate(ctx context.Context, name, id string, check func(*Job) e
 			// Rewritten in a checkpoint, then abandoned for the next
 			// worker; a checkpoint that did not land leaves the job as
 			// it was (one attempt more counted), which is safe.
-			if err := checkpoint(context.WithoutCancel(wctx), c, st.encode(), nil); err != nil {
+			if err := checkpoint(context.WithoutCancel(wctx), q.clock, c, st.encode(), nil); err != nil {
 				opErr = errors.Join(opErr, err)
 			}
 		}
@@ -360,7 +354,7 @@ func (q *Queue) operate(ctx context.Context, name, id string, check func(*Job) e
 	case err != nil:
 		return nil, fmt.Errorf("%s: %w", name, err)
 	case res.Replayed:
-		j, _ := FromRecord(&etcdstore.Record{Key: key, State: etcdstore.Done, Outcome: &res.Outcome, Token: res.Token}, q.clock.now())
+		j, _ := FromRecord(&etcdstore.Record{Key: key, State: etcdstore.Done, Outcome: &res.Outcome, Token: res.Token}, q.clock.Now())
 		return j, fmt.Errorf("%s %s: %w", name, key, ErrFinal)
 	case opErr != nil:
 		return nil, fmt.Errorf("%s %s: %w", name, key, opErr)

@@ -6,12 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"time"
 
 	"github.com/robfig/cron/v3"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/idem-dev/idem/clock"
 	"github.com/idem-dev/idem/etcdstore"
 )
 
@@ -186,12 +185,13 @@ func (s *Schedule) params(t time.Time) []byte {
 // etcd (the latest occurrence any scheduler handled) tells a scheduler that
 // starts what was missed.
 //
-// NewScheduler starts a goroutine per schedule; Close stops them.
+// NewScheduler starts a piece of work per schedule, on the store's clock;
+// Close stops them.
 type Scheduler struct {
 	q         *Queue
 	schedules []*Schedule
 	cancel    context.CancelFunc
-	wg        sync.WaitGroup
+	wg        clock.Group
 }
 
 // NewScheduler validates schedules and starts submitting their occurrences.
@@ -215,11 +215,7 @@ func NewScheduler(q *Queue, schedules []Schedule) (*Scheduler, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	for _, sc := range s.schedules {
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			s.loop(ctx, sc)
-		}()
+		s.wg.Go(q.clock, ctx, "schedule "+sc.Name, func(ctx context.Context) { s.loop(ctx, sc) })
 	}
 	return s, nil
 }
@@ -228,7 +224,7 @@ func NewScheduler(q *Queue, schedules []Schedule) (*Scheduler, error) {
 // or not at all: its submission is one Txn.
 func (s *Scheduler) Close() error {
 	s.cancel()
-	s.wg.Wait()
+	s.wg.Wait(s.q.clock, context.Background())
 	return nil
 }
 
@@ -244,11 +240,11 @@ func (s *Scheduler) loop(ctx context.Context, sc *Schedule) {
 			}
 			fails++
 			log.Info("idem: schedule: cannot submit occurrences now; retrying", "err", err)
-			s.q.clock.sleep(ctx, min(time.Duration(200<<min(fails, 6))*time.Millisecond, 10*time.Second))
+			clock.Sleep(s.q.clock, ctx, min(time.Duration(200<<min(fails, 6))*time.Millisecond, 10*time.Second))
 			continue
 		}
 		fails = 0
-		s.q.clock.sleep(ctx, next.Sub(s.q.clock.now()))
+		clock.Sleep(s.q.clock, ctx, next.Sub(s.q.clock.Now()))
 	}
 }
 
@@ -256,7 +252,7 @@ func (s *Scheduler) loop(ctx context.Context, sc *Schedule) {
 // now, as the catch-up policy says for the missed ones; then moves the
 // cursor to the latest, and returns when the next occurrence comes.
 func (s *Scheduler) tick(ctx context.Context, sc *Schedule) (time.Time, error) {
-	now := s.q.clock.now()
+	now := s.q.clock.Now()
 	cur, err := s.cursor(ctx, sc, now)
 	if err != nil {
 		return time.Time{}, err
@@ -345,45 +341,34 @@ type cursorValue struct {
 	Spec string `json:"spec"`
 }
 
-// cursorPrefix returns the etcd prefix of the schedule cursors of a
-// tenant of the store under prefix; a cursor's key is this followed by the
-// schedule's name.
-func cursorPrefix(prefix, tenant string) string { return prefix + "j/s/" + tenant + "/" }
-
-func (q *Queue) cursorPrefix() string { return cursorPrefix(q.store.Prefix(), q.tenant) }
+// cursorName is the name of a schedule's cursor among the store's values
+// (etcdstore.Value): s/<tenant>/<schedule>.
+func cursorName(tenant, schedule string) string { return "s/" + tenant + "/" + schedule }
 
 // cursor reads sc's cursor, creating it at now when the schedule is new
 // (so a new schedule starts with its next occurrence, not its past).
 func (s *Scheduler) cursor(ctx context.Context, sc *Schedule, now time.Time) (cursorValue, error) {
-	key := s.q.cursorPrefix() + sc.Name
-	cli := s.q.store.Client()
-	rctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), 10*time.Second)
-	defer cancel()
-	resp, err := cli.Get(rctx, key)
+	name := cursorName(s.q.tenant, sc.Name)
+	v, err := s.q.store.Value(ctx, name)
 	if err != nil {
 		return cursorValue{}, err
 	}
-	if len(resp.Kvs) == 1 {
-		var cv cursorValue
-		if err := json.Unmarshal(resp.Kvs[0].Value, &cv); err != nil {
-			return cursorValue{}, fmt.Errorf("schedule %s: cursor %s: %w", sc.Name, key, err)
+	var cv cursorValue
+	if v.Revision != 0 {
+		if err := json.Unmarshal(v.Value, &cv); err != nil {
+			return cursorValue{}, fmt.Errorf("schedule %s: cursor %s: %w", sc.Name, name, err)
 		}
 		return cv, nil
 	}
-	cv := cursorValue{Last: now.UTC().Truncate(time.Second), Kind: sc.Kind, Spec: sc.specString()}
+	cv = cursorValue{Last: now.UTC().Truncate(time.Second), Kind: sc.Kind, Spec: sc.specString()}
 	b, _ := json.Marshal(cv)
-	tr, err := cli.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).Then(clientv3.OpPut(key, string(b))).Else(clientv3.OpGet(key)).Commit()
-	if err != nil {
-		return cursorValue{}, err
+	cur, ok, err := s.q.store.SetValue(ctx, name, b, 0)
+	if err != nil || ok {
+		return cv, err
 	}
-	if !tr.Succeeded {
-		// Another scheduler made it first.
-		kvs := tr.Responses[0].GetResponseRange().Kvs
-		if len(kvs) == 1 {
-			if err := json.Unmarshal(kvs[0].Value, &cv); err != nil {
-				return cursorValue{}, fmt.Errorf("schedule %s: cursor %s: %w", sc.Name, key, err)
-			}
-		}
+	// Another scheduler made it first.
+	if err := json.Unmarshal(cur.Value, &cv); err != nil {
+		return cursorValue{}, fmt.Errorf("schedule %s: cursor %s: %w", sc.Name, name, err)
 	}
 	return cv, nil
 }
@@ -391,39 +376,28 @@ func (s *Scheduler) cursor(ctx context.Context, sc *Schedule, now time.Time) (cu
 // advance moves sc's cursor forward to last, never back: a compare-and-set
 // on its revision, read again when another scheduler moved it meanwhile.
 func (s *Scheduler) advance(ctx context.Context, sc *Schedule, last time.Time) error {
-	key := s.q.cursorPrefix() + sc.Name
-	cli := s.q.store.Client()
+	name := cursorName(s.q.tenant, sc.Name)
+	v, err := s.q.store.Value(ctx, name)
+	if err != nil {
+		return err
+	}
 	for try := 0; try < 8; try++ {
-		rctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), 10*time.Second)
-		resp, err := cli.Get(rctx, key)
-		if err != nil {
-			cancel()
-			return err
-		}
 		var cv cursorValue
-		var rev int64
-		if len(resp.Kvs) == 1 {
-			rev = resp.Kvs[0].ModRevision
-			if err := json.Unmarshal(resp.Kvs[0].Value, &cv); err != nil {
-				cancel()
-				return fmt.Errorf("schedule %s: cursor %s: %w", sc.Name, key, err)
+		if v.Revision != 0 {
+			if err := json.Unmarshal(v.Value, &cv); err != nil {
+				return fmt.Errorf("schedule %s: cursor %s: %w", sc.Name, name, err)
 			}
 		}
 		if !last.After(cv.Last) {
-			cancel()
 			return nil
 		}
 		cv.Last, cv.Kind, cv.Spec = last.UTC(), sc.Kind, sc.specString()
 		b, _ := json.Marshal(cv)
-		tr, err := cli.Txn(rctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).Then(clientv3.OpPut(key, string(b))).Commit()
-		cancel()
-		if err != nil {
+		var ok bool
+		if v, ok, err = s.q.store.SetValue(ctx, name, b, v.Revision); err != nil || ok {
 			return err
 		}
-		if tr.Succeeded {
-			return nil
-		}
-		s.q.clock.sleep(ctx, time.Duration(rand.IntN(20))*time.Millisecond)
+		clock.Sleep(s.q.clock, ctx, time.Duration(rand.IntN(20))*time.Millisecond)
 	}
 	return fmt.Errorf("schedule %s: the cursor kept moving", sc.Name)
 }
@@ -446,25 +420,24 @@ type ScheduleInfo struct {
 }
 
 // Schedules returns the schedules of tenant (DefaultTenant when empty) that
-// schedulers ran on the store under prefix, from their cursors in etcd, in
-// name order. It needs only an etcd client: operators' tools call it
-// without a session.
-func Schedules(ctx context.Context, cli *clientv3.Client, prefix, tenant string) ([]ScheduleInfo, error) {
+// schedulers ran on the store of admin, from their cursors in etcd, in name
+// order. It needs no session: operators' tools call it with an Admin.
+func Schedules(ctx context.Context, admin *etcdstore.Admin, tenant string) ([]ScheduleInfo, error) {
 	if tenant == "" {
 		tenant = DefaultTenant
 	}
-	cp := cursorPrefix(prefix, tenant)
-	resp, err := cli.Get(clientv3.WithRequireLeader(ctx), cp, clientv3.WithPrefix())
+	prefix := cursorName(tenant, "")
+	vs, err := admin.Values(ctx, prefix)
 	if err != nil {
-		return nil, fmt.Errorf("schedules: %w: %w", etcdstore.ErrUnavailable, err)
+		return nil, fmt.Errorf("schedules: %w", err)
 	}
 	var out []ScheduleInfo
-	for _, kv := range resp.Kvs {
+	for _, v := range vs {
 		var cv cursorValue
-		if err := json.Unmarshal(kv.Value, &cv); err != nil {
+		if err := json.Unmarshal(v.Value, &cv); err != nil {
 			continue
 		}
-		out = append(out, ScheduleInfo{Name: string(kv.Key[len(cp):]), Kind: cv.Kind, Spec: cv.Spec, Last: cv.Last})
+		out = append(out, ScheduleInfo{Name: v.Name[len(prefix):], Kind: cv.Kind, Spec: cv.Spec, Last: cv.Last})
 	}
 	return out, nil
 }

@@ -18,8 +18,8 @@ func waitExists(t testing.TB, q *Queue, id string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cli := q.store.Client()
-	key := q.store.RecordKey(q.Key(id))
+	cli := cluster.MustClient(t)
+	key := q.store.Prefix() + "k/" + q.tenant + "/" + id
 	resp, err := cli.Get(ctx, key)
 	if err != nil {
 		t.Fatal(err)
@@ -41,8 +41,8 @@ func waitCursor(t testing.TB, q *Queue, name string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cli := q.store.Client()
-	key := q.cursorPrefix() + name
+	cli := cluster.MustClient(t)
+	key := q.store.Prefix() + "j/" + cursorName(q.tenant, name)
 	resp, err := cli.Get(ctx, key)
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +120,7 @@ func TestScheduleEachOccurrenceOnce(t *testing.T) {
 			t.Fatalf("occurrence %s ran %d times; want once", id, ran[id])
 		}
 	}
-	infos, err := Schedules(testCtx(t), wq.store.Client(), prefix, "")
+	infos, err := Schedules(testCtx(t), &wq.store.Admin, "")
 	// The cursor is moved after each submission: it is at the 4th or 5th.
 	if err != nil || len(infos) != 1 || infos[0].Name != sc.Name || infos[0].Kind != "report" || infos[0].Spec != "every 1m0s" ||
 		infos[0].Last.Before(base.Truncate(time.Minute).Add(4*time.Minute)) {

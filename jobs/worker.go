@@ -11,8 +11,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/idem-dev/idem/clock"
 	"github.com/idem-dev/idem/etcdstore"
-	"github.com/idem-dev/idem/internal/sim"
 )
 
 // Worker runs jobs of the kinds it registered: the ones it is asked to run
@@ -20,9 +20,9 @@ import (
 // waiting (queued, due, or abandoned by a worker that died), without any
 // client asking.
 //
-// NewWorker starts the completer's goroutines (one follows the queue's
-// records and the live sessions on etcd Watches, one starts due jobs, and
-// one per job running); Close stops them.
+// NewWorker starts the completer's work, on the store's clock (one piece
+// follows the queue's records and the live sessions, one starts due jobs,
+// and one runs each job); Close stops it.
 type Worker struct {
 	q     *Queue
 	kinds map[string]*Kind
@@ -30,13 +30,12 @@ type Worker struct {
 	drain time.Duration
 	log   *slog.Logger
 
-	ctx      context.Context // ends after Close's drain, with cause errClosing
-	cancel   context.CancelCauseFunc
-	stopping chan struct{} // closed when Close starts: no job starts after
-	wg       sync.WaitGroup
+	stopping context.Context // ends when Close starts: no job starts after
+	stop     context.CancelFunc
+	wg       clock.Group
 
 	mu      sync.Mutex
-	running map[string]bool // job ids running here
+	running map[string]context.CancelCauseFunc // jobs running here, by id: Close's drain cancels them
 	closed  bool
 
 	comp *completer // nil without a completer
@@ -84,7 +83,8 @@ func NewWorker(q *Queue, kinds []Kind, opts ...WorkerOption) (*Worker, error) {
 		return nil, fmt.Errorf("new worker: %w: nil queue", ErrInvalid)
 	}
 	w := &Worker{q: q, kinds: map[string]*Kind{}, conc: DefaultConcurrency, drain: 30 * time.Second, log: q.log,
-		stopping: make(chan struct{}), running: map[string]bool{}}
+		running: map[string]context.CancelCauseFunc{}}
+	w.stopping, w.stop = context.WithCancel(context.Background())
 	for i := range kinds {
 		k := kinds[i]
 		if err := k.validate(q.store.Retention()); err != nil {
@@ -100,7 +100,6 @@ func NewWorker(q *Queue, kinds []Kind, opts ...WorkerOption) (*Worker, error) {
 			return nil, fmt.Errorf("new worker: %w", err)
 		}
 	}
-	w.ctx, w.cancel = context.WithCancelCause(context.Background())
 	if w.conc > 0 {
 		w.comp = newCompleter(w)
 		w.comp.start()
@@ -119,18 +118,18 @@ func (w *Worker) Close() error {
 		return nil
 	}
 	w.closed = true
-	close(w.stopping)
+	w.stop()
 	w.mu.Unlock()
-	done := make(chan struct{})
-	go func() { w.wg.Wait(); close(done) }()
-	t := time.NewTimer(w.drain)
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
+	clk := w.q.clock
+	ctx, cancel := clk.WithTimeout(context.Background(), w.drain)
+	w.wg.Wait(clk, ctx)
+	cancel()
+	w.mu.Lock()
+	for _, c := range w.running {
+		c(errClosing)
 	}
-	w.cancel(errClosing)
-	<-done
+	w.mu.Unlock()
+	w.wg.Wait(clk, context.Background())
 	return nil
 }
 
@@ -152,7 +151,7 @@ func (w *Worker) Run(ctx context.Context, id string) (*Job, error) {
 	if err != nil {
 		return nil, fmt.Errorf("run: %w", err)
 	}
-	j, err := FromRecord(rec, w.q.clock.now())
+	j, err := FromRecord(rec, w.q.clock.Now())
 	if err != nil {
 		return nil, fmt.Errorf("run: %w", err)
 	}
@@ -177,11 +176,13 @@ func (w *Worker) execute(ctx context.Context, id string, fp etcdstore.Fingerprin
 	case w.closed:
 		w.mu.Unlock()
 		return fmt.Errorf("job %s: %w: the worker is closed", id, etcdstore.ErrUnavailable)
-	case w.running[id]:
+	case w.running[id] != nil:
 		w.mu.Unlock()
 		return &etcdstore.ConflictError{Key: w.q.Key(id), RetryAfter: time.Second}
 	}
-	w.running[id] = true
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	w.running[id] = cancel
 	w.wg.Add(1)
 	w.mu.Unlock()
 	defer func() {
@@ -190,10 +191,6 @@ func (w *Worker) execute(ctx context.Context, id string, fp etcdstore.Fingerprin
 		w.mu.Unlock()
 		w.wg.Done()
 	}()
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	stop := context.AfterFunc(w.ctx, func() { cancel(context.Cause(w.ctx)) })
-	defer stop()
 	var opts []etcdstore.RunOption
 	if k.Deadline > 0 {
 		opts = append(opts, etcdstore.WithDeadline(k.Deadline))
@@ -222,7 +219,7 @@ func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind) (etcd
 	}
 	n := c.Takeovers() - st.Base
 	switch {
-	case st.Parked || st.NotBefore > w.q.clock.now().UnixMilli():
+	case st.Parked || st.NotBefore > w.q.clock.Now().UnixMilli():
 		return w.giveBack(ctx, c, st) // not this attempt's to run now
 	case n > k.MaxAttempts:
 		st.addError(w.errorOf(c, n, "", fmt.Errorf("attempt %d of %d: a previous attempt ended without saying why (its worker died or was cut off)", n, k.MaxAttempts)))
@@ -248,11 +245,11 @@ func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind) (etcd
 		if err != nil {
 			return w.stepFailed(ctx, c, st, k, step, n, err)
 		}
-		st.Done = append(st.Done, doneStep{Name: step.Name, Token: int64(c.Token()), At: w.q.clock.now().UnixMilli(), Output: out})
+		st.Done = append(st.Done, doneStep{Name: step.Name, Token: int64(c.Token()), At: w.q.clock.Now().UnixMilli(), Output: out})
 		if i == len(k.Steps)-1 && len(r.ops) == 0 {
 			break // the job's end saves it
 		}
-		if err := checkpoint(ctx, c, st.encode(), r.ops); err != nil {
+		if err := checkpoint(ctx, w.q.clock, c, st.encode(), r.ops); err != nil {
 			st.Done = st.Done[:len(st.Done)-1]
 			if refused(err) {
 				// Its output outgrew the record, or its ops are not
@@ -310,7 +307,7 @@ func (w *Worker) stepFailed(ctx context.Context, c *etcdstore.Claim, st *state, 
 		return etcdstore.Outcome{Body: st.encode(), Err: fmt.Sprintf("step %s: %v", step.Name, err)}, etcdstore.EndSave
 	case Compensate:
 		st.Compensating, st.Failure = true, fmt.Sprintf("step %s: %v", step.Name, err)
-		if err := checkpoint(ctx, c, st.encode(), nil); err != nil {
+		if err := checkpoint(ctx, w.q.clock, c, st.encode(), nil); err != nil {
 			// Not saved: the next attempt runs the failed step again,
 			// and compensates if it fails again.
 			return etcdstore.Outcome{}, etcdstore.EndAbandon
@@ -338,7 +335,7 @@ func (w *Worker) compensate(ctx context.Context, c *etcdstore.Claim, st *state, 
 			return w.retryLater(ctx, c, st, k, n)
 		}
 		d.Compensated = true
-		if err := checkpoint(ctx, c, st.encode(), r.ops); err != nil {
+		if err := checkpoint(ctx, w.q.clock, c, st.encode(), r.ops); err != nil {
 			d.Compensated = false
 			if refused(err) {
 				st.addError(w.errorOf(c, n, d.Name, fmt.Errorf("compensating: its checkpoint was refused: %w", err)))
@@ -367,7 +364,7 @@ func (w *Worker) retryLater(ctx context.Context, c *etcdstore.Claim, st *state, 
 	if n >= k.MaxAttempts {
 		return w.park(ctx, c, st, n)
 	}
-	st.NotBefore = w.q.clock.now().Add(k.backoff(n, jitter(c.Key(), n))).UnixMilli()
+	st.NotBefore = w.q.clock.Now().Add(k.backoff(n, jitter(c.Key(), n))).UnixMilli()
 	return w.keep(ctx, c, st) // not saved: retried at once, one attempt counted all the same
 }
 
@@ -391,10 +388,10 @@ func (w *Worker) giveBack(ctx context.Context, c *etcdstore.Claim, st *state) (e
 // refused even so ends the job as failed, with the outputs left out,
 // rather than leave it to be retried without its backoff, or never parked.
 func (w *Worker) keep(ctx context.Context, c *etcdstore.Claim, st *state) (etcdstore.Outcome, etcdstore.End) {
-	err := checkpoint(ctx, c, st.encode(), nil)
+	err := checkpoint(ctx, w.q.clock, c, st.encode(), nil)
 	if refused(err) && len(st.Errors) > 1 {
 		st.Errors = st.Errors[len(st.Errors)-1:]
-		err = checkpoint(ctx, c, st.encode(), nil)
+		err = checkpoint(ctx, w.q.clock, c, st.encode(), nil)
 	}
 	if !refused(err) {
 		return etcdstore.Outcome{}, etcdstore.EndAbandon
@@ -439,7 +436,7 @@ func refused(err error) bool {
 }
 
 func (w *Worker) errorOf(c *etcdstore.Claim, n int, step string, err error) attemptError {
-	return attemptError{Attempt: n, Token: int64(c.Token()), Step: step, Err: err.Error(), At: w.q.clock.now().UnixMilli()}
+	return attemptError{Attempt: n, Token: int64(c.Token()), Step: step, Err: err.Error(), At: w.q.clock.Now().UnixMilli()}
 }
 
 // checkpoint saves a job's state (and ops) as the claim's recovery point,
@@ -447,16 +444,14 @@ func (w *Worker) errorOf(c *etcdstore.Claim, n int, step string, err error) atte
 // landed, so the ops apply once. It goes on after the step's context
 // ended: what the step did must be recorded if the claim still holds. It
 // stops once the claim is lost.
-func checkpoint(ctx context.Context, c *etcdstore.Claim, data []byte, ops []clientv3.Op) error {
+func checkpoint(ctx context.Context, clk clock.Clock, c *etcdstore.Claim, data []byte, ops []clientv3.Op) error {
 	ctx = context.WithoutCancel(ctx)
 	var err error
 	for try := 0; try < 8; try++ {
 		if err = c.Checkpoint(ctx, data, ops...); err == nil || !errors.Is(err, etcdstore.ErrUnavailable) || c.Err() != nil {
 			return err
 		}
-		if !sim.NoWaits(ctx) {
-			time.Sleep(time.Duration(50<<min(try, 5)) * time.Millisecond)
-		}
+		clock.Sleep(clk, ctx, time.Duration(50<<min(try, 5))*time.Millisecond)
 	}
 	return err
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/idem-dev/idem/clock"
 )
 
 // MinTTL is the shortest lease etcd honours: shorter TTLs are raised to about
@@ -25,6 +27,7 @@ type Buckets struct {
 	width     time.Duration
 	maxUses   int64 // writes on one lease before the bucket rolls to the next
 	grace     time.Duration
+	clock     clock.Clock
 
 	// Request, when set, prepares the context of each etcd request For
 	// makes (a timeout, say). It is not called when the bucket's lease is
@@ -55,7 +58,7 @@ const DefaultMaxUses = 20000
 // buckets width wide, and bucket keys under prefix (for example "/idem/l/").
 // A bucket's lease takes DefaultMaxUses writes from this process before the
 // bucket moves on to another lease (SetMaxUses).
-func NewBuckets(client *clientv3.Client, prefix string, retention, width time.Duration) (*Buckets, error) {
+func NewBuckets(client *clientv3.Client, prefix string, retention, width time.Duration, opts ...Option) (*Buckets, error) {
 	switch {
 	case client == nil:
 		return nil, errors.New("lease buckets: nil etcd client")
@@ -74,6 +77,7 @@ func NewBuckets(client *clientv3.Client, prefix string, retention, width time.Du
 		retention: retention,
 		width:     width,
 		maxUses:   DefaultMaxUses,
+		clock:     applyOptions(opts).clock,
 		buckets:   make(map[int64]*bucket),
 	}, nil
 }
@@ -167,12 +171,10 @@ func (b *Buckets) For(ctx context.Context, now time.Time) (clientv3.LeaseID, err
 		}
 		close(bk.ready)
 	}
-	select {
-	case <-bk.ready:
-		return bk.id, bk.err
-	case <-ctx.Done():
-		return clientv3.NoLease, fmt.Errorf("retention lease: %w", context.Cause(ctx))
+	if err := b.clock.Wait(ctx, bk.ready); err != nil {
+		return clientv3.NoLease, fmt.Errorf("retention lease: %w", err)
 	}
+	return bk.id, bk.err
 }
 
 // Invalidate forgets id, so the next For looks its bucket's shard up again. Call it

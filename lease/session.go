@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/idem-dev/idem/internal/sim"
+	"github.com/idem-dev/idem/clock"
 )
 
 // Session is one process incarnation's liveness in etcd: a lease kept alive in
@@ -30,6 +30,7 @@ import (
 // as a new RPC, which the client's balancer sends to the next member.
 type Session struct {
 	client *clientv3.Client
+	clock  clock.Clock
 	owner  string
 	key    string
 	id     clientv3.LeaseID
@@ -40,39 +41,60 @@ type Session struct {
 	closeOnce sync.Once
 }
 
+// Option configures a Session or Buckets.
+type Option func(*options)
+
+type options struct{ clock clock.Clock }
+
+// WithClock sets the clock the Session or Buckets run on: its time, its
+// timers, its goroutine and its waits (default clock.Real).
+func WithClock(c clock.Clock) Option {
+	return func(o *options) {
+		if c != nil {
+			o.clock = c
+		}
+	}
+}
+
+func applyOptions(opts []Option) options {
+	o := options{clock: clock.Real}
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
+}
+
 // NewSession grants a lease of ttl, writes the owner key prefix+owner on it,
-// and starts keeping the lease alive. The keepalive goroutine runs until the
-// lease can no longer be renewed or Close is called; Done reports its end.
-func NewSession(ctx context.Context, client *clientv3.Client, prefix string, ttl time.Duration) (*Session, error) {
+// and starts keeping the lease alive. The keepalive runs, as background
+// work of the session's clock, until the lease can no longer be renewed or
+// Close is called; Done reports its end.
+func NewSession(ctx context.Context, client *clientv3.Client, prefix string, ttl time.Duration, opts ...Option) (*Session, error) {
 	if ttl < MinTTL || ttl%time.Second != 0 {
 		return nil, fmt.Errorf("session: ttl %v must be a whole number of seconds, at least %v", ttl, MinTTL)
 	}
-	// The session's own calls: a fault-injecting simulation leaves them be.
-	ctx = sim.WithTag(clientv3.WithRequireLeader(ctx), "session") // a cut-off member fails fast
-	sent := time.Now()
+	o := applyOptions(opts)
+	ctx = clientv3.WithRequireLeader(ctx) // a cut-off member fails fast
+	sent := o.clock.Now()
 	g, err := client.Grant(ctx, int64(ttl/time.Second))
 	if err != nil {
 		return nil, fmt.Errorf("session: grant lease: %w", err)
 	}
 	owner := uuid.NewString()
-	s := &Session{client: client, owner: owner, key: prefix + owner, id: g.ID, ttl: ttl, done: make(chan struct{})}
+	s := &Session{client: client, clock: o.clock, owner: owner, key: prefix + owner, id: g.ID, ttl: ttl, done: make(chan struct{})}
 	host, _ := os.Hostname()
 	info, _ := json.Marshal(struct {
 		Host    string `json:"host"`
 		PID     int    `json:"pid"`
 		Started string `json:"started"`
-	}{host, os.Getpid(), time.Now().UTC().Format(time.RFC3339)})
+	}{host, os.Getpid(), o.clock.Now().UTC().Format(time.RFC3339)})
 	if _, err := client.Put(ctx, s.key, string(info), clientv3.WithLease(g.ID)); err != nil {
-		s.revoke()
+		s.revoke(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("session: write owner key: %w", err)
 	}
-	kctx, cancel := context.WithCancel(sim.WithTag(context.Background(), "session"))
+	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.cancel = cancel
-	var poke <-chan struct{}
-	if h := sim.Lookup(client); h != nil {
-		poke = h.Renew
-	}
-	go s.keepAlive(kctx, sent.Add(time.Duration(g.TTL)*time.Second), poke)
+	expire := sent.Add(time.Duration(g.TTL) * time.Second)
+	o.clock.Go(kctx, "session "+owner, func(context.Context) { s.keepAlive(kctx, expire) })
 	return s, nil
 }
 
@@ -81,28 +103,22 @@ func NewSession(ctx context.Context, client *clientv3.Client, prefix string, ttl
 // not, counted from when the last successful renewal was sent (etcd counts
 // from when it arrived, later), so the session is given up no later than
 // etcd lets it go.
-// poke, from a simulation, asks for a renewal at once.
-func (s *Session) keepAlive(ctx context.Context, expire time.Time, poke <-chan struct{}) {
+func (s *Session) keepAlive(ctx context.Context, expire time.Time) {
 	defer close(s.done)
+	c := s.clock
 	interval := s.ttl / 3
 	tryTimeout := s.ttl / 4
-	next := time.Now().Add(interval)
+	next := c.Now().Add(interval)
 	retry := 50 * time.Millisecond
 	for {
-		t := time.NewTimer(time.Until(minTime(next, expire)))
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if clock.Sleep(c, ctx, minTime(next, expire).Sub(c.Now())) != nil {
 			return
-		case <-t.C:
-		case <-poke:
-			t.Stop()
 		}
-		if !time.Now().Before(expire) {
+		if !c.Now().Before(expire) {
 			return // not renewed in time: the lease may be gone in etcd
 		}
-		sent := time.Now()
-		tctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), min(tryTimeout, time.Until(expire)))
+		sent := c.Now()
+		tctx, cancel := c.WithTimeout(clientv3.WithRequireLeader(ctx), min(tryTimeout, expire.Sub(sent)))
 		resp, err := s.client.KeepAliveOnce(tctx, s.id)
 		cancel()
 		switch {
@@ -119,13 +135,13 @@ func (s *Session) keepAlive(ctx context.Context, expire time.Time, poke <-chan s
 			if s.ownerKeyGone(ctx, tryTimeout) {
 				return
 			}
-			next = time.Now().Add(retry)
+			next = c.Now().Add(retry)
 			retry = min(2*retry, interval/2)
 		case ctx.Err() != nil:
 			return
 		default:
 			// Try again soon, as a new RPC: most likely on another member.
-			next = time.Now().Add(retry)
+			next = c.Now().Add(retry)
 			retry = min(2*retry, interval/2)
 		}
 	}
@@ -134,7 +150,7 @@ func (s *Session) keepAlive(ctx context.Context, expire time.Time, poke <-chan s
 // ownerKeyGone reports whether a linearizable read finds the owner key
 // absent. An error is not an answer: the caller tries again.
 func (s *Session) ownerKeyGone(ctx context.Context, timeout time.Duration) bool {
-	rctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), timeout)
+	rctx, cancel := s.clock.WithTimeout(clientv3.WithRequireLeader(ctx), timeout)
 	defer cancel()
 	resp, err := s.client.Get(rctx, s.key, clientv3.WithCountOnly())
 	return err == nil && resp.Count == 0
@@ -161,14 +177,19 @@ func (s *Session) Done() <-chan struct{} { return s.done }
 // Close stops renewing the lease and revokes it, which deletes the owner key at
 // once so other processes can take over this session's claims without waiting
 // for the TTL. If the revoke fails the lease still expires after its TTL.
-func (s *Session) Close() error {
+func (s *Session) Close() error { return s.CloseContext(context.Background()) }
+
+// CloseContext is Close; ctx says, to a simulated clock, who is closing
+// (its cancellation is ignored: the revoke is bounded by the TTL).
+func (s *Session) CloseContext(ctx context.Context) error {
 	var err error
 	s.closeOnce.Do(func() {
+		ctx := context.WithoutCancel(ctx)
 		if s.cancel != nil {
 			s.cancel()
-			<-s.done
+			s.clock.Wait(ctx, s.done)
 		}
-		err = s.revoke()
+		err = s.revoke(ctx)
 	})
 	return err
 }
@@ -176,11 +197,11 @@ func (s *Session) Close() error {
 // revoke revokes the lease, retrying for up to its TTL (after which it has
 // expired anyway), each try on its own short timeout so that a hung member
 // does not hold it.
-func (s *Session) revoke() error {
-	ctx, cancel := context.WithTimeout(sim.WithTag(clientv3.WithRequireLeader(context.Background()), "session"), s.ttl)
+func (s *Session) revoke(ctx context.Context) error {
+	ctx, cancel := s.clock.WithTimeout(clientv3.WithRequireLeader(ctx), s.ttl)
 	defer cancel()
 	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-		tctx, tcancel := context.WithTimeout(ctx, s.ttl/4)
+		tctx, tcancel := s.clock.WithTimeout(ctx, s.ttl/4)
 		_, err := s.client.Revoke(tctx, s.id)
 		tcancel()
 		if err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) {
@@ -189,10 +210,8 @@ func (s *Session) revoke() error {
 		if c := status.Code(err); c != codes.Unavailable && c != codes.DeadlineExceeded && !errors.Is(err, context.DeadlineExceeded) {
 			return fmt.Errorf("session: revoke lease: %w", err) // a closed client, a denied request: no retry mends it
 		}
-		select {
-		case <-ctx.Done():
+		if clock.Sleep(s.clock, ctx, wait) != nil {
 			return fmt.Errorf("session: revoke lease: %w", err)
-		case <-time.After(wait):
 		}
 	}
 }

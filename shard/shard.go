@@ -422,40 +422,19 @@ func (s *Store) Retention() time.Duration { return s.shards[s.names[0]].Retentio
 // MaxRecordSize is the record size limit of every shard.
 func (s *Store) MaxRecordSize() int { return s.shards[s.names[0]].MaxRecordSize() }
 
-// Live reports whether every shard has a live session.
-func (s *Store) Live() bool {
-	for _, st := range s.shards {
-		if !st.Live() {
-			return false
+// Metrics adds up the shards' metrics (etcdstore.Metrics.Add): Live while
+// every shard has a session, Full while any etcd refuses writes for lack
+// of space.
+func (s *Store) Metrics() etcdstore.Metrics {
+	var m etcdstore.Metrics
+	for i, n := range s.names {
+		if i == 0 {
+			m = s.shards[n].Metrics()
+			continue
 		}
+		m = m.Add(s.shards[n].Metrics())
 	}
-	return true
-}
-
-// Running, Pending: sums over the shards.
-func (s *Store) Running() (n int) {
-	for _, st := range s.shards {
-		n += st.Running()
-	}
-	return n
-}
-
-// Pending returns how many final writes the shards retry in the background.
-func (s *Store) Pending() (n int) {
-	for _, st := range s.shards {
-		n += st.Pending()
-	}
-	return n
-}
-
-// Full reports whether any shard's etcd refuses writes for lack of space.
-func (s *Store) Full() bool {
-	for _, st := range s.shards {
-		if st.Full() {
-			return true
-		}
-	}
-	return false
+	return m
 }
 
 // CheckFull is etcdstore.Store.CheckFull over the shards: whether any
@@ -469,44 +448,6 @@ func (s *Store) CheckFull(ctx context.Context) (bool, error) {
 		errs = append(errs, err)
 	}
 	return full, errors.Join(errs...)
-}
-
-// CacheStats sums the shards' caches (Lag: the largest).
-func (s *Store) CacheStats() etcdstore.CacheStats {
-	var out etcdstore.CacheStats
-	for _, st := range s.shards {
-		c := st.CacheStats()
-		out.Entries += c.Entries
-		out.Bytes += c.Bytes
-		out.Hits += c.Hits
-		out.Misses += c.Misses
-		out.Stale += c.Stale
-		out.Lag = max(out.Lag, c.Lag)
-	}
-	return out
-}
-
-// BatchStats sums the shards' group commit counters.
-func (s *Store) BatchStats() etcdstore.BatchStats {
-	var out etcdstore.BatchStats
-	for _, st := range s.shards {
-		b := st.BatchStats()
-		out.Batches += b.Batches
-		out.Members += b.Members
-		out.Split += b.Split
-	}
-	return out
-}
-
-// SweepStats sums the shards' sweepers.
-func (s *Store) SweepStats() etcdstore.SweepStats {
-	var out etcdstore.SweepStats
-	for _, st := range s.shards {
-		w := st.SweepStats()
-		out.Leases += w.Leases
-		out.Records += w.Records
-	}
-	return out
 }
 
 // Owner names this process's session on each shard: "a=<id>,b=<id>".

@@ -193,7 +193,7 @@ func jobsSchedules(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	defer done()
-	infos, err := jobs.Schedules(ctx, c.cli, a.etcd.prefix, a.tenant)
+	infos, err := jobs.Schedules(ctx, c.adm, a.tenant)
 	if err != nil {
 		return err
 	}

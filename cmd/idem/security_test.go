@@ -206,7 +206,7 @@ func TestEtcdLeastPrivilege(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if st := s.BatchStats(); st.Members <= st.Batches {
+	if st := s.Metrics().Batch; st.Members <= st.Batches {
 		t.Fatalf("batch stats %+v: no batch was sent as the idem user", st)
 	}
 	creds := []string{"--endpoints", ep, "--user", "idem:idem-pw", "--command-timeout", "5s"}

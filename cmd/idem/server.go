@@ -102,58 +102,43 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 			return 0
 		}))
 	}
-	gauge("idem_claims_running", "Claims this process holds and has not ended.", func(st backend) float64 { return float64(st.Running()) })
-	gauge("idem_session_live", "1 while this process has a live etcd session.", func(st backend) float64 {
-		if st.Live() {
+	metric := func(f func(etcdstore.Metrics) float64) func(backend) float64 {
+		return func(st backend) float64 { return f(st.Metrics()) }
+	}
+	bit := func(b bool) float64 {
+		if b {
 			return 1
 		}
 		return 0
-	})
-	gauge("idem_store_full", "1 while etcd refuses this process's writes for lack of space (the NOSPACE alarm).", func(st backend) float64 {
-		if st.Full() {
-			return 1
-		}
-		return 0
-	})
+	}
+	counter := func(name, help string, f func(etcdstore.Metrics) int64) {
+		s.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 {
+			if st := s.current(); st != nil {
+				return float64(f(st.Metrics()))
+			}
+			return 0
+		}))
+	}
+	gauge("idem_claims_running", "Claims this process holds and has not ended.", metric(func(m etcdstore.Metrics) float64 { return float64(m.Running) }))
+	gauge("idem_session_live", "1 while this process has a live etcd session.", metric(func(m etcdstore.Metrics) float64 { return bit(m.Live) }))
+	gauge("idem_store_full", "1 while etcd refuses this process's writes for lack of space (the NOSPACE alarm).", metric(func(m etcdstore.Metrics) float64 { return bit(m.Full) }))
 	gauge("idem_final_writes_pending", "Final writes (outcomes of finished work) etcd has not acknowledged yet; retried in the background.",
-		func(st backend) float64 { return float64(st.Pending()) })
-	counter := func(name, help string, f func(etcdstore.CacheStats) int64) {
-		s.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 {
-			if st := s.current(); st != nil {
-				return float64(f(st.CacheStats()))
-			}
-			return 0
-		}))
-	}
+		metric(func(m etcdstore.Metrics) float64 { return float64(m.Pending) }))
 	if c.cacheSize > 0 {
-		counter("idem_cache_hits_total", "Replays answered from the done-record cache.", func(c etcdstore.CacheStats) int64 { return c.Hits })
+		counter("idem_cache_hits_total", "Replays answered from the done-record cache.", func(m etcdstore.Metrics) int64 { return m.Cache.Hits })
 		counter("idem_cache_stale_total", "Lookups the cache did not answer because it could not prove itself current within --cache-staleness.",
-			func(c etcdstore.CacheStats) int64 { return c.Stale })
+			func(m etcdstore.Metrics) int64 { return m.Cache.Stale })
 		gauge("idem_cache_lag_seconds", "How long ago the cache last proved itself current (an etcd progress notification); past --cache-staleness it answers nothing.",
-			func(st backend) float64 { return st.CacheStats().Lag.Seconds() })
+			metric(func(m etcdstore.Metrics) float64 { return m.Cache.Lag.Seconds() }))
 	}
-	batches := func(name, help string, f func(etcdstore.BatchStats) int64) {
-		s.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 {
-			if st := s.current(); st != nil {
-				return float64(f(st.BatchStats()))
-			}
-			return 0
-		}))
-	}
-	batches("idem_etcd_batches_total", "etcd Txns that carried the store's writes (group commit): idem_etcd_batched_writes_total over this is the mean batch size.",
-		func(b etcdstore.BatchStats) int64 { return b.Batches })
-	batches("idem_etcd_batched_writes_total", "The store's writes sent in those Txns.", func(b etcdstore.BatchStats) int64 { return b.Members })
-	batches("idem_etcd_batches_split_total", "Batches etcd refused as a whole, whose writes went again one by one.", func(b etcdstore.BatchStats) int64 { return b.Split })
-	swept := func(name, help string, f func(etcdstore.SweepStats) int64) {
-		s.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 {
-			if st := s.current(); st != nil {
-				return float64(f(st.SweepStats()))
-			}
-			return 0
-		}))
-	}
-	swept("idem_expired_records_swept_total", "Expired records this process deleted (the expiry sweeper), a few per etcd Txn.", func(w etcdstore.SweepStats) int64 { return w.Records })
-	swept("idem_expired_leases_swept_total", "Retention leases this process emptied and revoked.", func(w etcdstore.SweepStats) int64 { return w.Leases })
+	counter("idem_etcd_batches_total", "etcd Txns that carried the store's writes (group commit): idem_etcd_batched_writes_total over this is the mean batch size.",
+		func(m etcdstore.Metrics) int64 { return m.Batch.Batches })
+	counter("idem_etcd_batched_writes_total", "The store's writes sent in those Txns.", func(m etcdstore.Metrics) int64 { return m.Batch.Members })
+	counter("idem_etcd_batches_split_total", "Batches etcd refused as a whole, whose writes went again one by one.", func(m etcdstore.Metrics) int64 { return m.Batch.Split })
+	counter("idem_expired_records_swept_total", "Expired records this process deleted (the expiry sweeper), a few per etcd Txn.", func(m etcdstore.Metrics) int64 { return m.Sweep.Records })
+	counter("idem_expired_leases_swept_total", "Retention leases this process emptied and revoked.", func(m etcdstore.Metrics) int64 { return m.Sweep.Leases })
+	counter("idem_claims_reaped_total", "Claims whose claim write had an unknown outcome, fenced or abandoned in the background so that no key stays held by nobody.",
+		func(m etcdstore.Metrics) int64 { return m.Reaped })
 	s.reg.MustRegister(etcdCollector{s})
 	s.txnSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "idem_etcd_txn_duration_seconds",
@@ -426,7 +411,7 @@ func (s *server) adminMux() http.Handler {
 			}
 			http.Error(w, "etcd not reached yet: "+why, http.StatusServiceUnavailable)
 			return
-		case c.shardsFile == "" && !store.Live():
+		case c.shardsFile == "" && !store.Metrics().Live:
 			http.Error(w, "no live etcd session", http.StatusServiceUnavailable)
 			return
 		}

@@ -17,14 +17,8 @@ import (
 // (*etcdstore.Store) or a shard set's (*shard.Store).
 type backend interface {
 	idemhttp.Store
-	Live() bool
-	Running() int
-	Pending() int
-	Full() bool
+	Metrics() etcdstore.Metrics
 	CheckFull(ctx context.Context) (bool, error)
-	CacheStats() etcdstore.CacheStats
-	BatchStats() etcdstore.BatchStats
-	SweepStats() etcdstore.SweepStats
 	Owner() string
 	Close() error
 }

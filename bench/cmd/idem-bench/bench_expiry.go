@@ -182,9 +182,9 @@ func suiteExpiry(ctx context.Context, b *bencher) ([]suiteReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	sw := etcdstore.SweepStats{}
+	sw := etcdstore.SweepMetrics{}
 	for _, s := range stores {
-		st := s.SweepStats()
+		st := s.Metrics().Sweep
 		sw.Leases += st.Leases
 		sw.Records += st.Records
 	}

@@ -198,7 +198,7 @@ func suiteDo(ctx context.Context, b *bencher) ([]suiteReport, error) {
 			batchers = append(batchers, &rawBatcher{cli: cli})
 		}
 		bk := &keys{prefix: t.prefix + "rawb/k/"}
-		before := stores[0].BatchStats()
+		before := stores[0].Metrics().Batch
 		res := b.compare(ctx,
 			side{"raw txn pair", rawPair(func(w int) *clientv3.Client { return t.clients[w%clientPool] }, id, k, claimSize, doneSize)},
 			side{"raw batched pair", rawBatchedPair(batchers, id, bk, claimSize, doneSize)},
@@ -206,7 +206,7 @@ func suiteDo(ctx context.Context, b *bencher) ([]suiteReport, error) {
 				return doOutcome(stores[w%clientPool].Do(ctx, etcdstore.Key{ID: ik.next()}, params, b.work()))
 			}},
 		)
-		after := stores[0].BatchStats()
+		after := stores[0].Metrics().Batch
 		goalRaw, goalBatched := 1.5, 0.85
 		if n > 1 {
 			goalRaw = 1.8
@@ -317,7 +317,7 @@ func suiteReplay(ctx context.Context, b *bencher) ([]suiteReport, error) {
 			t.close()
 			return nil, err
 		}
-		for cachedStore.CacheStats().Entries < b.cfg.keys && ctx.Err() == nil {
+		for cachedStore.Metrics().Cache.Entries < b.cfg.keys && ctx.Err() == nil {
 			time.Sleep(10 * time.Millisecond) // the watch fills the cache
 		}
 		// Warm the adaptive claim path: replays make it read first.
@@ -343,7 +343,7 @@ func suiteReplay(ctx context.Context, b *bencher) ([]suiteReport, error) {
 				return doOutcome(cachedStore.Do(ctx, pick(), params, b.work()))
 			}},
 		)
-		cs := cachedStore.CacheStats()
+		cs := cachedStore.Metrics().Cache
 		reps = append(reps, suiteReport{
 			Suite: "replay", Title: fmt.Sprintf("replay of %d done keys against a raw linearizable Get, %s, %d clients", b.cfg.keys, t.name, b.cfg.concurrency),
 			Results: res,

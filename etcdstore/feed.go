@@ -1,0 +1,252 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/idem-dev/idem/clock"
+	"github.com/idem-dev/idem/internal/watch"
+)
+
+// FollowOptions selects what Follow follows.
+type FollowOptions struct {
+	// ID follows this one key of the tenant instead of all of its records.
+	ID string
+	// Sessions follows the live sessions of every process too.
+	Sessions bool
+	// Stall bounds how long the feed may go without proving itself
+	// current (the watch answers a progress request every Stall/4) before
+	// Next fails with ErrUnavailable: a watch whose connection stops moving
+	// bytes delivers nothing and says nothing. Default 10 s.
+	Stall time.Duration
+}
+
+// Feed follows records and sessions from a read at one revision on: every
+// change after that read, in revision order. Package jobs' completer runs
+// on one. A Feed is used by one goroutine at a time.
+type Feed struct {
+	s       *Store
+	tenant  string
+	records []*Record
+	owners  []string
+	rev     int64
+
+	stream *watch.Stream
+	recW   int
+	cancel context.CancelFunc
+	work   clock.Group
+	heard  atomic.Int64 // when the watch last delivered anything (clock time, unix ns)
+	stall  time.Duration
+
+	mu      sync.Mutex
+	stalled bool
+}
+
+// Change is one change a Feed delivers: of a record (Key set) or of a
+// session (Owner set).
+type Change struct {
+	// Key is the record's key; Record is the record as written, nil when
+	// it was deleted, or when it cannot be read (Err says why).
+	Key    Key
+	Record *Record
+	Err    error
+	// Owner is a session's owner id, Alive whether it began or ended.
+	Owner string
+	Alive bool
+	// Revision is the etcd revision of the change.
+	Revision int64
+}
+
+// Follow reads tenant's records (or one of them, FollowOptions.ID) and,
+// with FollowOptions.Sessions, the live sessions, at one revision, and
+// returns a Feed of every change after it. Records past their retention
+// are left out of the read. The Feed ends with ctx or Close.
+func (s *Store) Follow(ctx context.Context, tenant string, o FollowOptions) (*Feed, error) {
+	if tenant == "" {
+		tenant = DefaultTenant
+	}
+	if err := ValidateTenant(tenant); err != nil {
+		return nil, fmt.Errorf("follow: %w", err)
+	}
+	if o.ID != "" {
+		if err := validateID(o.ID); err != nil {
+			return nil, fmt.Errorf("follow: %w", err)
+		}
+	}
+	if o.Stall <= 0 {
+		o.Stall = 10 * time.Second
+	}
+	f := &Feed{s: s, tenant: tenant, stall: o.Stall}
+	if err := f.read(ctx, o); err != nil {
+		return nil, err
+	}
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(metadata.AppendToOutgoingContext(ctx,
+		"idem-feed", strconv.FormatInt(feeds.Add(1), 10))))
+	f.cancel = cancel
+	f.stream = watch.New(s.clock)
+	key, opts := s.ks.tenant(tenant), []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithRev(f.rev)}
+	if o.ID != "" {
+		key, opts = s.ks.record(Key{Tenant: tenant, ID: o.ID}), []clientv3.OpOption{clientv3.WithRev(f.rev)}
+	}
+	// From the read's own revision, not the next: etcd answers no progress
+	// request of a watch that starts in the future. Events at rev are state
+	// the read saw.
+	f.recW = f.stream.Add(s.client.Watch(wctx, key, opts...))
+	if o.Sessions {
+		f.stream.Add(s.client.Watch(wctx, s.ks.owners(), clientv3.WithPrefix(), clientv3.WithRev(f.rev)))
+	}
+	f.heard.Store(s.clock.Now().UnixNano())
+	f.work.Go(s.clock, wctx, "feed progress", func(context.Context) {
+		for clock.Sleep(s.clock, wctx, f.stall/4) == nil {
+			if time.Duration(s.clock.Now().UnixNano()-f.heard.Load()) > f.stall {
+				f.mu.Lock()
+				f.stalled = true
+				f.mu.Unlock()
+				cancel()
+				return
+			}
+			s.client.RequestProgress(wctx)
+		}
+	})
+	return f, nil
+}
+
+var feeds atomic.Int64 // each feed has a gRPC stream of its own
+
+// read reads what the feed starts from, at one revision.
+func (f *Feed) read(ctx context.Context, o FollowOptions) error {
+	s := f.s
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	var rev int64
+	get := func(key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+		var resp *clientv3.GetResponse
+		err := s.retry(ctx, func(ctx context.Context) (err error) {
+			if rev != 0 {
+				opts = append(opts, clientv3.WithRev(rev))
+			}
+			resp, err = s.client.Get(ctx, key, opts...)
+			return err
+		})
+		if err != nil {
+			return nil, unavailable("follow", Key{Tenant: f.tenant}, err)
+		}
+		if rev == 0 {
+			rev = resp.Header.Revision
+		}
+		return resp, nil
+	}
+	if o.Sessions {
+		resp, err := get(s.ks.owners(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			return err
+		}
+		for _, kv := range resp.Kvs {
+			f.owners = append(f.owners, strings.TrimPrefix(string(kv.Key), s.ks.owners()))
+		}
+	}
+	now := s.now()
+	keep := func(kvs []*mvccpb.KeyValue) {
+		for _, kv := range kvs {
+			if rec, err := s.decodeKV(ctx, kv); err == nil && !rec.expired(now) {
+				f.records = append(f.records, rec)
+			}
+		}
+	}
+	if o.ID != "" {
+		resp, err := get(s.ks.record(Key{Tenant: f.tenant, ID: o.ID}))
+		if err != nil {
+			return err
+		}
+		keep(resp.Kvs)
+		f.rev = rev
+		return nil
+	}
+	prefix := s.ks.tenant(f.tenant)
+	end := clientv3.GetPrefixRangeEnd(prefix)
+	for from := prefix; ; {
+		resp, err := get(from, clientv3.WithRange(end), clientv3.WithLimit(500))
+		if err != nil {
+			return err
+		}
+		keep(resp.Kvs)
+		if !resp.More || len(resp.Kvs) == 0 {
+			break
+		}
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+	f.rev = rev
+	return nil
+}
+
+// Records returns the records the feed started from.
+func (f *Feed) Records() []*Record { return f.records }
+
+// Owners returns the sessions alive when the feed started (with
+// FollowOptions.Sessions).
+func (f *Feed) Owners() []string { return f.owners }
+
+// Revision returns the revision the feed started from.
+func (f *Feed) Revision() int64 { return f.rev }
+
+// Next returns the next changes, waiting for them, or an error wrapping
+// ErrUnavailable when the watch broke or stalled (follow again, from a new
+// read), or ctx's cause.
+func (f *Feed) Next(ctx context.Context) ([]Change, error) {
+	for {
+		r, err := f.stream.Next(ctx)
+		if err != nil {
+			return nil, err
+		}
+		f.mu.Lock()
+		stalled := f.stalled
+		f.mu.Unlock()
+		switch {
+		case stalled:
+			return nil, fmt.Errorf("follow %s: %w: the watch delivered nothing for %v", f.tenant, ErrUnavailable, f.stall)
+		case r.Closed:
+			return nil, fmt.Errorf("follow %s: %w: watch closed", f.tenant, ErrUnavailable)
+		case r.Canceled || r.Err() != nil:
+			return nil, fmt.Errorf("follow %s: %w: %w", f.tenant, ErrUnavailable, errors.Join(r.Err(), errors.New("watch cancelled")))
+		}
+		f.heard.Store(f.s.clock.Now().UnixNano())
+		if len(r.Events) == 0 {
+			continue // a progress notification
+		}
+		out := make([]Change, 0, len(r.Events))
+		for _, ev := range r.Events {
+			c := Change{Revision: ev.Kv.ModRevision}
+			if r.Watch != f.recW {
+				c.Owner, c.Alive = strings.TrimPrefix(string(ev.Kv.Key), f.s.ks.owners()), ev.Type == mvccpb.PUT
+				out = append(out, c)
+				continue
+			}
+			k, ok := f.s.ks.parseRecord(string(ev.Kv.Key))
+			if !ok {
+				continue
+			}
+			c.Key = k
+			if ev.Type == mvccpb.PUT {
+				c.Record, c.Err = f.s.decode(ctx, k, ev.Kv)
+			}
+			out = append(out, c)
+		}
+		return out, nil
+	}
+}
+
+// Close ends the feed.
+func (f *Feed) Close() {
+	f.cancel()
+	f.work.Wait(f.s.clock, context.Background())
+}

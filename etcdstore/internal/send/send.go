@@ -1,0 +1,390 @@
+// Package send sends a store's etcd writes: every conditional write goes
+// through one Sender, which batches those issued at the same time (group
+// commit) and says, for every write that failed, whether it may have
+// landed all the same (MayHaveLanded). That is the one definition of an
+// ambiguous write in idem; every write of the store is classified by it.
+//
+// # Group commit
+//
+// Writes issued concurrently go to etcd together: one outer Txn whose Then
+// holds each write's own Txn, unchanged (its compares, its Then, its Else).
+// etcd evaluates each inner Txn on its own and applies them all in one raft
+// entry, at one revision; what each inner Txn answers is what it would have
+// answered alone.
+//
+// There is no sending goroutine: a caller whose write finds a slot free
+// sends the batch itself (its own write and the oldest waiting ones), and
+// answers every member of it; the others wait, through the clock, for
+// their answer or for a slot. Nothing waits when the store is idle: a write
+// that finds no batch in flight is sent at once, most often alone. A second
+// batch goes while one is in flight only when a full one waits or the
+// spacing has passed since the last one was sent; at most maxInflight fly.
+//
+// Invariants:
+//   - A batch never writes one key twice (etcd refuses the whole request):
+//     a write whose key is already in the batch waits for the next.
+//   - A write that has left this process is answered by etcd's answer, or
+//     by an error that MayHaveLanded says may have landed; its caller waits
+//     for that even if its own context ends meanwhile (bounded by the
+//     request's own timeout), so that a caller never learns "unknown" while
+//     the write is still on its way and may land after the caller acted on
+//     that answer.
+//   - A write whose caller leaves before it was sent is taken out of the
+//     queue: ErrNotSent, and it did not land.
+//   - A batch etcd refuses as a whole for what it holds (a lease one member
+//     names does not exist, too many ops, too large, permission denied, no
+//     space) is split: each member is sent again alone and gets its own
+//     answer. A batch whose reply is lost is an unknown outcome for each of
+//     its members.
+package send
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/idem-dev/idem/clock"
+)
+
+// ErrNotSent wraps the error of a write that never left this process: its
+// caller's context ended first. It did not land.
+var ErrNotSent = errors.New("etcd request not sent")
+
+// MayHaveLanded reports whether a write that failed with err may have been
+// applied all the same: every error but ErrNotSent and those etcd returns
+// before it proposes a request.
+func MayHaveLanded(err error) bool {
+	if err == nil || errors.Is(err, ErrNotSent) {
+		return false
+	}
+	for _, definite := range []error{rpctypes.ErrLeaseNotFound, rpctypes.ErrNoSpace, rpctypes.ErrRequestTooLarge,
+		rpctypes.ErrTooManyOps, rpctypes.ErrDuplicateKey, rpctypes.ErrPermissionDenied, rpctypes.ErrNoLeader,
+		rpctypes.ErrInvalidAuthToken, rpctypes.ErrAuthOldRevision} {
+		if errors.Is(err, definite) {
+			return false
+		}
+	}
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		switch ee.Code() {
+		case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated, codes.FailedPrecondition, codes.OutOfRange, codes.ResourceExhausted:
+			return false
+		}
+	}
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated, codes.FailedPrecondition, codes.OutOfRange, codes.ResourceExhausted:
+		return false
+	}
+	return true
+}
+
+// Config configures a Sender.
+type Config struct {
+	KV    pb.KVClient
+	Clock clock.Clock
+	// Try prepares the context of one etcd request: a leader required,
+	// and a timeout, which must be set: a request that has left is waited
+	// for until it answers or times out.
+	Try func(context.Context) (context.Context, context.CancelFunc)
+	// Batching turns group commit on.
+	Batching bool
+	// MaxMembers and MaxBytes bound a batch.
+	MaxMembers, MaxBytes int
+	// Observe, when set, is told how long each etcd request took.
+	Observe func(time.Duration)
+}
+
+// Defaults of the batches. etcd refuses a Txn of more than --max-txn-ops
+// (default 128) ops in a branch, counting each inner Txn as one, and a
+// request over --max-request-bytes (default 1.5 MiB).
+const (
+	DefaultMaxMembers = 64
+	DefaultMaxBytes   = 1 << 20
+	maxInflight       = 4
+	spacing           = 2 * time.Millisecond
+)
+
+// Sender sends a store's writes. It is safe for concurrent use and starts
+// no goroutines.
+type Sender struct {
+	cfg Config
+
+	mu       sync.Mutex
+	queue    []*member
+	inflight int
+	lastSent time.Time
+	changed  chan struct{} // closed (and replaced) when a slot frees or the spacing passes
+	timer    func() bool   // the armed spacing timer, or nil
+
+	batches, members, split atomic.Int64
+}
+
+// member is one write waiting for its batch, or in one.
+type member struct {
+	ctx   context.Context // its caller's: a write whose caller left is not sent
+	req   *pb.TxnRequest
+	keys  []string // the keys its Then writes
+	size  int
+	state int // queued, flying, answered
+	done  chan struct{}
+	resp  *pb.TxnResponse
+	err   error
+}
+
+const (
+	queued = iota
+	flying
+	answered
+)
+
+// New returns a Sender.
+func New(cfg Config) *Sender {
+	if cfg.MaxMembers <= 0 {
+		cfg.MaxMembers = DefaultMaxMembers
+	}
+	if cfg.MaxBytes <= 0 {
+		cfg.MaxBytes = DefaultMaxBytes
+	}
+	return &Sender{cfg: cfg, changed: make(chan struct{})}
+}
+
+// Stats are a Sender's counters: batches sent (a write alone is a batch
+// of one), the writes in them, and batches refused as a whole and split.
+type Stats struct {
+	Batches, Members, Split int64
+}
+
+// Stats returns the Sender's counters.
+func (s *Sender) Stats() Stats {
+	return Stats{Batches: s.batches.Load(), Members: s.members.Load(), Split: s.split.Load()}
+}
+
+// callOpts are clientv3's default call options, for the Txns sent as
+// protobuf requests.
+var callOpts = []grpc.CallOption{grpc.WaitForReady(true), grpc.MaxCallSendMsgSize(2 << 20), grpc.MaxCallRecvMsgSize(math.MaxInt32)}
+
+// Txn sends req, whose Then writes keys, and returns its own answer (with
+// batching, a response whose header is its batch's) or an error. See the
+// package documentation for what an error means.
+func (s *Sender) Txn(ctx context.Context, req *pb.TxnRequest, keys []string) (*pb.TxnResponse, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, notSent(ctx)
+	}
+	if !s.cfg.Batching {
+		return s.Alone(ctx, req)
+	}
+	m := &member{ctx: ctx, req: req, keys: keys, size: proto.Size(req), done: make(chan struct{})}
+	s.mu.Lock()
+	s.queue = append(s.queue, m)
+	for {
+		switch m.state {
+		case answered:
+			s.mu.Unlock()
+			return m.resp, m.err
+		case flying:
+			s.mu.Unlock()
+			// Sent: wait for its answer whatever ctx does (the request
+			// has a timeout of its own).
+			s.cfg.Clock.Wait(context.WithoutCancel(ctx), m.done)
+			s.mu.Lock()
+			continue
+		}
+		if ctx.Err() != nil {
+			s.removeLocked(m)
+			s.mu.Unlock()
+			return nil, notSent(ctx)
+		}
+		if s.mayLaunchLocked() {
+			if batch := s.takeLocked(); len(batch) > 0 {
+				s.inflight++
+				s.lastSent = s.cfg.Clock.Now()
+				s.mu.Unlock()
+				s.send(ctx, batch)
+				s.mu.Lock()
+				s.inflight--
+				s.signalLocked()
+				continue
+			}
+		}
+		ch := s.changed
+		s.mu.Unlock()
+		s.cfg.Clock.Wait(ctx, ch) // ctx ending is seen above
+		s.mu.Lock()
+	}
+}
+
+func notSent(ctx context.Context) error {
+	return errors.Join(ErrNotSent, context.Cause(ctx))
+}
+
+// mayLaunchLocked reports whether a batch may go now: none is in flight,
+// or fewer than maxInflight are and a full batch waits or the spacing has
+// passed since the last one left. When only the spacing stands in the way
+// it arms a timer that signals when it has passed.
+func (s *Sender) mayLaunchLocked() bool {
+	switch {
+	case s.inflight == 0:
+		return true
+	case s.inflight >= maxInflight:
+		return false
+	case len(s.queue) >= s.cfg.MaxMembers:
+		return true
+	}
+	wait := spacing - s.cfg.Clock.Now().Sub(s.lastSent)
+	if wait <= 0 {
+		return true
+	}
+	if s.timer == nil {
+		s.timer = s.cfg.Clock.AfterFunc(wait, func() {
+			s.mu.Lock()
+			s.timer = nil
+			s.signalLocked()
+			s.mu.Unlock()
+		})
+	}
+	return false
+}
+
+// signalLocked wakes every waiting caller.
+func (s *Sender) signalLocked() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+func (s *Sender) removeLocked(m *member) {
+	for i, q := range s.queue {
+		if q == m {
+			s.queue = append(s.queue[:i], s.queue[i+1:]...)
+			return
+		}
+	}
+}
+
+// takeLocked takes the next batch from the queue, oldest first, within the
+// limits and without writing a key twice; members whose caller has left
+// stay, to take themselves out.
+func (s *Sender) takeLocked() []*member {
+	var batch, rest []*member
+	written := map[string]bool{}
+	bytes := 0
+	for i, m := range s.queue {
+		if len(batch) >= s.cfg.MaxMembers {
+			rest = append(rest, s.queue[i:]...)
+			break
+		}
+		fits := m.ctx.Err() == nil && (len(batch) == 0 || bytes+m.size <= s.cfg.MaxBytes)
+		for _, k := range m.keys {
+			fits = fits && !written[k]
+		}
+		if !fits {
+			rest = append(rest, m)
+			continue
+		}
+		m.state = flying
+		batch = append(batch, m)
+		bytes += m.size
+		for _, k := range m.keys {
+			written[k] = true
+		}
+	}
+	s.queue = rest
+	return batch
+}
+
+// send sends one batch under the context of the caller that leads it and
+// answers its members.
+func (s *Sender) send(ctx context.Context, batch []*member) {
+	answer := func(m *member, resp *pb.TxnResponse, err error) {
+		s.mu.Lock()
+		m.resp, m.err, m.state = resp, err, answered
+		close(m.done)
+		s.mu.Unlock()
+	}
+	alone := func(m *member) {
+		var resp *pb.TxnResponse
+		err := s.call(ctx, func(ctx context.Context) (err error) {
+			resp, err = s.cfg.KV.Txn(ctx, m.req, callOpts...)
+			return err
+		})
+		answer(m, resp, err)
+	}
+	s.batches.Add(1)
+	s.members.Add(int64(len(batch)))
+	if len(batch) == 1 {
+		alone(batch[0])
+		return
+	}
+	outer := &pb.TxnRequest{Success: make([]*pb.RequestOp, len(batch))}
+	for i, m := range batch {
+		outer.Success[i] = &pb.RequestOp{Request: &pb.RequestOp_RequestTxn{RequestTxn: m.req}}
+	}
+	var resp *pb.TxnResponse
+	err := s.call(ctx, func(ctx context.Context) (err error) {
+		resp, err = s.cfg.KV.Txn(ctx, outer, callOpts...)
+		return err
+	})
+	switch {
+	case err != nil && !MayHaveLanded(err):
+		// Refused as a whole, for what one member holds, or by a state (no
+		// leader, no space) that a member alone may be spared (a release
+		// is allowed when etcd is full): each on its own.
+		s.split.Add(1)
+		for _, m := range batch {
+			alone(m)
+		}
+	case err != nil:
+		for _, m := range batch {
+			answer(m, nil, err)
+		}
+	default:
+		for i, m := range batch {
+			inner := resp.Responses[i].GetResponseTxn()
+			answer(m, &pb.TxnResponse{Header: resp.Header, Succeeded: inner.Succeeded, Responses: inner.Responses}, nil)
+		}
+	}
+}
+
+// Alone sends req by itself, never in a batch (a Txn of Txns already, for
+// one), with Txn's guarantees.
+func (s *Sender) Alone(ctx context.Context, req *pb.TxnRequest) (*pb.TxnResponse, error) {
+	var resp *pb.TxnResponse
+	err := s.Do(ctx, func(ctx context.Context) (err error) {
+		resp, err = s.cfg.KV.Txn(ctx, req, callOpts...)
+		return err
+	})
+	return resp, err
+}
+
+// Do sends one request that f makes with the context it is given: not
+// batched, with the Sender's try context and its errors classified as
+// Txn's are. It returns ErrNotSent if ctx has ended before f was called.
+func (s *Sender) Do(ctx context.Context, f func(ctx context.Context) error) error {
+	if ctx.Err() != nil {
+		return notSent(ctx)
+	}
+	return s.call(ctx, f)
+}
+
+// call makes one etcd request under a try context detached from ctx's
+// cancellation: once sent, a request is waited for.
+func (s *Sender) call(ctx context.Context, f func(ctx context.Context) error) error {
+	tctx, cancel := s.cfg.Try(context.WithoutCancel(ctx))
+	defer cancel()
+	start := s.cfg.Clock.Now()
+	err := f(tctx)
+	if s.cfg.Observe != nil {
+		s.cfg.Observe(s.cfg.Clock.Now().Sub(start))
+	}
+	return clientv3.ContextError(tctx, err)
+}

@@ -1,0 +1,118 @@
+package etcdstore
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Value is a small value that a package built on a store keeps beside the
+// store's records, under a name of its own: package jobs keeps its
+// schedules' cursors there (names s/<tenant>/<schedule>). Revision is the
+// etcd revision of its last write, for SetValue's compare-and-set.
+type Value struct {
+	Name     string
+	Value    []byte
+	Revision int64
+}
+
+// validValueName checks a value's name: 1 to 512 bytes of visible ASCII,
+// not starting with '/'.
+func validValueName(name string) error {
+	if name == "" || len(name) > 512 || name[0] == '/' {
+		return fmt.Errorf("%w: value name %q must be 1 to 512 bytes, not starting with /", ErrInvalidArgument, name)
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; c <= ' ' || c > '~' {
+			return fmt.Errorf("%w: value name %q: byte %#02x at offset %d is not visible ASCII", ErrInvalidArgument, name, c, i)
+		}
+	}
+	return nil
+}
+
+// Value returns the value under name, with a linearizable read; its
+// Revision is 0 (and Value nil) when there is none.
+func (a *Admin) Value(ctx context.Context, name string) (Value, error) {
+	if err := validValueName(name); err != nil {
+		return Value{}, fmt.Errorf("value: %w", err)
+	}
+	vs, err := a.values(ctx, a.ks.values()+name, false)
+	if err != nil || len(vs) == 0 {
+		return Value{Name: name}, err
+	}
+	return vs[0], nil
+}
+
+// Values returns every value whose name starts with prefix, in name order.
+func (a *Admin) Values(ctx context.Context, prefix string) ([]Value, error) {
+	if prefix != "" {
+		if err := validValueName(prefix); err != nil {
+			return nil, fmt.Errorf("values: %w", err)
+		}
+	}
+	return a.values(ctx, a.ks.values()+prefix, true)
+}
+
+func (a *Admin) values(ctx context.Context, key string, prefix bool) ([]Value, error) {
+	var out []Value
+	end := ""
+	if prefix {
+		end = clientv3.GetPrefixRangeEnd(key)
+	}
+	for from := key; ; {
+		var resp *clientv3.GetResponse
+		err := a.page(ctx, func(ctx context.Context) (err error) {
+			opts := []clientv3.OpOption{clientv3.WithLimit(1000)}
+			if end != "" {
+				opts = append(opts, clientv3.WithRange(end))
+			}
+			resp, err = a.client.Get(ctx, from, opts...)
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("values %q: %w: %w", key, ErrUnavailable, err)
+		}
+		for _, kv := range resp.Kvs {
+			out = append(out, Value{Name: strings.TrimPrefix(string(kv.Key), a.ks.values()), Value: kv.Value, Revision: kv.ModRevision})
+		}
+		if !resp.More || len(resp.Kvs) == 0 || end == "" {
+			return out, nil
+		}
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+}
+
+// SetValue writes value under name if the value's revision is still rev (0:
+// only if there is none), and reports whether it did; if not, it returns
+// the value as it stands. A write whose outcome is unknown is an error
+// wrapping ErrUnavailable: read the value again.
+func (s *Store) SetValue(ctx context.Context, name string, value []byte, rev int64) (Value, bool, error) {
+	if err := validValueName(name); err != nil {
+		return Value{}, false, fmt.Errorf("set value: %w", err)
+	}
+	key := s.ks.values() + name
+	cmp := clientv3.Compare(clientv3.ModRevision(key), "=", rev)
+	if rev == 0 {
+		cmp = clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	var resp *clientv3.TxnResponse
+	err := s.kv.Do(ctx, func(ctx context.Context) (err error) {
+		resp, err = s.client.Txn(ctx).If(cmp).Then(clientv3.OpPut(key, string(value))).Else(clientv3.OpGet(key)).Commit()
+		return err
+	})
+	if err != nil {
+		return Value{}, false, fmt.Errorf("set value %q: %w: %w", name, ErrUnavailable, err)
+	}
+	if resp.Succeeded {
+		return Value{Name: name, Value: value, Revision: resp.Header.Revision}, true, nil
+	}
+	cur := Value{Name: name}
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
+		cur.Value, cur.Revision = kvs[0].Value, kvs[0].ModRevision
+	}
+	return cur, false, nil
+}
