@@ -51,7 +51,9 @@ func (fakeView) WithTimeout(ctx context.Context, d time.Duration) (context.Conte
 
 func (fakeView) Go(ctx context.Context, name string, f func(context.Context)) { go f(ctx) }
 
-func (fakeView) Wait(ctx context.Context, ready <-chan struct{}) error { return clock.Real.Wait(ctx, ready) }
+func (fakeView) Wait(ctx context.Context, ready <-chan struct{}) error {
+	return clock.Real.Wait(ctx, ready)
+}
 
 // fakeClock is a clock the test moves by hand; its views may be skewed.
 type fakeClock struct {

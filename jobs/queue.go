@@ -9,9 +9,8 @@ import (
 	"log/slog"
 	"time"
 
-
-	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/clock"
+	"github.com/idem-dev/idem/etcdstore"
 )
 
 // DefaultTenant is the tenant a Queue keeps its jobs under unless told
