@@ -122,11 +122,15 @@ func (s *Store) decide(ctx context.Context, c *Claim, sess *lease.Session, cfg *
 			Expires:     now.Add(s.retention),
 		}
 		if cfg.fence {
-			rec.Owner = "" // written abandoned: see reap
+			// Written abandoned (see reap); on a key with no record, a
+			// fence that leaves it free, as if absent.
+			rec.Owner = ""
+			rec.Fence = taken == nil
 		}
 		if cfg.deadline > 0 {
 			rec.Deadline = toMillis(now.Add(cfg.deadline))
 		}
+		rec.Expires = s.inFlightExpiry(now, rec.Deadline)
 		if taken != nil && taken.State == InFlight {
 			rec.Created = taken.Created
 			rec.Checkpoint = taken.Checkpoint
@@ -253,7 +257,7 @@ func (s *Store) readOnly(ctx context.Context, c *Claim, werr error) (*Record, er
 // of this write), refreshing the lease once if etcd no longer knows it.
 func (s *Store) writeRecord(ctx context.Context, k Key, owner string, cmps []cond, rec *Record, token fencing.Token, extra ...clientv3.Op) (casResult, error) {
 	for refreshed := false; ; refreshed = true {
-		id, err := s.buckets.For(ctx, s.now())
+		id, err := s.buckets.Until(ctx, s.now(), rec.Expires)
 		if err != nil {
 			return casResult{}, err
 		}
@@ -279,6 +283,7 @@ func (c *Claim) won(rec *Record, previous *Record) {
 	c.token = rec.Token
 	c.created = rec.Created
 	c.deadline = rec.Deadline
+	c.expires = rec.Expires
 	c.takeovers = rec.Takeovers
 	c.previous = previous
 	c.checkpoint = rec.Checkpoint

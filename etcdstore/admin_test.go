@@ -11,7 +11,8 @@ import (
 func TestAdminWithoutSession(t *testing.T) {
 	cli := client(t)
 	prefix := testPrefix(t)
-	s := newStore(t, cli, prefix, WithExpirySweep(false)) // setClock below
+	clk := newShiftClock()
+	s := newStore(t, cli, prefix, WithExpirySweep(false), WithClock(clk))
 	ctx := testCtx(t)
 	if _, err := s.Do(ctx, Key{ID: "done"}, nil, func(context.Context, *Claim) ([]byte, error) { return []byte("x"), nil }); err != nil {
 		t.Fatal(err)
@@ -23,7 +24,7 @@ func TestAdminWithoutSession(t *testing.T) {
 	defer c.Release(ctx)
 
 	before := revision(t, cli)
-	a, err := NewAdmin(cli, WithPrefix(prefix))
+	a, err := NewAdmin(cli, WithPrefix(prefix), WithClock(clk))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,8 +44,7 @@ func TestAdminWithoutSession(t *testing.T) {
 	if recs, err := a.List(ctx, "other", ListOptions{State: InFlight}); err != nil || len(recs) != 1 {
 		t.Fatalf("Admin.List = %d, %v; want the one in-flight record", len(recs), err)
 	}
-	s.setClock(func() time.Time { return time.Now().Add(48 * time.Hour) })
-	a.clock = s.clock
+	clk.Shift(48 * time.Hour)
 	if st, err := a.Stats(ctx, 1); err != nil || st.Scanned != 1 || st.Expired != 1 {
 		t.Fatalf("capped Stats in the future = %+v, %v; want 1 scanned, expired", st, err)
 	}

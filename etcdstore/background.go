@@ -34,7 +34,8 @@ type background struct {
 
 	flushing context.Context // ends when close starts: try at once
 	flushNow context.CancelFunc
-	running  context.Context // ends when close gives up: stop trying
+	flushers []context.CancelFunc // the tasks' own flushing contexts, ended with it
+	running  context.Context      // ends when close gives up: stop trying
 	stopNow  context.CancelFunc
 	group    clock.Group
 }
@@ -59,17 +60,27 @@ func (b *background) start(name string, first time.Duration, try func(ctx contex
 		b.idle = make(chan struct{})
 	}
 	b.pending++
-	b.group.Go(b.clk, b.running, name, func(context.Context) {
+	b.group.Go(b.clk, b.running, name, func(ctx context.Context) {
 		defer b.done()
+		// Ends when Close starts to flush: a task sleeping through a long
+		// backoff tries at once.
+		fctx, fcancel := context.WithCancel(ctx)
+		defer fcancel()
+		b.mu.Lock()
+		if b.flushing.Err() != nil {
+			fcancel()
+		} else {
+			b.flushers = append(b.flushers, fcancel)
+		}
+		b.mu.Unlock()
 		for n := 0; ; n++ {
 			wait := first << min(n, 6)
 			if b.flushing.Err() == nil {
-				// Woken early when Close starts to flush.
-				clock.Sleep(b.clk, b.flushing, wait)
-			} else if clock.Sleep(b.clk, b.running, min(wait, 20*time.Millisecond)) != nil {
+				clock.Sleep(b.clk, fctx, wait)
+			} else if clock.Sleep(b.clk, ctx, min(wait, 20*time.Millisecond)) != nil {
 				return // closing: keep trying, quickly, until Close gives up
 			}
-			if b.running.Err() != nil || try(b.running) {
+			if ctx.Err() != nil || try(ctx) {
 				return
 			}
 		}
@@ -103,6 +114,10 @@ func (b *background) close(ctx context.Context, bound time.Duration) int {
 		return 0
 	}
 	b.flushNow()
+	for _, f := range b.flushers {
+		f()
+	}
+	b.flushers = nil
 	idle := b.idle
 	b.mu.Unlock()
 	if idle != nil {

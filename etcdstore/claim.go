@@ -26,9 +26,10 @@ type Claim struct {
 	token     fencing.Token
 	created   time.Time
 	deadline  time.Time
-	takeovers int     // how often the key was taken over before this claim
-	previous  *Record // the stale record this claim replaced, or nil
-	fenced    bool    // won by writing the record abandoned (reap)
+	expires   time.Time // its record's expiry: the claim ends then too (see Err)
+	takeovers int       // how often the key was taken over before this claim
+	previous  *Record   // the stale record this claim replaced, or nil
+	fenced    bool      // won by writing the record abandoned (reap)
 
 	ctx  context.Context // ends when the claim is lost or ended
 	life *lifetime
@@ -163,7 +164,9 @@ func (c *Claim) Done() <-chan struct{} {
 	return c.ctx.Done()
 }
 
-// Err returns why the claim is no longer held: ErrSessionLost, ErrDeadline,
+// Err returns why the claim is no longer held: ErrSessionLost, ErrDeadline
+// (its deadline passed, or its record expired: a claim is held at most one
+// retention after its last write, or after its deadline if that is later),
 // ErrClosed, ErrFenced or ErrClaimEnded; nil while it is.
 func (c *Claim) Err() error {
 	if c.ctx.Err() != nil {
@@ -171,10 +174,23 @@ func (c *Claim) Err() error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.deadline.IsZero() && !c.s.now().Before(c.deadline) {
+	if end := c.heldUntilLocked(); !end.IsZero() && !c.s.now().Before(end) {
 		return ErrDeadline
 	}
 	return nil
+}
+
+// heldUntilLocked is when the claim stops being held whatever its
+// session: its deadline, or its record's expiry, whichever comes first.
+// Others treat an expired record as absent, so a claim that has written
+// nothing for a whole retention (no Checkpoint, no Renew) ends with its
+// record, with ErrDeadline.
+func (c *Claim) heldUntilLocked() time.Time {
+	end := c.deadline
+	if !c.expires.IsZero() && (end.IsZero() || c.expires.Before(end)) {
+		end = c.expires
+	}
+	return end
 }
 
 // Context returns a context derived from parent that is also cancelled when
@@ -296,7 +312,8 @@ func (c *Claim) armDeadlineLocked() {
 		c.timer()
 		c.timer = nil
 	}
-	if c.deadline.IsZero() {
+	end := c.heldUntilLocked()
+	if end.IsZero() {
 		return
 	}
 	// The timer holds the context's cancel function and the store, not the
@@ -306,7 +323,7 @@ func (c *Claim) armDeadlineLocked() {
 		return // armed on first use of Done or Context
 	}
 	life, s, rk := c.life, c.s, runKey{c.key, c.attempt}
-	c.timer = s.clock.AfterFunc(c.deadline.Sub(s.now()), func() {
+	c.timer = s.clock.AfterFunc(end.Sub(s.now()), func() {
 		// No longer held here first, then Done: a caller that sees Done
 		// and claims again with the same attempt id must not find the
 		// ended claim still registered (a conflict with itself).

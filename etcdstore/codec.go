@@ -59,6 +59,7 @@ const (
 	fErr        protowire.Number = 13 // bytes
 	fMovedTo    protowire.Number = 14 // bytes: the shard a moved key lives on
 	fEpoch      protowire.Number = 15 // varint: the shard epoch of the claim (or move); absent: 0
+	fFence      protowire.Number = 16 // varint 1: a fence (Record.Fence)
 )
 
 // encodeV1 lays r out in format 1, for WithRecordFormat(1): the format
@@ -114,6 +115,9 @@ func encode(r *Record, token fencing.Token) []byte {
 	m = appendVarint(m, fTakeovers, uint64(r.Takeovers))
 	m = appendString(m, fMovedTo, r.MovedTo)
 	m = appendVarint(m, fEpoch, uint64(r.Epoch))
+	if r.Fence {
+		m = appendVarint(m, fFence, 1)
+	}
 	var body []byte
 	if o := r.Outcome; o != nil {
 		m = appendVarint(m, fStatus, uint64(o.Status))
@@ -213,7 +217,10 @@ func (s *Store) encodeAs(ctx context.Context, format byte, r *Record, token fenc
 		return v2
 	}
 	s.dicts.Sample(s.life, v2[1:]) // what is compressed: headers and metadata too
-	id, frame := s.dicts.Compress(ctx, v2[1:], l)
+	id, frame, ok := s.dicts.Compress(ctx, v2[1:], l)
+	if !ok {
+		return v2 // closed: the write is refused anyway
+	}
 	v3 := make([]byte, 0, 2+binary.MaxVarintLen32+len(frame))
 	v3 = append(v3, recordV3, 2)
 	v3 = binary.AppendUvarint(v3, uint64(id))
@@ -228,13 +235,15 @@ func (s *Store) encodeAs(ctx context.Context, format byte, r *Record, token fenc
 // idem's records from etcd directly (a watch of the prefix, a backup). A
 // key outside the prefix's records, an unknown version or a malformed
 // record is an error wrapping ErrCorrupt. A compressed record whose
-// dictionary this Admin has not met yet is read with one etcd Get.
+// dictionary this Admin has not met yet is read with one etcd Get; a
+// record of the past (deleted since, with its dictionary) is read with the
+// dictionary as etcd held it at the record's revision, unless compacted.
 func (a *Admin) DecodeRecord(kv *mvccpb.KeyValue) (*Record, error) {
 	k, ok := a.ks.parseRecord(string(kv.Key))
 	if !ok {
 		return nil, fmt.Errorf("%w: %q is not a record key under %q", ErrCorrupt, kv.Key, a.ks.prefix)
 	}
-	return a.decode(context.Background(), k, kv)
+	return a.decodeAt(context.Background(), k, kv, kv.ModRevision)
 }
 
 // decodeKV reads a record key-value of this store's.
@@ -250,6 +259,12 @@ func (a *Admin) decodeKV(ctx context.Context, kv *mvccpb.KeyValue) (*Record, err
 // A dictionary that cannot be read from etcd is ErrUnavailable; one etcd
 // does not hold, or that does not decode, is ErrCorrupt.
 func (a *Admin) decode(ctx context.Context, k Key, kv *mvccpb.KeyValue) (*Record, error) {
+	return a.decodeAt(ctx, k, kv, 0)
+}
+
+// decodeAt is decode, reading a dictionary no longer in etcd at revision at
+// (0: never).
+func (a *Admin) decodeAt(ctx context.Context, k Key, kv *mvccpb.KeyValue, at int64) (*Record, error) {
 	if len(kv.Value) < 3 || kv.Value[0] != recordV3 {
 		return decode(k, kv)
 	}
@@ -257,8 +272,10 @@ func (a *Admin) decode(ctx context.Context, k Key, kv *mvccpb.KeyValue) (*Record
 	if n <= 0 || id > 1<<32-1 {
 		return nil, fmt.Errorf("record %s: %w: bad layout", k, ErrCorrupt)
 	}
-	plain, err := a.dicts.Decompress(ctx, uint32(id), kv.Value[2+n:])
+	plain, err := a.dicts.Decompress(ctx, uint32(id), kv.Value[2+n:], at)
 	switch {
+	case errors.Is(err, dict.ErrClosed):
+		return nil, fmt.Errorf("record %s: %w", k, ErrClosed)
 	case errors.Is(err, dict.ErrRead):
 		return nil, fmt.Errorf("record %s: %w: %w", k, ErrUnavailable, err)
 	case err != nil:
@@ -397,6 +414,8 @@ func (r *Record) decodeV2(m []byte) error {
 				return fmt.Errorf("epoch %d", v)
 			}
 			r.Epoch = int64(v)
+		case fFence:
+			r.Fence = v == 1
 		}
 		// Unknown fields are skipped: a later version may add some.
 		if err != nil {

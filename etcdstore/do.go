@@ -124,7 +124,7 @@ func (s *Store) Run(ctx context.Context, key Key, fp Fingerprint, work RunWork, 
 	}
 	out, end, panicked := s.run(ctx, c, work, cfg.onError)
 	// Save even when the caller has gone: the work is done either way.
-	endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.endTimeout)
+	endCtx, cancel := s.clock.WithTimeout(context.WithoutCancel(ctx), s.endTimeout)
 	defer cancel()
 	err = s.end(endCtx, c, end, out)
 	if panicked != nil {

@@ -2,6 +2,7 @@ package etcdstore
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,23 +22,19 @@ func (s *Store) sessionLeaseID() clientv3.LeaseID {
 	return id
 }
 
-// nowClock is the real clock with another time.
-type nowClock struct {
+// shiftClock is the real clock moved forward by a shift a test may change
+// at any time (record expiry, deadlines); its timers stay real.
+type shiftClock struct {
 	clock.Clock
-	now func() time.Time
+	shift atomic.Int64
 }
 
-func (c nowClock) Now() time.Time { return c.now() }
+func newShiftClock() *shiftClock { return &shiftClock{Clock: clock.Real} }
 
-// setClock makes the store read its time from now (record expiry,
-// deadlines); its timers stay real. The store must have no sweeper
-// (WithExpirySweep(false)), whose clock was set at New.
-func (s *Store) setClock(now func() time.Time) {
-	if s.sweep != nil {
-		panic("setClock on a store with a sweeper")
-	}
-	s.clock = nowClock{Clock: clock.Real, now: now}
-}
+func (c *shiftClock) Now() time.Time { return time.Now().Add(time.Duration(c.shift.Load())) }
+
+// Shift moves the clock's time d ahead of real time.
+func (c *shiftClock) Shift(d time.Duration) { c.shift.Store(int64(d)) }
 
 // settle waits until the store's background writes (final writes retried
 // later, abandons of ambiguous claims) have all finished.

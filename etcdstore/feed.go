@@ -106,12 +106,13 @@ func (s *Store) Follow(ctx context.Context, tenant string, o FollowOptions) (*Fe
 		f.stream.Add(s.client.Watch(wctx, s.ks.owners(), clientv3.WithPrefix(), clientv3.WithRev(f.rev)))
 	}
 	f.heard.Store(s.clock.Now().UnixNano())
-	f.work.Go(s.clock, wctx, "feed progress", func(context.Context) {
+	f.work.Go(s.clock, wctx, "feed progress", func(wctx context.Context) {
 		for clock.Sleep(s.clock, wctx, f.stall/4) == nil {
 			if time.Duration(s.clock.Now().UnixNano()-f.heard.Load()) > f.stall {
 				f.mu.Lock()
 				f.stalled = true
 				f.mu.Unlock()
+				f.stream.Interrupt()
 				cancel()
 				return
 			}

@@ -29,10 +29,16 @@ type Metrics struct {
 }
 
 // BatchMetrics counts the store's group commit: batches it sent (a write
-// sent alone is a batch of one; none without batching), the writes they held (Members/Batches is their mean size),
-// and those etcd refused as a whole, so that their writes went again alone.
+// sent alone is a batch of one; none without batching), the writes they
+// held (Members/Batches is their mean size), those etcd refused as a whole,
+// so that their writes went again alone, writes whose caller left before
+// they were sent (they did not land: the caller got an error saying so),
+// and writes whose caller's context ended while they flew (the store waited
+// for etcd's answer, bounded by the request timeout, rather than leave the
+// outcome unknown).
 type BatchMetrics struct {
 	Batches, Members, Split int64
+	Left, Waited            int64
 }
 
 // SweepMetrics counts the expiry sweeper: retention leases it emptied (and
@@ -68,7 +74,7 @@ func (s *Store) Metrics() Metrics {
 	m.Pending = s.bg.Pending()
 	m.Reaped = s.reaped.Load()
 	b := s.kv.Stats()
-	m.Batch = BatchMetrics{Batches: b.Batches, Members: b.Members, Split: b.Split}
+	m.Batch = BatchMetrics{Batches: b.Batches, Members: b.Members, Split: b.Split, Left: b.Left, Waited: b.Waited}
 	if s.sweep != nil {
 		w := s.sweep.Stats()
 		m.Sweep = SweepMetrics{Leases: w.Leases, Records: w.Records}
@@ -94,6 +100,8 @@ func (m Metrics) Add(o Metrics) Metrics {
 	m.Batch.Batches += o.Batch.Batches
 	m.Batch.Members += o.Batch.Members
 	m.Batch.Split += o.Batch.Split
+	m.Batch.Left += o.Batch.Left
+	m.Batch.Waited += o.Batch.Waited
 	m.Sweep.Leases += o.Sweep.Leases
 	m.Sweep.Records += o.Sweep.Records
 	m.Cache.Entries += o.Cache.Entries

@@ -77,6 +77,11 @@ type Record struct {
 	// claim, or its move, was written: its token is Epoch<<EpochShift plus
 	// the claim's revision.
 	Epoch int64
+	// Fence marks a placeholder, in flight with no owner, that the store
+	// wrote on a key that had no record, to fence a claim write of its own
+	// whose outcome was unknown (so that it can never land later). The key
+	// is free, as if absent: every read and claim treats it so.
+	Fence bool
 }
 
 // EpochShift is where a shard epoch starts in a fencing token: a token is
@@ -92,8 +97,20 @@ func tokenOf(epoch, rev int64) fencing.Token { return fencing.Token(epoch<<Epoch
 // in records, so a claim's in-memory deadline equals the stored one.
 func toMillis(t time.Time) time.Time { return time.UnixMilli(t.UnixMilli()) }
 
-// expired reports whether the record's retention has passed at now.
-func (r *Record) expired(now time.Time) bool { return !now.Before(r.Expires) }
+// expired reports whether the record's retention has passed at now, or
+// it is a fence: either way the key names no operation.
+func (r *Record) expired(now time.Time) bool { return r.Fence || !now.Before(r.Expires) }
+
+// inFlightExpiry is the expiry of an in-flight record written at now with
+// deadline (zero: none): one retention after the later of the two, so that
+// a claim's record outlives the time its claim may be held by a retention,
+// and a stale claim can always be taken over with its checkpoint.
+func (s *Store) inFlightExpiry(now, deadline time.Time) time.Time {
+	if deadline.After(now) {
+		now = deadline
+	}
+	return toMillis(now.Add(s.retention))
+}
 
 // pastDeadline reports whether an in-flight claim's deadline has passed at now.
 func (r *Record) pastDeadline(now time.Time) bool {

@@ -72,7 +72,8 @@ func TestRetentionLeasePrunesKeyAndKeyIsNew(t *testing.T) {
 // lease has not fired (a leader change can postpone a lease).
 func TestExpiredRecordIsAbsentBeforeItsLeaseFires(t *testing.T) {
 	cli := client(t)
-	s := newStore(t, cli, testPrefix(t), WithExpirySweep(false)) // setClock below
+	clk := newShiftClock()
+	s := newStore(t, cli, testPrefix(t), WithExpirySweep(false), WithClock(clk))
 	ctx := testCtx(t)
 	key := Key{ID: "k"}
 	var runs atomic.Int32
@@ -81,7 +82,7 @@ func TestExpiredRecordIsAbsentBeforeItsLeaseFires(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.setClock(func() time.Time { return time.Now().Add(DefaultRetention + time.Minute) })
+	clk.Shift(DefaultRetention + time.Minute)
 	if _, err := s.Get(ctx, key); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Get of an expired record = %v; want ErrNotFound", err)
 	}
@@ -179,5 +180,61 @@ func TestReplayWhenEtcdIsFull(t *testing.T) {
 	}
 	if err := held.Complete(ctx, Outcome{Body: []byte("late")}); err != nil {
 		t.Fatalf("the held claim's complete after the recovery = %v", err)
+	}
+}
+
+// A claim whose deadline is longer than the retention is held until its
+// deadline: its record does not expire first (others would take an
+// expired record for absent and run the work a second time meanwhile).
+func TestDeadlineLongerThanRetentionHoldsTheKey(t *testing.T) {
+	cli := client(t)
+	prefix := testPrefix(t)
+	clk := newShiftClock()
+	const retention = 20 * time.Second
+	a := newStore(t, cli, prefix, WithExpirySweep(false), WithClock(clk), WithRetention(retention))
+	b := newStore(t, cli, prefix, WithExpirySweep(false), WithClock(clk), WithRetention(retention))
+	ctx := testCtx(t)
+	key := Key{ID: "long"}
+	c, _, err := a.Claim(ctx, key, fpOf(t, "p"), WithoutSession(), WithDeadline(3*retention))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release(ctx)
+	clk.Shift(retention + time.Second)
+	if c.Err() != nil {
+		t.Fatalf("claim ended before its deadline: %v", c.Err())
+	}
+	if other, _, err := b.Claim(ctx, key, fpOf(t, "p")); !errors.Is(err, ErrConflict) {
+		if other != nil {
+			other.Release(ctx)
+		}
+		t.Fatalf("a second claim one retention after the first, before its deadline = %v; want ErrConflict", err)
+	}
+}
+
+// A claim that writes nothing for a whole retention ends with its record,
+// which others now treat as absent.
+func TestClaimEndsWithItsRecord(t *testing.T) {
+	cli := client(t)
+	clk := newShiftClock()
+	const retention = 20 * time.Second
+	s := newStore(t, cli, testPrefix(t), WithExpirySweep(false), WithClock(clk), WithRetention(retention))
+	ctx := testCtx(t)
+	c, _, err := s.Claim(ctx, Key{ID: "quiet"}, fpOf(t, "p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release(ctx)
+	clk.Shift(retention / 2)
+	if err := c.Checkpoint(ctx, []byte("1")); err != nil {
+		t.Fatal(err)
+	}
+	clk.Shift(retention + time.Second) // past the claim's first record, not its checkpoint's
+	if c.Err() != nil {
+		t.Fatalf("claim ended one retention after it was made, though it checkpointed since: %v", c.Err())
+	}
+	clk.Shift(retention/2 + retention + time.Second)
+	if !errors.Is(c.Err(), ErrDeadline) {
+		t.Fatalf("Err one retention after the claim's last write = %v; want ErrDeadline", c.Err())
 	}
 }

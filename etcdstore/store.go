@@ -414,8 +414,10 @@ func (s *Store) superviseSession(ctx context.Context, sess *lease.Session) {
 			c.cancel(ErrSessionLost)
 		}
 		// The old lease is gone or unrenewable; revoking it is best effort.
-		// The session is passed, not captured: the loop reassigns sess.
-		s.work.Go(s.clock, ctx, "revoke lost session", func(ctx context.Context) { sess.CloseContext(ctx) })
+		// The session is copied, not captured: the loop reassigns sess,
+		// and a revoke that runs late would end the new one.
+		old := sess
+		s.work.Go(s.clock, ctx, "revoke lost session", func(ctx context.Context) { old.CloseContext(ctx) })
 
 		next, ok := s.newSession(ctx)
 		if !ok {

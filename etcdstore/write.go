@@ -199,8 +199,8 @@ func (c *Claim) write(ctx context.Context, op string, final bool, extra []client
 func (c *Claim) adoptLocked(rec *Record, rev int64) {
 	c.rev = rev
 	c.checkpoint = rec.Checkpoint
-	if !rec.Deadline.Equal(c.deadline) {
-		c.deadline = rec.Deadline
+	if !rec.Deadline.Equal(c.deadline) || !rec.Expires.Equal(c.expires) {
+		c.deadline, c.expires = rec.Deadline, rec.Expires
 		c.armDeadlineLocked()
 	}
 }
@@ -219,7 +219,7 @@ func (c *Claim) recordLocked(now time.Time) *Record {
 		Owner:       c.owner,
 		Attempt:     c.attempt,
 		Created:     c.created,
-		Expires:     now.Add(c.s.retention),
+		Expires:     c.s.inFlightExpiry(now, c.deadline),
 		Deadline:    c.deadline,
 		Checkpoint:  c.checkpoint,
 		Takeovers:   c.takeovers,

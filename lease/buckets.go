@@ -135,7 +135,20 @@ func ParseLeaseID(key string, v []byte) (clientv3.LeaseID, error) { return parse
 // revoke when another process won); later calls in the same bucket are
 // served from memory.
 func (b *Buckets) For(ctx context.Context, now time.Time) (clientv3.LeaseID, error) {
-	idx := now.UnixNano() / int64(b.width)
+	return b.Until(ctx, now, now)
+}
+
+// Until is For for a record that may have to outlive now + retention: the
+// lease expires no earlier than the later of now + retention and expires
+// (a record in flight under a deadline longer than the retention lives
+// until its deadline).
+func (b *Buckets) Until(ctx context.Context, now, expires time.Time) (clientv3.LeaseID, error) {
+	at := now
+	if e := expires.Add(-b.retention); e.After(at) {
+		at = e // a later bucket, whose lease ends a retention after it
+	}
+	idx := at.UnixNano() / int64(b.width)
+	cur := now.UnixNano() / int64(b.width)
 	b.mu.Lock()
 	bk, ok := b.buckets[idx]
 	fresh := !ok || bk.stale || bk.uses >= b.maxUses
@@ -150,7 +163,7 @@ func (b *Buckets) For(ctx context.Context, now time.Time) (clientv3.LeaseID, err
 		bk = &bucket{shard: shard, ready: make(chan struct{})}
 		b.buckets[idx] = bk
 		for old := range b.buckets {
-			if old < idx-1 {
+			if old < cur-1 {
 				delete(b.buckets, old)
 			}
 		}

@@ -61,7 +61,7 @@ func (s *Stream) Add(wch clientv3.WatchChan) int {
 // empty reports whether wr carries nothing at all, not even a revision:
 // etcd never sends such a response (a progress notification has one).
 func empty(wr clientv3.WatchResponse) bool {
-	return wr.Header.Revision == 0 && len(wr.Events) == 0 && !wr.Canceled && !wr.Created && wr.CompactRevision == 0 && wr.Err() == nil
+	return wr.Header.GetRevision() == 0 && len(wr.Events) == 0 && !wr.Canceled && !wr.Created && wr.CompactRevision == 0 && wr.Err() == nil
 }
 
 func (s *Stream) push(r Response) {
@@ -72,6 +72,11 @@ func (s *Stream) push(r Response) {
 	}
 	s.q = append(s.q, r)
 }
+
+// Interrupt makes the next Next return a response of no watch (Watch -1)
+// that says Closed: for a reader that gives its watches up (it cancels
+// their context) and must learn it at once, not once their channels close.
+func (s *Stream) Interrupt() { s.push(Response{Watch: -1, Closed: true}) }
 
 // Next returns the oldest response not returned yet, waiting through the
 // clock for one, or ctx's cause when ctx ends first.

@@ -283,7 +283,7 @@ func (c *Cache[V]) watch(ctx context.Context, rev int64, gen int) {
 		cancel()
 		progress.Wait(c.cfg.Clock, context.WithoutCancel(ctx))
 	}()
-	progress.Go(c.cfg.Clock, ctx, "cache progress", func(context.Context) {
+	progress.Go(c.cfg.Clock, ctx, "cache progress", func(ctx context.Context) {
 		every := max(c.cfg.Bound/4, 10*time.Millisecond)
 		for clock.Sleep(c.cfg.Clock, ctx, every) == nil {
 			now := c.cfg.Clock.Now().UnixNano()

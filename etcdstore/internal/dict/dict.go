@@ -45,6 +45,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idem-dev/idem/clock"
@@ -78,6 +79,8 @@ var (
 	ErrRead = errors.New("cannot read the compression dictionary")
 	// ErrCorrupt wraps a dictionary or a frame that cannot be decoded.
 	ErrCorrupt = errors.New("corrupt compressed record or dictionary")
+	// ErrClosed is returned once the Set is closed.
+	ErrClosed = errors.New("compression dictionaries closed")
 )
 
 // Config configures a Set.
@@ -105,6 +108,11 @@ type Set struct {
 
 	plainEnc *zstd.Encoder // no dictionary: id 0
 	plainDec *zstd.Decoder
+
+	// inUse is held (read) while an encoder or decoder runs, and by Close:
+	// after Close, Compress declines and Decompress fails with ErrClosed.
+	inUse  sync.RWMutex
+	closed bool
 
 	mu         sync.Mutex
 	byID       map[uint32]*dictionary
@@ -182,8 +190,9 @@ var zstdMagic = []byte{0x28, 0xb5, 0x2f, 0xfd}
 // Compress returns plain compressed, and the id of the dictionary it used
 // (0: none), for a record that goes onto lease l: it makes sure first that
 // the dictionary's copy on l exists (one Txn, the first time for each
-// dictionary and lease); when it cannot, it compresses without one.
-func (d *Set) Compress(ctx context.Context, plain []byte, l clientv3.LeaseID) (uint32, []byte) {
+// dictionary and lease); when it cannot, it compresses without one. It
+// reports false, compressing nothing, once the Set is closed.
+func (d *Set) Compress(ctx context.Context, plain []byte, l clientv3.LeaseID) (uint32, []byte, bool) {
 	d.mu.Lock()
 	cur := d.current
 	d.mu.Unlock()
@@ -191,7 +200,12 @@ func (d *Set) Compress(ctx context.Context, plain []byte, l clientv3.LeaseID) (u
 	if cur != nil && d.ensure(ctx, cur, l) {
 		enc, id = cur.enc, cur.id
 	}
-	return id, enc.EncodeAll(plain, nil)[len(zstdMagic):]
+	d.inUse.RLock()
+	defer d.inUse.RUnlock()
+	if d.closed {
+		return 0, nil, false
+	}
+	return id, enc.EncodeAll(plain, nil)[len(zstdMagic):], true
 }
 
 // ensure makes sure dict's copy on lease l exists, and reports whether it
@@ -244,16 +258,26 @@ func (d *Set) Forget(l clientv3.LeaseID) {
 }
 
 // Decompress undoes Compress, reading dictionary id from etcd if this
-// process has not met it.
-func (d *Set) Decompress(ctx context.Context, id uint32, frame []byte) ([]byte, error) {
+// process has not met it. at, when not zero, is the revision a record was
+// written at, for a record that may have been deleted since (a history, a
+// backup): a dictionary no longer in etcd is read as it stood then.
+func (d *Set) Decompress(ctx context.Context, id uint32, frame []byte, at int64) ([]byte, error) {
 	frame = append(append(make([]byte, 0, len(zstdMagic)+len(frame)), zstdMagic...), frame...)
 	dec := d.plainDec
 	if id != 0 {
-		dict, err := d.get(ctx, id)
+		dict, err := d.get(ctx, id, 0)
+		if errors.Is(err, ErrMissing) && at > 0 {
+			dict, err = d.get(ctx, id, at)
+		}
 		if err != nil {
 			return nil, err
 		}
 		dec = dict.dec
+	}
+	d.inUse.RLock()
+	defer d.inUse.RUnlock()
+	if d.closed {
+		return nil, ErrClosed
 	}
 	plain, err := dec.DecodeAll(frame, nil)
 	if err != nil {
@@ -262,9 +286,10 @@ func (d *Set) Decompress(ctx context.Context, id uint32, frame []byte) ([]byte, 
 	return plain, nil
 }
 
-// get returns dictionary id, from memory or from etcd: any copy of it, or
-// the single key an idem 0.3 process wrote (<prefix><id>, no lease).
-func (d *Set) get(ctx context.Context, id uint32) (*dictionary, error) {
+// get returns dictionary id, from memory or from etcd (at revision at, or
+// the current one): any copy of it, or the single key an idem 0.3 process
+// wrote (<prefix><id>, no lease).
+func (d *Set) get(ctx context.Context, id uint32, at int64) (*dictionary, error) {
 	d.mu.Lock()
 	dict := d.byID[id]
 	d.mu.Unlock()
@@ -275,7 +300,14 @@ func (d *Set) get(ctx context.Context, id uint32) (*dictionary, error) {
 	defer cancel()
 	from := d.cfg.Prefix + strconv.FormatUint(uint64(id), 10)
 	// "<id>" and "<id>/..." sort before "<id>0": ids are decimal.
-	resp, err := d.cfg.Client.Get(ctx, from, clientv3.WithRange(from+"0"), clientv3.WithLimit(1))
+	opts := []clientv3.OpOption{clientv3.WithRange(from + "0"), clientv3.WithLimit(1)}
+	if at > 0 {
+		opts = append(opts, clientv3.WithRev(at))
+	}
+	resp, err := d.cfg.Client.Get(ctx, from, opts...)
+	if at > 0 && errors.Is(err, rpctypes.ErrCompacted) {
+		return nil, fmt.Errorf("dictionary %d at revision %d: %w (compacted)", id, at, ErrMissing)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("dictionary %d: %w: %w", id, ErrRead, err)
 	}
@@ -355,7 +387,7 @@ func (d *Set) Load(ctx context.Context) (int64, error) {
 	if same {
 		return rev, nil
 	}
-	dict, err := d.get(ctx, uint32(id))
+	dict, err := d.get(ctx, uint32(id), 0)
 	if errors.Is(err, ErrMissing) {
 		return rev, nil // expired with its records: the next publish replaces it
 	}
@@ -518,8 +550,15 @@ func (d *Set) ensuredLocked(l clientv3.LeaseID) map[uint32]*ensure {
 	return m
 }
 
-// Close releases the encoders' and decoders' goroutines.
+// Close releases the encoders' and decoders' goroutines, once those in use
+// are done.
 func (d *Set) Close() {
+	d.inUse.Lock()
+	defer d.inUse.Unlock()
+	if d.closed {
+		return
+	}
+	d.closed = true
 	d.plainEnc.Close()
 	d.plainDec.Close()
 	d.mu.Lock()

@@ -128,6 +128,7 @@ type Sender struct {
 	timer    func() bool   // the armed spacing timer, or nil
 
 	batches, members, split atomic.Int64
+	left, waited            atomic.Int64
 }
 
 // member is one write waiting for its batch, or in one.
@@ -160,14 +161,19 @@ func New(cfg Config) *Sender {
 }
 
 // Stats are a Sender's counters: batches sent (a write alone is a batch
-// of one), the writes in them, and batches refused as a whole and split.
+// of one), the writes in them, batches refused as a whole and split,
+// writes whose caller left before they were sent (not sent: they did not
+// land), and writes whose caller's context ended while they flew (waited
+// for: their answer is etcd's).
 type Stats struct {
 	Batches, Members, Split int64
+	Left, Waited            int64
 }
 
 // Stats returns the Sender's counters.
 func (s *Sender) Stats() Stats {
-	return Stats{Batches: s.batches.Load(), Members: s.members.Load(), Split: s.split.Load()}
+	return Stats{Batches: s.batches.Load(), Members: s.members.Load(), Split: s.split.Load(),
+		Left: s.left.Load(), Waited: s.waited.Load()}
 }
 
 // callOpts are clientv3's default call options, for the Txns sent as
@@ -202,6 +208,7 @@ func (s *Sender) Txn(ctx context.Context, req *pb.TxnRequest, keys []string) (*p
 		}
 		if ctx.Err() != nil {
 			s.removeLocked(m)
+			s.left.Add(1)
 			s.mu.Unlock()
 			return nil, notSent(ctx)
 		}
@@ -306,6 +313,9 @@ func (s *Sender) takeLocked() []*member {
 // answers its members.
 func (s *Sender) send(ctx context.Context, batch []*member) {
 	answer := func(m *member, resp *pb.TxnResponse, err error) {
+		if m.ctx.Err() != nil {
+			s.waited.Add(1) // its caller left while it flew, and waits for this
+		}
 		s.mu.Lock()
 		m.resp, m.err, m.state = resp, err, answered
 		close(m.done)
