@@ -49,8 +49,31 @@ func fingerprint(key string, odd bool) etcdstore.Fingerprint {
 }
 
 // body is the outcome a claim saves: it names the claim, so a replay of
-// another claim's outcome shows.
-func body(key string, token int64) []byte { return []byte(fmt.Sprintf("%s by %d", key, token)) }
+// another claim's outcome shows, and it looks like a payment API's answer
+// (a few hundred bytes of JSON with the same field names every time), so
+// that records are compressed against the shared dictionaries as in
+// production.
+func body(key string, token int64) []byte {
+	return []byte(fmt.Sprintf(`{"id":"ch_%s_%d","object":"charge","amount":%d,"amount_captured":%d,"currency":"usd",`+
+		`"captured":true,"status":"succeeded","livemode":false,"paid":true,"refunded":false,"description":"order %s",`+
+		`"metadata":{"order_id":"%s","token":"%d"},"payment_method_details":{"type":"card","card":{"brand":"visa",`+
+		`"country":"US","exp_month":12,"exp_year":2030,"funding":"credit","last4":"4242"}},"by":"%s by %d"}`,
+		key, token, 100+token%900, 100+token%900, key, key, token, key, token))
+}
+
+// ownerOf returns the claim named in a body: its key and token, or false.
+func ownerOf(b string) (string, int64, bool) {
+	i := strings.LastIndex(b, `"by":"`)
+	if i < 0 {
+		return "", 0, false
+	}
+	var k string
+	var t int64
+	if _, err := fmt.Sscanf(strings.TrimSuffix(b[i+6:], `"}`), "%s by %d", &k, &t); err != nil {
+		return "", 0, false
+	}
+	return k, t, true
+}
 
 // steps is how many effects a key's work has.
 const steps = 3
@@ -63,23 +86,39 @@ func lastStep(cp []byte) int {
 // spawnActor adds an actor of a random kind.
 func (w *world) spawnActor(n int) {
 	name := fmt.Sprintf("a%d", n)
-	switch w.rng.IntN(6) {
+	p := w.procs[w.rng.IntN(len(w.procs))]
+	switch w.rng.IntN(8) {
+	case 7:
+		w.s.spawn(name+"/bulk", p, false, func(a *actor) { w.bulkWorker(a, p) })
+		if w.rng.IntN(2) == 0 {
+			// A busy service behind a balancer: two processes save outcomes
+			// at once, and may race to publish a dictionary.
+			q := w.procs[(p.slot+1+w.rng.IntN(len(w.procs)-1))%len(w.procs)]
+			w.s.spawn(name+"b/bulk", q, false, func(a *actor) { w.bulkWorker(a, q) })
+		}
+	case 6:
+		w.s.spawn(name+"/grpc", nil, false, func(a *actor) { w.grpcClient(a) })
 	case 5:
-		w.s.spawn(name+"/grpc", nil, func(a *actor) { w.grpcClient(a) })
-	case 4:
-		p := w.procs[w.rng.IntN(len(w.procs))]
-		w.s.spawn(name+"/job", p, func(a *actor) { w.jobWorker(a, p) })
-	case 0:
-		p := w.procs[w.rng.IntN(len(w.procs))]
-		w.s.spawn(name+"/do", p, func(a *actor) { w.doWorker(a, p) })
+		w.s.spawn(name+"/job", p, false, func(a *actor) { w.jobWorker(a, p) })
+	case 0, 4:
+		w.s.spawn(name+"/do", p, false, func(a *actor) { w.doWorker(a, p) })
 	case 1:
-		p := w.procs[w.rng.IntN(len(w.procs))]
-		w.s.spawn(name+"/steps", p, func(a *actor) { w.stepWorker(a, p) })
+		w.s.spawn(name+"/steps", p, false, func(a *actor) { w.stepWorker(a, p) })
 	case 2:
-		w.s.spawn(name+"/api", nil, func(a *actor) { w.apiWorker(a) })
+		w.s.spawn(name+"/api", nil, false, func(a *actor) { w.apiWorker(a) })
 	default:
-		w.s.spawn(name+"/http", nil, func(a *actor) { w.httpClient(a) })
+		w.s.spawn(name+"/http", nil, false, func(a *actor) { w.httpClient(a) })
 	}
+}
+
+// callerCtx is a caller's context: mostly without a deadline, sometimes
+// with one on p's clock, so that callers leave while their writes wait for
+// a batch or fly.
+func (w *world) callerCtx(a *actor, p *process) (context.Context, context.CancelFunc) {
+	if w.rng.IntN(4) != 0 {
+		return a.ctx, func() {}
+	}
+	return p.clock.WithTimeout(a.ctx, time.Duration(1+w.rng.IntN(3000))*time.Millisecond)
 }
 
 // doWorker runs Do a few times, retrying each operation with the same key.
@@ -105,7 +144,7 @@ func (w *world) doWorker(a *actor, p *process) {
 		}
 		for try := 0; try < 4; try++ {
 			w.s.step(a)
-			ctx := w.ctx(a, p)
+			ctx, cancel := w.callerCtx(a, p)
 			var token int64
 			res, err := p.store.Do(ctx, etcdstore.Key{ID: key}, params(key, odd), func(ctx context.Context, c *etcdstore.Claim) ([]byte, error) {
 				token = int64(c.Token())
@@ -139,7 +178,9 @@ func (w *world) doWorker(a *actor, p *process) {
 				}
 				return body(key, token), nil
 			}, opts...)
+			cancel()
 			w.result(a, key, res.Body, res.Replayed, err)
+			w.notePending(p, key, err)
 			if err == nil || errors.Is(err, etcdstore.ErrMismatch) || !retryable(err) {
 				break
 			}
@@ -148,7 +189,8 @@ func (w *world) doWorker(a *actor, p *process) {
 }
 
 func retryable(err error) bool {
-	return errors.Is(err, etcdstore.ErrConflict) || errors.Is(err, etcdstore.ErrUnavailable) || errors.Is(err, context.Canceled)
+	return errors.Is(err, etcdstore.ErrConflict) || errors.Is(err, etcdstore.ErrUnavailable) ||
+		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // effect applies a step's effect at the fenced sink.
@@ -175,17 +217,26 @@ func (w *world) result(a *actor, key string, out []byte, replayed bool, err erro
 func (w *world) stepWorker(a *actor, p *process) {
 	key := storeKeys[w.rng.IntN(len(storeKeys))]
 	fp := fingerprint(key, false)
-	attempt := strings.ReplaceAll(a.name, "/", "-") + "-" + p.name
-	opts := []etcdstore.ClaimOption{etcdstore.WithAttempt(attempt)}
+	opts := []etcdstore.ClaimOption{etcdstore.WithAttempt(w.nextAttempt())}
 	if w.rng.IntN(2) == 0 {
 		opts = append(opts, etcdstore.WithDeadline(time.Duration(5+w.rng.IntN(20))*time.Second))
 	}
+	// A client behind a load balancer retries its claim, with the same
+	// attempt id, through another process.
+	migrate := w.rng.IntN(3) == 0
 	var c *etcdstore.Claim
 	for try := 0; try < 4 && c == nil; try++ {
 		w.s.step(a)
+		if migrate && try > 0 {
+			// The worker now runs in that process: it dies with it.
+			p = w.procs[w.rng.IntN(len(w.procs))]
+			a.proc = p
+		}
 		var done *etcdstore.Record
 		var err error
-		c, done, err = p.store.Claim(w.ctx(a, p), etcdstore.Key{ID: key}, fp, opts...)
+		ctx, cancel := w.callerCtx(a, p)
+		c, done, err = p.store.Claim(ctx, etcdstore.Key{ID: key}, fp, opts...)
+		cancel()
 		switch {
 		case done != nil:
 			w.result(a, key, done.Outcome.Body, true, nil)
@@ -212,16 +263,16 @@ func (w *world) run(a *actor, p *process, key string, c *etcdstore.Claim, via st
 		var err error
 		for try := 0; try < 4; try++ {
 			w.s.step(a)
-			h, q := c, p
+			h := c
 			if via == "api" {
-				if h, q, err = w.attach(a, c); err != nil {
+				if h, _, err = w.attach(a, c); err != nil {
 					if errors.Is(err, etcdstore.ErrFenced) || !retryable(err) {
 						return err
 					}
 					continue
 				}
 			}
-			if err = op(h, w.ctx(a, q)); err == nil || !retryable(err) {
+			if err = op(h, a.ctx); err == nil || !retryable(err) {
 				return err
 			}
 		}
@@ -277,17 +328,17 @@ func (w *world) run(a *actor, p *process, key string, c *etcdstore.Claim, via st
 func (w *world) write(a *actor, p *process, c *etcdstore.Claim, via string, op func(*etcdstore.Claim, context.Context) error) {
 	for try := 0; try < 8; try++ {
 		w.s.step(a)
-		h, q := c, p
+		h := c
 		if via == "api" {
 			var err error
-			if h, q, err = w.attach(a, c); err != nil {
+			if h, _, err = w.attach(a, c); err != nil {
 				if !retryable(err) {
 					return
 				}
 				continue
 			}
 		}
-		if err := op(h, w.ctx(a, q)); err == nil || !retryable(err) {
+		if err := op(h, a.ctx); err == nil || !retryable(err) {
 			return
 		}
 	}
@@ -297,7 +348,7 @@ func (w *world) write(a *actor, p *process, c *etcdstore.Claim, via string, op f
 // API does for every call after the claim.
 func (w *world) attach(a *actor, c *etcdstore.Claim) (*etcdstore.Claim, *process, error) {
 	q := w.procs[w.rng.IntN(len(w.procs))]
-	h, err := q.store.Attach(w.ctx(a, q), c.Handle())
+	h, err := q.store.Attach(a.ctx, c.Handle())
 	return h, q, err
 }
 
@@ -309,7 +360,7 @@ func (w *world) apiWorker(a *actor) {
 	key := storeKeys[w.rng.IntN(len(storeKeys))]
 	fp := fingerprint(key, false)
 	opts := []etcdstore.ClaimOption{etcdstore.WithoutSession(), etcdstore.WithDeadline(time.Duration(5+w.rng.IntN(20)) * time.Second),
-		etcdstore.WithAttempt(strings.ReplaceAll(a.name, "/", "-"))}
+		etcdstore.WithAttempt(w.nextAttempt())}
 	var c *etcdstore.Claim
 	var p *process
 	for try := 0; try < 4 && c == nil; try++ {
@@ -317,7 +368,7 @@ func (w *world) apiWorker(a *actor) {
 		p = w.procs[w.rng.IntN(len(w.procs))]
 		var done *etcdstore.Record
 		var err error
-		c, done, err = p.store.Claim(w.ctx(a, p), etcdstore.Key{ID: key}, fp, opts...)
+		c, done, err = p.store.Claim(a.ctx, etcdstore.Key{ID: key}, fp, opts...)
 		switch {
 		case done != nil:
 			w.result(a, key, done.Outcome.Body, true, nil)
@@ -344,6 +395,9 @@ func (w *world) httpClient(a *actor) {
 			p := w.procs[w.rng.IntN(len(w.procs))]
 			status, out, replayed := w.send(a, p, key, behaviour)
 			w.log(event{kind: evResult, key: key, actor: a.name, status: status, body: out, replayed: replayed, via: "proxy"})
+			if status == http.StatusConflict {
+				w.notePending(p, key, etcdstore.ErrConflict)
+			}
 			if status != 0 && status != http.StatusConflict && status != http.StatusServiceUnavailable && status != http.StatusTooManyRequests &&
 				!(status == http.StatusBadGateway && strings.Contains(out, idemhttp.KindUpstreamUnavailable)) {
 				break
@@ -355,7 +409,7 @@ func (w *world) httpClient(a *actor) {
 // send runs one request through p's proxy, in the actor's own goroutine.
 // It returns status 0 when the connection was broken off.
 func (w *world) send(a *actor, p *process, key, behaviour string) (status int, out string, replayed bool) {
-	ctx := context.WithValue(w.ctx(a, p), http.ServerContextKey, &http.Server{}) // as a real server's request
+	ctx := context.WithValue(a.ctx, http.ServerContextKey, &http.Server{}) // as a real server's request
 	req := httptest.NewRequestWithContext(ctx, "POST", "http://idem/charge", strings.NewReader(string(params(key, false))))
 	req.Header.Set(idemhttp.HeaderKey, key)
 	req.Header.Set("Content-Type", "application/json")
@@ -380,23 +434,21 @@ func (w *world) send(a *actor, p *process, key, behaviour string) (status int, o
 	return rec.Code, string(b), rec.Header().Get(idemhttp.HeaderReplayed) == "true"
 }
 
-// observe starts a read-only Wait on a key, outside the schedule: it
-// neither faults nor yields, and its answer is checked at the end.
+// observe starts a read-only Wait on a key, for a few seconds: its answer
+// is checked at the end.
 func (w *world) observe(p *process) {
 	key := storeKeys[w.rng.IntN(len(storeKeys))]
-	w.observers.Add(1)
-	go func() {
-		defer w.observers.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	w.s.spawn(fmt.Sprintf("o%d/wait", w.seq), p, false, func(a *actor) {
+		ctx, cancel := p.clock.WithTimeout(a.ctx, time.Duration(1+w.rng.IntN(10))*time.Second)
 		defer cancel()
 		rec, err := p.store.Wait(ctx, etcdstore.Key{ID: key})
 		if err != nil || rec.State != etcdstore.Done {
 			return
 		}
 		w.mu.Lock()
-		w.waits = append(w.waits, event{kind: evResult, key: key, actor: "observer", body: string(rec.Outcome.Body), replayed: true, via: "wait"})
+		w.waits = append(w.waits, event{kind: evResult, key: key, actor: a.name, body: string(rec.Outcome.Body), replayed: true, via: "wait"})
 		w.mu.Unlock()
-	}()
+	})
 }
 
 // grpcClient calls a process's idemgrpc interceptor (in-process, as grpc-go
@@ -411,7 +463,7 @@ func (w *world) grpcClient(a *actor) {
 		for try := 0; try < 4; try++ {
 			w.s.step(a)
 			p := w.procs[w.rng.IntN(len(w.procs))]
-			ctx := metadata.NewIncomingContext(w.ctx(a, p), metadata.Pairs(idemgrpc.MetadataKey, key))
+			ctx := metadata.NewIncomingContext(a.ctx, metadata.Pairs(idemgrpc.MetadataKey, key))
 			var ran bool
 			handler := func(ctx context.Context, req any) (any, error) {
 				tok, _ := fencing.FromContext(ctx)
@@ -426,7 +478,7 @@ func (w *world) grpcClient(a *actor) {
 				if behaviour == "fail" {
 					return nil, status.Error(codes.Internal, fmt.Sprintf("%s failed after its effect under %d", key, tok))
 				}
-				return wrapperspb.String(fmt.Sprintf("%s by %d", key, tok)), nil
+				return wrapperspb.String(string(body(key, int64(tok)))), nil
 			}
 			resp, err := p.unary(ctx, wrapperspb.String(string(params(key, false))), &grpc.UnaryServerInfo{FullMethod: "/explore.Payments/Charge"}, handler)
 			st := status.Convert(err)
@@ -457,4 +509,41 @@ func grpcAnswer(o *etcdstore.Outcome) (codes.Code, string) {
 		return codes.Unknown, err.Error()
 	}
 	return codes.OK, v.GetValue()
+}
+
+// bulkWorker saves outcomes of many keys of its own through one process,
+// one after another, as a busy service does: enough for its process to
+// publish a compression dictionary (and for two processes to race at it),
+// and for group commit to have writes to batch.
+func (w *world) bulkWorker(a *actor, p *process) {
+	n := 16 + w.rng.IntN(16)
+	for i := range n {
+		key := fmt.Sprintf("b%d-%d", w.rng.IntN(1<<20), i)
+		w.s.step(a)
+		ctx, cancel := w.callerCtx(a, p)
+		var token int64
+		res, err := p.store.Do(ctx, etcdstore.Key{ID: key}, params(key, false), func(ctx context.Context, c *etcdstore.Claim) ([]byte, error) {
+			token = int64(c.Token())
+			w.log(event{kind: evGrant, key: key, token: token, attempt: c.Attempt(), proc: p.name, actor: a.name, tookOver: c.TookOver(), via: "bulk"})
+			defer w.log(event{kind: evHoldEnd, key: key, token: token, actor: a.name})
+			w.effect(key, 1, token, a)
+			return body(key, token), nil
+		})
+		cancel()
+		w.result(a, key, res.Body, res.Replayed, err)
+	}
+}
+
+// notePending notes in the ledger a conflict that p answered for key while
+// it held the key's outcome, its final write pending.
+func (w *world) notePending(p *process, key string, err error) {
+	if !errors.Is(err, etcdstore.ErrConflict) {
+		return
+	}
+	task := "complete " + storeKey(key).String() + " "
+	if len(w.s.live(func(a *actor) bool {
+		return a.proc == p && a.bg && strings.HasPrefix(a.name[strings.IndexByte(a.name, '/')+1:], task)
+	})) > 0 {
+		w.ledger.hit("path:conflict while this process holds the outcome")
+	}
 }

@@ -5,39 +5,49 @@ import (
 
 	"context"
 	"fmt"
+	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/fencing"
 )
 
-// The invariants checked after every schedule:
+// The invariants checked after every schedule (and liveness, checked when
+// the faults stop: see heal):
 //
 //  1. No key's work has two live owners at once: whenever a claim is
 //     granted, every other claim of the key still held by its worker has
 //     provably lost its right to run: its session ended, or its deadline
-//     passed. (A claim recognised again by its attempt id is the same
-//     claim.)
+//     passed, or its record expired (by the clock of the process that
+//     took it over). A claim recognised again by its attempt id is the
+//     same claim.
 //  2. An effect is applied at most once per key and step, unless a
 //     takeover with a greater token happened: every later application of
 //     a step comes from a claim that took the key over (by the record's
-//     history in etcd), with a greater token than the one before, and the
-//     earlier owner was provably fenced (1).
+//     history in etcd), with a greater token than the one before.
 //  3. A saved outcome is replayed byte for byte: every answer a caller
 //     took as the operation's outcome is the key's one saved outcome.
-//  4. No key stays in flight owned by a live process that no longer runs
-//     it: once every actor is done and every background write settled,
-//     no in-flight record belongs to a live session.
 //  5. Checkpoints never go backwards: along a key's history in etcd, from
 //     one claim to the next, the recovery point never decreases.
-//  6. A graceful close loses no outcome: every Complete a process was
-//     retrying in the background has landed (or been refused) before the
-//     close revokes its session.
+//  6. A graceful close loses no outcome: no process revokes its session
+//     while a final write of its own is pending, before Close has waited
+//     its bound (WithEndTimeout) for it.
+//  11. A saved outcome stays readable for its whole retention: no done
+//     record is deleted before its expiry (but by an eviction), and every
+//     record an Admin that met no dictionary reads decodes.
+//  12. The tokens of a key never go backwards, across epoch raises and
+//     restores included: every claim of a key has a greater token than
+//     every claim of it before.
+//
+// A restore loses what was written after its snapshot, by design: keys
+// whose records a restore rolled back are exempt from 2, 3 and 5 (12 and
+// liveness still hold for them).
 
 type evKind int
 
@@ -52,10 +62,15 @@ const (
 	evTaskStart                // a background write started
 	evTaskDone                 // a background write finished
 	evClock                    // the simulated clock moved
+	evEpoch                    // the shard epoch was raised
+	evSnapshot                 // the prefix was saved
+	evRestore                  // and restored
+	evUnreadable               // an audit found a record it cannot read
 )
 
 var kindNames = map[evKind]string{evGrant: "grant", evHoldEnd: "hold-end", evEffect: "effect", evResult: "result",
-	evSessionEnd: "session-end", evCrash: "crash", evClose: "close", evTaskStart: "task", evTaskDone: "task-done", evClock: "clock"}
+	evSessionEnd: "session-end", evCrash: "crash", evClose: "close", evTaskStart: "task", evTaskDone: "task-done", evClock: "clock",
+	evEpoch: "epoch", evSnapshot: "snapshot", evRestore: "restore", evUnreadable: "unreadable"}
 
 type event struct {
 	seq  int
@@ -125,109 +140,180 @@ type version struct {
 	rec     *etcdstore.Record
 }
 
-// watchHistory starts collecting every write under the schedule's prefix.
-// A watch opened at the current revision is delivered at once (one that
-// starts in the past is caught up by etcd only every 100 ms).
-func (w *world) watchHistory() {
-	ctx, cancel := context.WithCancel(context.Background())
-	w.stopHist = cancel
-	w.hist = make(chan clientv3.WatchResponse, 1024)
-	wch := w.admin.Watch(ctx, w.prefix, clientv3.WithPrefix(), clientv3.WithRev(w.start+1))
-	go func() {
-		defer close(w.hist)
-		for wr := range wch {
-			w.hist <- wr
-		}
-	}()
-}
-
-// history returns every write under the schedule's prefix since it started.
+// history returns every write of records under the schedule's prefix
+// since it started, from the world's feed.
 func (w *world) history(ctx context.Context) (map[string][]version, error) {
-	defer w.stopHist()
-	// A sentinel write marks the end: the watch has delivered everything
-	// before it once it delivers the sentinel.
-	end := w.prefix + "zz-end"
-	if _, err := w.admin.Put(ctx, end, ""); err != nil {
+	// A sentinel write marks the end: the feed has everything before it
+	// once it has caught up with it.
+	end, err := w.admin.Put(ctx, w.prefix+"zz-end", "")
+	if err != nil {
+		return nil, err
+	}
+	if err := w.feed.catchUp(end.Header.Revision); err != nil {
 		return nil, err
 	}
 	out := make(map[string][]version)
 	records := w.prefix + "k/default/"
 	jobRecords := w.prefix + "k/" + jobTenant + "/"
-	for {
-		var wr clientv3.WatchResponse
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case r, ok := <-w.hist:
-			if !ok {
-				return nil, fmt.Errorf("history watch ended")
-			}
-			wr = r
+	dicts := w.prefix + "z/"
+	for _, ev := range w.feed.since(w.start+1, end.Header.Revision) {
+		k := string(ev.Kv.Key)
+		if strings.HasPrefix(k, dicts) && ev.Type == mvccpb.DELETE && strings.Count(k[len(dicts):], "/") == 1 {
+			w.ledger.hit("path:dictionary copy deleted with its lease")
 		}
-		if err := wr.Err(); err != nil {
-			return nil, err
+		id, ok := strings.CutPrefix(k, records)
+		if !ok {
+			if id, ok = strings.CutPrefix(k, jobRecords); !ok {
+				continue
+			}
+			id = jobKey(id)
 		}
-		for _, ev := range wr.Events {
-			k := string(ev.Kv.Key)
-			if k == end {
-				return out, nil
+		v := version{rev: ev.Kv.ModRevision, deleted: ev.Type == mvccpb.DELETE}
+		if !v.deleted {
+			rec, err := w.decoder.DecodeRecord(ev.Kv)
+			if err != nil {
+				return nil, fmt.Errorf("key %s at revision %d: %w", id, ev.Kv.ModRevision, err)
 			}
-			id, ok := strings.CutPrefix(k, records)
-			if !ok {
-				if id, ok = strings.CutPrefix(k, jobRecords); !ok {
-					continue
-				}
-				id = jobKey(id)
+			v.rec = rec
+			if len(ev.Kv.Value) > 2 && ev.Kv.Value[0] == 3 && ev.Kv.Value[2] != 0 {
+				w.ledger.hit("path:record compressed against a dictionary")
 			}
-			v := version{rev: ev.Kv.ModRevision, deleted: ev.Type == mvccpb.DELETE}
-			if !v.deleted {
-				rec, err := w.decoder.DecodeRecord(ev.Kv)
-				if err != nil {
-					return nil, fmt.Errorf("key %s at revision %d: %w", id, ev.Kv.ModRevision, err)
-				}
-				v.rec = rec
-			}
-			out[id] = append(out[id], v)
 		}
+		out[id] = append(out[id], v)
 	}
+	return out, nil
 }
+
+// tokenRev is the revision part of a token.
+func tokenRev(t int64) int64 { return t & (1<<etcdstore.EpochShift - 1) }
 
 // check returns every invariant violation of the schedule.
 func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Record) []string {
 	var bad []string
 	fail := func(format string, args ...any) { bad = append(bad, fmt.Sprintf(format, args...)) }
 
+	// Restores: the versions a restore wrote, and the keys it rolled back.
+	restored := func(rev int64) bool {
+		for _, r := range w.restores {
+			if r.done && rev > r.from && rev <= r.to {
+				return true
+			}
+		}
+		return false
+	}
+	if key := os.Getenv("IDEM_EXPLORE_HIST"); key != "" {
+		for _, v := range hist[key] {
+			at, _ := w.timeOf(v.rev)
+			if v.rec == nil {
+				fmt.Printf("hist %s rev %d at %s deleted\n", key, v.rev, at.Format("15:04:05.000"))
+				continue
+			}
+			r := v.rec
+			fmt.Printf("hist %s rev %d at %s token %d %v owner %q deadline %s expires %s checkpoint %q fence %v\n", key, v.rev, at.Format("15:04:05.000"),
+				r.Token, r.State, r.Owner, r.Deadline.Format("15:04:05.000"), r.Expires.Format("15:04:05.000"), r.Checkpoint, r.Fence)
+		}
+	}
+	rolledBack := map[string]bool{}
+	for key, vs := range hist {
+		for _, v := range vs {
+			for _, r := range w.restores {
+				if r.done && v.rev > r.rev && v.rev <= r.from {
+					rolledBack[key] = true
+				}
+			}
+		}
+	}
+
 	// What history says of each claim (by token): how it was made, and the
 	// latest deadline any of its writes set.
 	type claimWrite struct {
 		key      string
 		takeover bool
+		renewed  bool // the key's retention had passed: a new operation
 		owner    string
 		deadline time.Time
 	}
-	claims := map[int64]*claimWrite{}
+	// expiredAt reports whether r's retention had passed at revision rev
+	// (on a clock up to 3 s ahead: the processes' skew).
+	expiredAt := func(r *etcdstore.Record, rev int64) bool {
+		at, ok := w.timeOf(rev)
+		return ok && !at.Add(3*time.Second).Before(r.Expires)
+	}
+	// A claim is its key and token: the claims of one batch share a
+	// revision, so a token alone names several.
+	type claimID struct {
+		key   string
+		token int64
+	}
+	claims := map[claimID]*claimWrite{}
+	opStarts := map[string][]int64{} // per key, the tokens of claims that began a new operation
 	for key, vs := range hist {
-		live := false // the key has a record before this version
-		for _, v := range vs {
+		var prev *version    // the key's record before this version; nil: none
+		var deleted *version // the record a deletion removed, while the key has none
+		high := int64(0)     // the greatest token of the key so far
+		for i := range vs {
+			v := &vs[i]
 			if v.deleted {
-				live = false
+				if prev != nil {
+					deleted = &version{rev: v.rev, rec: prev.rec}
+				}
+				prev = nil
 				continue
 			}
 			r := v.rec
-			if int64(r.Token) == v.rev { // a claim or a takeover writes its own revision
-				claims[int64(r.Token)] = &claimWrite{key: key, takeover: live, owner: r.Owner}
+			if restored(v.rev) {
+				high = max(high, int64(r.Token))
+				prev = v
+				continue
 			}
-			if cw := claims[int64(r.Token)]; cw != nil && r.Deadline.After(cw.deadline) {
+			if tokenRev(int64(r.Token)) == v.rev { // a claim or a takeover writes its own revision
+				cw := &claimWrite{key: key, owner: r.Owner}
+				switch {
+				case r.Fence:
+					w.ledger.hit("state:fence")
+				case prev != nil && prev.rec.Fence:
+					// A fence left the key free: this is its operation's
+					// first claim.
+				case prev != nil && prev.rec.State == etcdstore.InFlight && !expiredAt(prev.rec, v.rev):
+					cw.takeover = true
+				case prev != nil:
+					cw.renewed = expiredAt(prev.rec, v.rev)
+				case deleted != nil:
+					// Deleted at its expiry (swept, its lease expired), or
+					// released by its claim before.
+					cw.renewed = deleted.rec.State == etcdstore.Done || expiredAt(deleted.rec, deleted.rev)
+				}
+				claims[claimID{key, int64(r.Token)}] = cw
+				if !cw.takeover && (cw.renewed || prev == nil && deleted == nil || prev != nil && prev.rec.Fence) {
+					opStarts[key] = append(opStarts[key], int64(r.Token))
+				}
+				// 12. Tokens only grow.
+				if int64(r.Token) <= high {
+					fail("%s: token went back: claim at revision %d has token %d, after token %d", key, v.rev, r.Token, high)
+				}
+				w.claimPaths(prev, v)
+			}
+			high = max(high, int64(r.Token))
+			deleted = nil
+			if cw := claims[claimID{key, int64(r.Token)}]; cw != nil && r.Deadline.After(cw.deadline) {
 				cw.deadline = r.Deadline
 			}
-			live = true
+			switch {
+			case r.State == etcdstore.Done:
+				w.ledger.hit("state:done")
+			case r.State == etcdstore.InFlight && r.Owner == "":
+				w.ledger.hit("state:abandoned")
+			case r.State == etcdstore.InFlight && r.Owner == "~deadline":
+				w.ledger.hit("state:in flight without a session")
+			}
+			prev = v
 		}
 	}
 
 	// 1. Two live owners.
 	ended := map[string]int{} // session owner -> seq it ended at
 	for _, e := range w.events {
-		if (e.kind == evSessionEnd || e.kind == evCrash || e.kind == evClose) && e.owner != "" {
+		if e.kind == evSessionEnd && e.owner != "" {
 			if _, ok := ended[e.owner]; !ok {
 				ended[e.owner] = e.seq
 			}
@@ -263,14 +349,29 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 		}
 		return prev.rec
 	}
+	skewOf := map[string]time.Duration{}
+	for i, sk := range w.cfg.skew {
+		skewOf[fmt.Sprintf("p%d", i)] = sk
+	}
 	for _, e := range w.events {
 		switch e.kind {
+		case evCrash:
+			// The process's own actors stopped with it.
+			for _, h := range holds {
+				if h.until == 0 && h.grant.proc == e.proc && h.grant.via != "api" && h.grant.via != "proxy" && h.grant.via != "grpc" {
+					h.until = e.seq
+				}
+			}
 		case evGrant:
+			if rolledBack[e.key] {
+				break
+			}
 			// The claim this grant took the key from, if any: the one whose
 			// record its claim write replaced. A record deleted before it
 			// was released by its own claim (only Release deletes here).
-			if cw := claims[e.token]; cw != nil {
-				if prev := replaced(e.key, e.token); prev != nil && int64(prev.Token) != e.token {
+			if cw := claims[claimID{e.key, e.token}]; cw != nil {
+				rev := tokenRev(e.token)
+				if prev := replaced(e.key, rev); prev != nil && prev.Token != fencingToken(e.token) {
 					for _, h := range holds {
 						if h.grant.key != e.key || h.grant.token != int64(prev.Token) {
 							continue
@@ -280,8 +381,10 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 							held = true
 						}
 						sessionEnded := false
-						if s, ok := ended[claims[h.grant.token].owner]; ok && s < e.seq {
-							sessionEnded = true
+						if c := claims[claimID{h.grant.key, h.grant.token}]; c != nil {
+							if s, ok := ended[c.owner]; ok && s < e.seq {
+								sessionEnded = true
+							}
 						}
 						// The claim's deadline as its last write before the
 						// takeover set it. When that write is an abandon (which
@@ -299,10 +402,23 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 								}
 							}
 						}
-						pastDeadline := !dl.IsZero() && !e.at.Before(dl)
+						takerNow := e.at.Add(skewOf[procSlot(e.proc)])
+						if prev.State == etcdstore.Done {
+							// Its work ended with its outcome saved; a final
+							// write of it still pending (its reply was lost)
+							// is fenced. Only an expired outcome may be
+							// claimed again.
+							if takerNow.Before(prev.Expires) {
+								fail("%s claimed again over its saved outcome (token %d) before its expiry %v: token %d (%s) at %d (clock %v)",
+									e.key, prev.Token, prev.Expires.Format("15:04:05.000"), e.token, e.actor, e.seq, takerNow.Format("15:04:05.000"))
+							}
+							continue
+						}
+						// A claim's record expiring ends it too (Claim.Err).
+						pastDeadline := (!dl.IsZero() && !takerNow.Before(dl)) || !takerNow.Before(prev.Expires)
 						if held && !sessionEnded && !pastDeadline {
 							fail("two live owners of %s: token %d (%s, granted at %d; record owner %q, deadline %v) still held, its session live and its deadline not passed, when token %d (%s) took the key over at %d (clock %v)",
-								e.key, h.grant.token, h.grant.actor, h.grant.seq, prev.Owner, prev.Deadline.Format("15:04:05.000"), e.token, e.actor, e.seq, e.at.Format("15:04:05.000"))
+								e.key, h.grant.token, h.grant.actor, h.grant.seq, prev.Owner, prev.Deadline.Format("15:04:05.000"), e.token, e.actor, e.seq, takerNow.Format("15:04:05.000"))
 						}
 					}
 				}
@@ -323,19 +439,37 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 		seq   int
 	}
 	applied := map[string][]app{}
+	// opOf is the token of the claim that began the operation token
+	// belongs to: the key's retention passed before it.
+	opOf := func(key string, token int64) int64 {
+		start := int64(0)
+		for _, t := range opStarts[key] {
+			if t <= token {
+				start = max(start, t)
+			}
+		}
+		return start
+	}
 	for _, e := range w.events {
-		if e.kind != evEffect || !e.accepted {
+		if e.kind != evEffect || !e.accepted || rolledBack[e.key] {
 			continue
 		}
 		ks := fmt.Sprintf("%s step %d", e.key, e.step)
-		if prev := applied[ks]; len(prev) > 0 {
+		op := opOf(e.key, e.token)
+		var prev []app
+		for _, a := range applied[ks] {
+			if a.token >= op {
+				prev = append(prev, a) // the same operation's
+			}
+		}
+		if len(prev) > 0 {
 			last := prev[len(prev)-1]
-			cw := claims[e.token]
+			cw := claims[claimID{e.key, e.token}]
 			switch {
 			case e.token <= last.token:
 				fail("%s applied twice under token %d (at %d and %d)", ks, e.token, last.seq, e.seq)
-			case cw == nil || !cw.takeover:
-				fail("%s applied again at %d by token %d, which did not take the key over (the first, token %d, at %d): a re-run after a release or loss", ks, e.seq, e.token, last.token, last.seq)
+			case cw == nil || !cw.takeover && !cw.renewed:
+				fail("%s applied again at %d by token %d, which did not take the key over (the first, token %d, at %d), its retention not passed: a re-run after a release or loss", ks, e.seq, e.token, last.token, last.seq)
 			}
 		}
 		applied[ks] = append(applied[ks], app{e.token, e.seq})
@@ -343,7 +477,7 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 
 	// 3. Outcomes.
 	for _, e := range w.events {
-		if e.kind != evResult || e.err != "" || e.mismatch {
+		if e.kind != evResult || e.err != "" || e.mismatch || rolledBack[e.key] {
 			continue
 		}
 		if e.via == "proxy" && (e.status == 0 || e.status == 409 || e.status == 429 || e.status == 503 ||
@@ -353,7 +487,7 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 		if e.via == "grpc" && (codes.Code(e.status) == codes.Aborted || codes.Code(e.status) == codes.Unavailable) {
 			continue // not an outcome: the client retries (NotExecuted released the key too)
 		}
-		rec := final[e.key]
+		rec := w.outcomeAt(hist[e.key], e, final[e.key])
 		switch {
 		case rec == nil || rec.State != etcdstore.Done:
 			fail("%s answered %q at %d, but the key's final record is %v", e.key, e.body, e.seq, describe(rec))
@@ -368,36 +502,29 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 		}
 	}
 	for _, e := range w.waits {
-		if rec := final[e.key]; rec == nil || rec.State != etcdstore.Done || e.body != string(rec.Outcome.Body) {
-			fail("Wait on %s returned done %q; the key's final record is %v", e.key, e.body, describe(rec))
+		if rolledBack[e.key] {
+			continue
 		}
-	}
-
-	// 4. Held by nobody.
-	live := map[string]string{}
-	for _, p := range w.procs {
-		if !p.dead {
-			live[p.store.Owner()] = p.name
+		found := false
+		for _, v := range hist[e.key] {
+			found = found || !v.deleted && v.rec.State == etcdstore.Done && string(v.rec.Outcome.Body) == e.body
 		}
-	}
-	for key, rec := range final {
-		if rec.State == etcdstore.InFlight && live[rec.Owner] != "" {
-			fail("%s is in flight under the live session of %s (token %d) with nobody running it", key, live[rec.Owner], rec.Token)
+		if !found {
+			fail("Wait on %s returned done %q, which the key never saved", e.key, e.body)
 		}
 	}
 
 	// 5. Checkpoints (a job's progress is checked as 9).
 	for key, vs := range hist {
-		if strings.HasPrefix(key, jobTenant+"/") {
+		if strings.HasPrefix(key, jobTenant+"/") || rolledBack[key] {
 			continue
 		}
 		high := 0
 		for _, v := range vs {
-			if v.deleted {
-				high = 0
-				continue
+			if v.deleted || slices.Contains(opStarts[key], int64(v.rec.Token)) {
+				high = 0 // released, or a new operation: its retention passed
 			}
-			if v.rec.State != etcdstore.InFlight {
+			if v.deleted || v.rec.State != etcdstore.InFlight {
 				continue
 			}
 			n := lastStep(v.rec.Checkpoint)
@@ -407,25 +534,108 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 			high = max(high, n)
 		}
 	}
+
 	// 6. Closes.
-	started := map[string]string{} // task -> process, for complete tasks not finished
+	started := map[string]string{} // task -> process, for final writes not finished
+	closedAt := map[string]event{} // the session a close began under -> its close
 	for _, e := range w.events {
 		switch {
-		case e.kind == evTaskStart && strings.HasPrefix(e.task, "complete "):
+		case e.kind == evTaskStart:
 			started[e.task] = e.proc
 		case e.kind == evTaskDone:
 			delete(started, e.task)
-		case e.kind == evSessionEnd && e.body == "closed":
-			for task, proc := range started {
-				if proc == e.proc {
-					fail("%s closed (at %d) with a final write still pending: %s", proc, e.seq, task)
+		case e.kind == evClose && e.owner != "":
+			closedAt[e.owner] = e
+		case e.kind == evSessionEnd && strings.HasPrefix(e.body, "revoked by "):
+			proc := strings.TrimPrefix(e.body, "revoked by ")
+			c, closing := closedAt[e.owner] // the session Close revokes, not one lost before
+			if !closing || c.proc != proc || e.at.Sub(c.at) >= etcdstore.DefaultEndTimeout {
+				continue
+			}
+			at := c.at
+			for task, p := range started {
+				if p == proc {
+					fail("%s revoked its session at %d, %v into its close, with a final write still pending: %s", proc, e.seq, e.at.Sub(at), task)
 				}
 			}
 		}
 	}
-	bad = append(bad, w.checkJobs(hist, final)...)
+
+	// 11. Readable outcomes, kept for their retention.
+	for _, e := range w.events {
+		if e.kind == evUnreadable {
+			fail("a saved outcome cannot be read (at %d): %s", e.seq, e.body)
+		}
+	}
+	for key, vs := range hist {
+		for i := 1; i < len(vs); i++ {
+			prev, v := vs[i-1], vs[i]
+			if !v.deleted || prev.deleted || prev.rec.State != etcdstore.Done || restored(v.rev) {
+				continue
+			}
+			if at, ok := w.timeOf(v.rev); ok && at.Add(3*time.Second).Before(prev.rec.Expires) {
+				fail("%s: its done record (token %d) was deleted at revision %d, at %v, before its retention ended at %v",
+					key, prev.rec.Token, v.rev, at.Format("15:04:05.000"), prev.rec.Expires.Format("15:04:05.000"))
+			}
+		}
+	}
+
+	bad = append(bad, w.checkJobs(hist, final, rolledBack, opStarts)...)
 	sort.Strings(bad)
 	return bad
+}
+
+// procSlot is the slot of a process incarnation's name ("p1.2": "p1").
+func procSlot(name string) string {
+	if i := strings.IndexByte(name, '.'); i >= 0 {
+		return name[:i]
+	}
+	return name
+}
+
+func fencingToken(t int64) fencing.Token { return fencing.Token(t) }
+
+// claimPaths notes in the ledger what a claim write replaced.
+func (w *world) claimPaths(prev, v *version) {
+	if prev == nil || prev.rec.State != etcdstore.InFlight {
+		if prev != nil && prev.rec.State == etcdstore.Done {
+			w.ledger.hit("state:expired and claimed again")
+		}
+		return
+	}
+	w.ledger.hit("path:takeover")
+	p, r := prev.rec, v.rec
+	if p.Epoch < r.Epoch {
+		w.ledger.hit("path:takeover after an epoch raise")
+	}
+	at, ok := w.timeOf(v.rev)
+	switch {
+	case p.Owner == "":
+	case !p.Deadline.IsZero() && ok && !at.Before(p.Deadline.Add(-3*time.Second)):
+		w.ledger.hit("path:takeover past a deadline")
+	case p.Owner != "~deadline":
+		w.ledger.hit("path:takeover of a dead session's claim")
+	}
+}
+
+// outcomeAt returns the key's saved outcome an answer at e must be: the
+// latest done record saved before the answer (the key may have been
+// claimed again since, after its retention), or the final one.
+func (w *world) outcomeAt(vs []version, e event, final *etcdstore.Record) *etcdstore.Record {
+	var at *etcdstore.Record
+	for _, v := range vs {
+		t, ok := w.timeOf(v.rev)
+		if !ok || t.After(e.at) {
+			break
+		}
+		if !v.deleted && v.rec.State == etcdstore.Done {
+			at = v.rec
+		}
+	}
+	if at == nil {
+		return final
+	}
+	return at
 }
 
 func describe(r *etcdstore.Record) string {

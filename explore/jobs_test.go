@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/idem-dev/idem/clock"
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/jobs"
 )
@@ -51,13 +54,19 @@ func (w *world) pickJobs() {
 	}
 	if w.rng.IntN(3) == 0 {
 		w.jobs.deadline = time.Duration(5+w.rng.IntN(20)) * time.Second
+		// A job may wait at most half the store's retention.
+		shortest := w.cfg.retention[0]
+		for _, r := range w.cfg.retention {
+			shortest = min(shortest, r)
+		}
+		w.jobs.deadline = min(w.jobs.deadline, shortest/2-time.Second)
 	}
 }
 
 // effectKey is the etcd key of a job step's committed effect.
-func (w *world) effectKey(id, what string) string {
-	return "/explore-effects/" + w.prefix + id + "/" + what
-}
+func (w *world) effectKey(id, what string) string { return w.effectsPrefix() + id + "/" + what }
+
+func (w *world) effectsPrefix() string { return "/explore-effects" + w.prefix }
 
 // jobKind is the world's job kind as actor a runs it (a nil a: the driver,
 // after healing, which neither yields nor fails).
@@ -137,13 +146,13 @@ func (w *world) jobWorker(a *actor, p *process) {
 	defer wk.Close()
 	for try := 0; try < 3; try++ {
 		w.s.step(a)
-		if _, err := q.Submit(w.ctx(a, p), id, "explore", []byte(`{"job":true}`)); err == nil || !retryable(err) {
+		if _, err := q.Submit(a.ctx, id, "explore", []byte(`{"job":true}`)); err == nil || !retryable(err) {
 			break
 		}
 	}
 	for try := 0; try < 3; try++ {
 		w.s.step(a)
-		j, err := wk.Run(w.ctx(a, p), id)
+		j, err := wk.Run(a.ctx, id)
 		if err == nil {
 			w.note("%s: job %s is %s after %d attempts", a.name, id, j.State, j.Attempts)
 			if j.State.Final() || j.State == jobs.Parked {
@@ -155,9 +164,10 @@ func (w *world) jobWorker(a *actor, p *process) {
 	}
 }
 
-// drainJobs runs every job to its end (or to parked) after healing, on the
-// driver: once faults stop, a job always ends.
-func (w *world) drainJobs() []string {
+// drainJobs runs every job to its end (or to parked) after healing, as an
+// actor of the first process: once faults stop, a job always ends. It
+// reports what did not.
+func (w *world) drainJobs(a *actor) []string {
 	var bad []string
 	p := w.procs[0]
 	q, err := jobs.New(p.store)
@@ -169,13 +179,17 @@ func (w *world) drainJobs() []string {
 		return []string{err.Error()}
 	}
 	defer wk.Close()
-	ctx := withCall(context.Background(), &call{p: p, noHold: true})
+	ctx := a.ctx
 	for _, id := range jobKeys {
 		var j *jobs.Job
 		for round := 0; round < 20; round++ {
 			j, err = wk.Run(ctx, id)
 			if errors.Is(err, etcdstore.ErrNotFound) {
 				break
+			}
+			if err != nil && retryable(err) && round < 19 {
+				clock.Sleep(p.clock, ctx, time.Second) // a session being replaced, say
+				continue
 			}
 			if err != nil {
 				bad = append(bad, fmt.Sprintf("job %s: running it after healing: %v", id, err))
@@ -186,11 +200,11 @@ func (w *world) drainJobs() []string {
 			}
 			switch j.State {
 			case jobs.Scheduled:
-				w.s.advance(j.NotBefore.Sub(w.s.Now()) + time.Millisecond)
+				clock.Sleep(p.clock, ctx, j.NotBefore.Sub(p.clock.Now())+time.Millisecond)
 			case jobs.Running:
 				// Its claim's owner is a dead session (taken over next
 				// round) or the claim's deadline is to pass.
-				w.s.advance(time.Second)
+				clock.Sleep(p.clock, ctx, time.Second)
 			}
 		}
 		if j != nil && !j.State.Final() && j.State != jobs.Parked {
@@ -209,18 +223,25 @@ func (w *world) drainJobs() []string {
 //     state says the step finished (likewise a compensation's).
 //  9. Progress never goes back: along a job's history, the steps
 //     finished (and compensated) only grow.
-func (w *world) checkJobs(hist map[string][]version, final map[string]*etcdstore.Record) []string {
+func (w *world) checkJobs(hist map[string][]version, final map[string]*etcdstore.Record, rolledBack map[string]bool, opStarts map[string][]int64) []string {
 	var bad []string
 	fail := func(format string, args ...any) { bad = append(bad, fmt.Sprintf(format, args...)) }
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, id := range jobKeys {
 		key := jobKey(id)
+		if rolledBack[key] {
+			continue // a restore rolled the job back: it runs again from there
+		}
 		finishedBy := map[int]int64{} // step -> token that finished it
 		high := 0
 		for _, v := range hist[key] {
-			if v.deleted {
+			if v.deleted || slices.Contains(opStarts[key], int64(v.rec.Token)) {
+				// Gone, or submitted again after its retention passed: a
+				// new job of the same id.
 				finishedBy, high = map[int]int64{}, 0
+			}
+			if v.deleted || v.rec.Fence {
 				continue
 			}
 			j, err := jobs.FromRecord(v.rec, v.rec.Created)
@@ -253,6 +274,13 @@ func (w *world) checkJobs(hist map[string][]version, final map[string]*etcdstore
 			}
 		}
 		rec := final[key]
+		if rec == nil {
+			if vs := hist[key]; len(vs) > 0 {
+				if last := vs[len(vs)-1]; last.deleted || last.rec.Expires.Before(w.s.Now()) {
+					continue // its retention passed: the job is forgotten, its effects are not
+				}
+			}
+		}
 		var j *jobs.Job
 		if rec != nil {
 			var err error
@@ -274,8 +302,41 @@ func (w *world) checkJobs(hist map[string][]version, final map[string]*etcdstore
 				continue
 			}
 			exists := len(resp.Kvs) == 1
+			writes := int64(0)
+			if exists {
+				writes = resp.Kvs[0].Version
+			}
+			if exists && rec != nil && writes == 2 {
+				// Written once by an earlier job of the same id (before its
+				// retention passed), and once by this one?
+				first, err := w.admin.Get(ctx, w.effectKey(id, c.what), clientv3.WithRev(resp.Kvs[0].CreateRevision))
+				op := int64(0)
+				for _, t := range opStarts[key] {
+					if t <= int64(rec.Token) {
+						op = max(op, t)
+					}
+				}
+				if err == nil && len(first.Kvs) == 1 {
+					if by, err := strconv.ParseInt(string(first.Kvs[0].Value), 10, 64); err == nil && by < op {
+						writes = 1
+					}
+				}
+			}
+			if exists && rec != nil {
+				// Written by an earlier job of the same id (before its
+				// retention passed), this one's never was.
+				op := int64(0)
+				for _, t := range opStarts[key] {
+					if t <= int64(rec.Token) {
+						op = max(op, t)
+					}
+				}
+				if by, err := strconv.ParseInt(string(resp.Kvs[0].Value), 10, 64); err == nil && by < op {
+					exists = false
+				}
+			}
 			switch {
-			case exists && resp.Kvs[0].Version != 1:
+			case exists && writes != 1:
 				fail("%s: effect %s written %d times", key, c.what, resp.Kvs[0].Version)
 			case j == nil && exists:
 				fail("%s: effect %s exists but the job does not", key, c.what)

@@ -2,35 +2,33 @@ package explore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/etcdtest"
 	"github.com/idem-dev/idem/fencing"
 	"github.com/idem-dev/idem/idemgrpc"
 	"github.com/idem-dev/idem/idemhttp"
-	"github.com/idem-dev/idem/internal/sim"
 )
 
 // The etcd every schedule runs on: one member, shared; each schedule has
@@ -52,10 +50,29 @@ func TestMain(m *testing.M) {
 		}
 		defer c.Close()
 		cluster = c
+		// The explorer allocates much and briefly (contexts, records,
+		// gRPC messages): collect less often.
+		debug.SetGCPercent(300)
 		return m.Run()
 	}()
 	os.Exit(code)
 }
+
+// config is what a world draws of how its processes are built: each as
+// idem serve builds its store by default (group commit, the expiry
+// sweeper, compressed records, the session's TTL, the request timeout),
+// with the options a deployment sets: the retention (per process: they may
+// differ on one prefix), the replay cache, shard epochs; and each process's
+// clock skew.
+type config struct {
+	retention []time.Duration // per process slot
+	cache     []bool
+	skew      []time.Duration
+	epochs    bool
+	restores  bool // the nemesis may snapshot and restore the prefix
+}
+
+var worlds atomic.Int64
 
 // world is one schedule.
 type world struct {
@@ -63,28 +80,38 @@ type world struct {
 	s       *sched
 	rng     *rand.Rand // scripts and faults, drawn in the deterministic order of the run
 	prefix  string
+	cfg     config
 	admin   *clientv3.Client // fault-free, for the nemesis and the checks
 	decoder *etcdstore.Admin // reads the records of the history
 	procs   []*process
 	sink    *sink
 	up      *httptest.Server
 	start   int64 // etcd revision before the schedule
+	ledger  *ledger
 
-	faultRate float64    // share of actor calls that get a fault
-	jobs      jobsConfig // how the schedule's jobs fail
-	healed    bool       // no more faults
-	faults    int        // faults injected
+	faults     faults
+	jobs       jobsConfig // how the schedule's jobs fail
+	healed     bool       // no more faults
+	faultCount int        // faults injected
+	attempts   int        // attempt ids handed out
 
 	mu     sync.Mutex
 	events []event // the log the invariants are checked on
 	waits  []event // what Wait observers saw, outside the schedule's order
 	seq    int
 	trace  []string // what happened, printed when a schedule fails
+	leases map[clientv3.LeaseID]*leaseState
+	stamps []stamp // revisions etcd was seen at, with the simulated time
+	// lastWrite is the revision of the world's latest write: the revision
+	// its processes see in the header of every answer that wrote nothing
+	// (see revisions in faults_test.go).
+	lastWrite int64
+	metrics   []etcdstore.Metrics // of processes that ended
 
 	observers sync.WaitGroup
 
-	hist     chan clientv3.WatchResponse
-	stopHist context.CancelFunc
+	feed     *feed     // every event of the world's prefix: the watches' source and the history
+	restores []restore // the nemesis's snapshots and restores
 }
 
 // process is one idem process incarnation: an etcd client with the fault
@@ -93,54 +120,33 @@ type process struct {
 	slot, gen int
 	name      string
 	cli       *clientv3.Client
+	watcher   *simWatcher
+	clock     *simClock
 	store     *etcdstore.Store
+	retention time.Duration
 	proxy     http.Handler
 	unary     grpc.UnaryServerInterceptor // idemgrpc's, on the process's store
-	renew     chan struct{}
-	owner     string // the session the explorer last saw
-	outage    int    // the next calls through it that all fail or lose their reply
-	dead      bool   // crashed or closed: its calls fail
-	tasks     []*task
-	unreg     func()
+	owner     string                      // the session the explorer last saw
+	outage    int                         // the next calls through it that all fail or lose their reply
+	dead      bool                        // crashed or closed: its calls fail
+	closing   bool                        // a graceful close is under way
 }
-
-// task is one of a store's background writes, run as an actor.
-type task struct {
-	name    string
-	try     func(context.Context) bool
-	done    bool
-	running bool // a try is under way (perhaps held inside an etcd call)
-	a       *actor
-	proc    *process
-}
-
-// call is what an etcd call's context says about who makes it.
-type call struct {
-	a      *actor
-	p      *process
-	noHold bool // the driver's own calls (Close's flush): it cannot yield
-}
-
-type callKey struct{}
-
-func withCall(ctx context.Context, c *call) context.Context {
-	return context.WithValue(sim.WithoutWaits(ctx), callKey{}, c)
-}
-
-func (w *world) ctx(a *actor, p *process) context.Context {
-	return withCall(context.Background(), &call{a: a, p: p})
-}
-
-var errInjected = status.Error(codes.Unavailable, "explore: injected fault")
 
 func newWorld(seed uint64) (*world, error) {
 	w := &world{
 		seed:   seed,
 		s:      newSched(seed, time.Unix(1_800_000_000, 0)),
 		rng:    rand.New(rand.NewPCG(seed^0x5bd1e995, seed)),
-		prefix: fmt.Sprintf("/explore/%d/", seed),
+		prefix: fmt.Sprintf("/explore/%d-%d/", seed, worlds.Add(1)), // a replay of the seed may run meanwhile
+		ledger: newLedger(),
+		leases: make(map[clientv3.LeaseID]*leaseState),
 	}
-	w.faultRate = []float64{0, 0.05, 0.15, 0.3}[w.rng.IntN(4)]
+	w.faults = faults{
+		activation: []float64{0, 0.1, 0.25, 0.25, 0.5}[w.rng.IntN(5)],
+		fire:       []float64{0.1, 0.25, 0.5}[w.rng.IntN(3)],
+		sites:      map[string]bool{},
+	}
+	w.pickConfig()
 	w.pickJobs()
 	admin, err := cluster.Client()
 	if err != nil {
@@ -157,7 +163,11 @@ func newWorld(seed uint64) (*world, error) {
 		return nil, err
 	}
 	w.start = resp.Header.Revision
-	w.watchHistory()
+	w.lastWrite = w.start
+	startsMu.Lock()
+	starts[w] = w.start
+	startsMu.Unlock()
+	w.feed = newFeed(admin, w.prefix, w.start+1)
 	w.sink = newSink()
 	w.up = httptest.NewServer(http.HandlerFunc(w.upstream))
 	for i := 0; i < 3; i++ {
@@ -171,29 +181,58 @@ func newWorld(seed uint64) (*world, error) {
 	return w, nil
 }
 
-// newProcess starts incarnation gen of process slot.
+// pickConfig draws how the world's processes are built.
+func (w *world) pickConfig() {
+	retentions := []time.Duration{20 * time.Second, time.Minute, time.Hour, 24 * time.Hour}
+	base := retentions[w.rng.IntN(len(retentions))]
+	mixed := w.rng.IntN(3) == 0 // processes with different retentions on one prefix
+	for range 3 {
+		r := base
+		if mixed {
+			r = retentions[w.rng.IntN(len(retentions))]
+		}
+		w.cfg.retention = append(w.cfg.retention, r)
+		w.cfg.cache = append(w.cfg.cache, w.rng.IntN(3) == 0)
+		// Skew stays under the sweeper's margin (5 s), which is what it is
+		// for; deadlines and expiry compare clocks.
+		w.cfg.skew = append(w.cfg.skew, []time.Duration{0, 0, time.Second, -time.Second, 3 * time.Second, -3 * time.Second}[w.rng.IntN(6)])
+	}
+	w.cfg.epochs = w.rng.IntN(4) == 0
+	w.cfg.restores = w.rng.IntN(8) == 0
+	if mixed {
+		w.ledger.hit("config:mixed retentions")
+	}
+	if w.cfg.epochs {
+		w.ledger.hit("config:epochs")
+	}
+}
+
+// newProcess starts incarnation gen of process slot, as idem serve does.
 func (w *world) newProcess(slot, gen int) (*process, error) {
-	p := &process{slot: slot, gen: gen, name: fmt.Sprintf("p%d.%d", slot, gen), renew: make(chan struct{}, 1)}
+	p := &process{slot: slot, gen: gen, name: fmt.Sprintf("p%d.%d", slot, gen), retention: w.cfg.retention[slot]}
+	p.clock = &simClock{w: w, p: p, skew: w.cfg.skew[slot]}
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   cluster.Endpoints(),
 		DialTimeout: 10 * time.Second,
 		Logger:      zap.NewNop(),
-		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(w.inject(p))},
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(w.inject(p)), grpc.WithChainStreamInterceptor(w.injectStream(p))},
+		// clientv3 retries a failed read itself, after a real-time
+		// backoff (25 ms); its count is the schedule's, its pause is not.
+		BackoffWaitBetween: time.Microsecond,
 	})
 	if err != nil {
 		return nil, err
 	}
 	p.cli = cli
-	p.unreg = sim.Register(cli, &sim.Hooks{
-		Now:       w.s.Now,
-		AfterFunc: w.s.afterFunc,
-		Spawn:     func(name string, try func(context.Context) bool) { w.spawnTask(p, name, try) },
-		Flush:     func() { w.flush(p, 20) },
-		Renew:     p.renew,
-	})
-	opts := []etcdstore.Option{etcdstore.WithPrefix(w.prefix), etcdstore.WithRetention(time.Hour), etcdstore.WithSessionTTL(10 * time.Second)}
-	if w.rng.IntN(3) == 0 {
+	p.watcher = &simWatcher{w: w, p: p}
+	cli.Watcher = p.watcher
+	opts := []etcdstore.Option{etcdstore.WithPrefix(w.prefix), etcdstore.WithRetention(p.retention), etcdstore.WithClock(p.clock),
+		etcdstore.WithLogger(slog.New(&ledgerLog{w: w, p: p}))}
+	if w.cfg.cache[slot] {
 		opts = append(opts, etcdstore.WithCache(1<<20))
+	}
+	if w.cfg.epochs {
+		opts = append(opts, etcdstore.WithEpochs())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -204,7 +243,7 @@ func (w *world) newProcess(slot, gen int) (*process, error) {
 	}
 	p.store = st
 	p.owner = st.Owner()
-	mw, err := idemhttp.New(idemhttp.Config{Store: st, OnUnknownOutcome: etcdstore.EndSave})
+	mw, err := idemhttp.New(idemhttp.Config{Store: st, OnUnknownOutcome: etcdstore.EndSave, Logger: slog.New(&ledgerLog{w: w, p: p})})
 	if err != nil {
 		return nil, err
 	}
@@ -214,9 +253,9 @@ func (w *world) newProcess(slot, gen int) (*process, error) {
 	}
 	p.unary = icp.Unary()
 	up, _ := url.Parse(w.up.URL)
-	rp, err := idemhttp.ReverseProxy(up, idemhttp.ProxyOptions{
-		Transport: &refusing{next: &http.Transport{ResponseHeaderTimeout: 10 * time.Millisecond}},
-	})
+	// A connection per request: whether a reused one was closed by the
+	// upstream meanwhile is a matter of real time.
+	rp, err := idemhttp.ReverseProxy(up, idemhttp.ProxyOptions{Transport: &upstreamTransport{next: &http.Transport{DisableKeepAlives: true}}})
 	if err != nil {
 		return nil, err
 	}
@@ -224,179 +263,76 @@ func (w *world) newProcess(slot, gen int) (*process, error) {
 	// request runs under.
 	p.proxy = mw.Wrap(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		tok, _, _ := fencing.FromHeader(r.Header)
-		c, _ := r.Context().Value(callKey{}).(*call)
+		a := w.s.currentCtx(r.Context())
 		key := r.Header.Get(idemhttp.HeaderKey)
-		w.log(event{kind: evGrant, key: key, token: int64(tok), proc: p.name, actor: c.a.name, via: "proxy"})
+		w.log(event{kind: evGrant, key: key, token: int64(tok), proc: p.name, actor: a.name, via: "proxy"})
 		// The work is the upstream call: once it returns, what is left
 		// is saving its answer (a pending save keeps the hold, below).
-		defer w.log(event{kind: evHoldEnd, key: key, token: int64(tok), actor: c.a.name, via: "proxy"})
+		defer w.log(event{kind: evHoldEnd, key: key, token: int64(tok), actor: a.name, via: "proxy"})
 		rp.ServeHTTP(rw, r)
 	}))
 	return p, nil
 }
 
-// inject is the fault injector of one process's etcd client.
-func (w *world) inject(p *process) grpc.UnaryClientInterceptor {
-	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		c, _ := ctx.Value(callKey{}).(*call)
-		if c == nil || sim.Tag(ctx) == "session" {
-			return invoker(ctx, method, req, reply, cc, opts...)
-		}
-		if p.dead {
-			return errInjected // the process is gone
-		}
-		invoke := func() error { return invoker(ctx, method, req, reply, cc, opts...) }
-		if w.healed {
-			return invoke()
-		}
-		name := method[strings.LastIndexByte(method, '/')+1:]
-		holdable := !c.noHold && c.a != nil && onRecord(w.prefix, req)
-		f, rate := w.rng.Float64(), w.faultRate
-		if p.outage > 0 {
-			// A connection outage: every call fails or loses its reply.
-			p.outage--
-			f, rate = 0.6*w.rng.Float64(), 1
-		}
-		if f < rate {
-			w.faults++
-		}
-		switch {
-		case f >= rate:
-			return invoke()
-		case f < rate*0.3:
-			w.note("%s: %s fails before etcd", who(c), name)
-			return errInjected
-		case f < rate*0.6 || !holdable:
-			err := invoke()
-			w.note("%s: %s applied, reply lost (err %v)", who(c), name, err)
-			if err != nil {
-				return err
-			}
-			return errInjected
-		case f < rate*0.8:
-			w.note("%s: %s held before etcd", who(c), name)
-			if !w.hold(c, p) {
-				return errInjected
-			}
-			return invoke()
-		default:
-			err := invoke()
-			w.note("%s: %s applied, reply held", who(c), name)
-			if !w.hold(c, p) {
-				return errInjected
-			}
-			return err
-		}
-	}
+// ledgerLog is a process's logger: the store's log lines are paths of the
+// ledger, and go to the trace.
+type ledgerLog struct {
+	w *world
+	p *process
 }
 
-func who(c *call) string {
-	if c.a == nil {
-		return c.p.name + "/driver"
-	}
-	return c.a.name + "@" + c.p.name
-}
+func (l *ledgerLog) Enabled(context.Context, slog.Level) bool { return true }
+func (l *ledgerLog) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *ledgerLog) WithGroup(string) slog.Handler            { return l }
 
-// onRecord reports whether an etcd request touches a record key (a hold
-// there cannot block another actor on a lock: lease and bucket calls may).
-func onRecord(prefix string, req any) bool {
-	rec := prefix + "k/"
-	switch r := req.(type) {
-	case *pb.TxnRequest:
-		for _, c := range r.Compare {
-			if strings.HasPrefix(string(c.Key), rec) {
-				return true
-			}
+func (l *ledgerLog) Handle(_ context.Context, r slog.Record) error {
+	msg := strings.TrimPrefix(r.Message, "idem: ")
+	var attrs []string
+	r.Attrs(func(a slog.Attr) bool {
+		attrs = append(attrs, a.String())
+		if a.Key == "pending_final_writes" && a.Value.Int64() > 0 {
+			l.w.ledger.hit("path:session lost with a final write pending")
 		}
-	case *pb.RangeRequest:
-		return strings.HasPrefix(string(r.Key), rec)
-	}
-	return false
-}
-
-// hold parks the calling actor in the middle of an etcd call while others
-// run. It reports false when the call's process died meanwhile.
-func (w *world) hold(c *call, p *process) bool {
-	c.a.inProc = p
-	ok := w.s.yield(c.a)
-	c.a.inProc = nil
-	return ok && !p.dead
-}
-
-// spawnTask runs a store's background write as an actor of its process.
-func (w *world) spawnTask(p *process, name string, try func(context.Context) bool) {
-	if p.dead {
-		return // the process is gone, and its pending writes with it
-	}
-	t := &task{name: name, try: try, proc: p}
-	p.tasks = append(p.tasks, t)
-	w.log(event{kind: evTaskStart, proc: p.name, task: name})
-	t.a = w.s.spawn(p.name+"/"+name, p, func(a *actor) {
-		for !t.done {
-			w.s.step(a)
-			if t.done { // finished by a flush meanwhile
-				return
-			}
-			t.running = true
-			ok := try(w.ctx(a, p))
-			t.running = false
-			if ok {
-				w.taskDone(t)
-			}
-		}
+		return true
 	})
-}
-
-func (w *world) taskDone(t *task) {
-	t.done = true
-	w.log(event{kind: evTaskDone, proc: t.proc.name, task: t.name})
-}
-
-// flush runs p's pending background writes on the driver, up to rounds
-// tries each: what Store.Close does before it revokes the session.
-func (w *world) flush(p *process, rounds int) {
-	for r := 0; r < rounds; r++ {
-		pending := false
-		for _, t := range p.tasks {
-			if t.done || p.dead {
-				continue
-			}
-			pending = true
-			if t.running {
-				// A try is held inside an etcd call: Close waits for it, so
-				// let its actor run until that try is over.
-				for t.running && !t.a.finished {
-					if err := w.s.resume(t.a, true); err != nil {
-						panic(err)
-					}
-				}
-				continue
-			}
-			if t.try(withCall(context.Background(), &call{p: p, noHold: true})) {
-				w.taskDone(t)
-			}
-		}
-		if !pending {
-			return
-		}
+	if r.Level >= slog.LevelInfo {
+		l.w.ledger.hit("log:" + msg)
 	}
+	l.w.note("%s log: %s %s", l.p.name, msg, strings.Join(attrs, " "))
+	return nil
 }
 
-// refusing is the proxy's transport: a request marked "refuse" never
-// leaves, as when nothing listens upstream.
-type refusing struct{ next http.RoundTripper }
+// upstreamTransport is the proxy's transport: a request marked "refuse"
+// never leaves, as when nothing listens upstream; one marked "timeout" is
+// sent (the upstream acts on it) and then times out awaiting its answer,
+// at once, whatever real time does.
+type upstreamTransport struct{ next http.RoundTripper }
 
-func (r *refusing) RoundTrip(req *http.Request) (*http.Response, error) {
-	if req.Header.Get(hdrBehaviour) == "refuse" {
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string   { return "net/http: timeout awaiting response headers" }
+func (timeoutErr) Timeout() bool   { return true }
+func (timeoutErr) Temporary() bool { return true }
+
+func (u *upstreamTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	switch req.Header.Get(hdrBehaviour) {
+	case "refuse":
 		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	case "timeout":
+		resp, err := u.next.RoundTrip(req)
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		return nil, timeoutErr{}
 	}
-	return r.next.RoundTrip(req)
+	return u.next.RoundTrip(req)
 }
 
 const hdrBehaviour = "X-Explore-Upstream"
 
 // The upstream: an effect per request that reaches it, as the request's
-// marker says, then an answer, a cut-off answer, no answer, or none in time.
+// marker says, then an answer, a cut-off answer, no answer, or a failure.
 func (w *world) upstream(rw http.ResponseWriter, r *http.Request) {
 	io.Copy(io.Discard, r.Body)
 	key := r.Header.Get(idemhttp.HeaderKey)
@@ -409,7 +345,7 @@ func (w *world) upstream(rw http.ResponseWriter, r *http.Request) {
 	}
 	accepted := w.sink.apply(key, 1, int64(tok), "proxy")
 	w.log(event{kind: evEffect, key: key, step: 1, token: int64(tok), accepted: accepted, via: "proxy"})
-	body := fmt.Sprintf(`{"charge":%q,"token":%d}`, key, tok)
+	out := body(key, int64(tok))
 	switch r.Header.Get(hdrBehaviour) {
 	case "cut":
 		rw.Header().Set("Content-Length", "1000")
@@ -424,14 +360,12 @@ func (w *world) upstream(rw http.ResponseWriter, r *http.Request) {
 		if conn, _, err := http.NewResponseController(rw).Hijack(); err == nil {
 			conn.Close()
 		}
-	case "timeout":
-		<-r.Context().Done()
 	case "fail":
 		http.Error(rw, "upstream failed after its effect", http.StatusInternalServerError)
 	default:
 		rw.Header().Set("Content-Type", "application/json")
 		rw.WriteHeader(http.StatusCreated)
-		rw.Write([]byte(body))
+		rw.Write(out)
 	}
 }
 
@@ -452,113 +386,60 @@ func (w *world) log(e event) {
 	w.trace = append(w.trace, fmt.Sprintf("%4d %s", e.seq, e))
 }
 
-// The nemesis.
-
-// endSession revokes p's session lease, as an expiry would, and waits
-// until p has noticed and started a new session.
-func (w *world) endSession(p *process) error {
-	old := p.store.Owner()
-	if old == "" {
-		return nil
+// pump delivers every process's watches what etcd holds up to now, or
+// breaks them.
+func (w *world) pump(broken bool) error {
+	if slowFlag {
+		t0 := time.Now()
+		defer func() {
+			if d := time.Since(t0); d > 100*time.Millisecond {
+				fmt.Printf("slow pump: %v\n", d)
+			}
+		}()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := w.admin.Get(ctx, w.prefix+"o/"+old)
-	if err != nil {
+	w.mu.Lock()
+	rev := w.lastWrite
+	w.mu.Unlock()
+	if err := w.feed.catchUp(rev); err != nil {
 		return err
 	}
-	if len(resp.Kvs) == 1 {
-		if _, err := w.admin.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease)); err != nil {
-			return err
+	w.ledger.hit("path:watches pumped")
+	for _, p := range w.procs {
+		if !p.dead {
+			p.watcher.pump(rev, broken)
 		}
 	}
-	w.log(event{kind: evSessionEnd, proc: p.name, owner: old})
-	select {
-	case p.renew <- struct{}{}:
-	default:
-	}
-	for o := p.store.Owner(); o == old || o == ""; o = p.store.Owner() {
-		if ctx.Err() != nil {
-			return fmt.Errorf("%s did not replace its session: %w", p.name, ctx.Err())
-		}
-		time.Sleep(time.Millisecond)
-	}
-	p.owner = p.store.Owner()
 	return nil
-}
-
-// crash stops p as kill -9 would (and as its session's expiry then would):
-// its actors stop at once, its session is gone, its pending writes are
-// lost. A new incarnation takes its place.
-func (w *world) crash(p *process) error {
-	w.log(event{kind: evCrash, proc: p.name, owner: p.store.Owner()})
-	p.dead = true
-	if err := w.killActors(p); err != nil {
-		return err
-	}
-	if err := w.revokeSession(p); err != nil {
-		return err
-	}
-	p.store.Close() // stops its goroutines; its session is already gone
-	p.cli.Close()
-	p.unreg()
-	return w.replace(p)
-}
-
-// shutdown closes p as SIGTERM would: Close flushes its pending final
-// writes, then revokes its session; whatever still ran is stopped.
-func (w *world) shutdown(p *process) error {
-	owner := p.store.Owner()
-	w.log(event{kind: evClose, proc: p.name})
-	if err := p.store.Close(); err != nil {
-		w.note("%s: close: %v", p.name, err)
-	}
-	w.log(event{kind: evSessionEnd, proc: p.name, owner: owner, body: "closed"})
-	p.dead = true
-	if err := w.killActors(p); err != nil {
-		return err
-	}
-	p.cli.Close()
-	p.unreg()
-	return w.replace(p)
-}
-
-func (w *world) revokeSession(p *process) error {
-	o := p.store.Owner()
-	if o == "" {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := w.admin.Get(ctx, w.prefix+"o/"+o)
-	if err != nil || len(resp.Kvs) == 0 {
-		return err
-	}
-	_, err = w.admin.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
-	return err
 }
 
 // killActors ends p's actors, and fails the calls other actors are held
 // in at p.
 func (w *world) killActors(p *process) error {
-	for _, a := range w.s.runnable() {
-		switch {
-		case a.proc == p:
+	for _, a := range w.s.live(func(a *actor) bool { return a.proc == p || a.inProc == p }) {
+		if a.proc == p {
 			a.dead = true
-			if err := w.s.resume(a, false); err != nil {
-				return err
-			}
+		}
+		if err := w.s.resume(a, false); err != nil {
+			return err
+		}
+		if a.proc == p {
 			a.finished = true
-		case a.inProc == p:
-			if err := w.s.resume(a, false); err != nil {
-				return err
-			}
 		}
 	}
 	return nil
 }
 
-func (w *world) replace(p *process) error {
+// retire ends what is left of a dead process and starts its next
+// incarnation.
+func (w *world) retire(p *process) error {
+	w.mu.Lock()
+	w.metrics = append(w.metrics, p.store.Metrics())
+	w.mu.Unlock()
+	if err := w.killActors(p); err != nil {
+		return err
+	}
+	p.watcher.Close()
+	p.cli.Close()
 	n, err := w.newProcess(p.slot, p.gen+1)
 	if err != nil {
 		return err
@@ -572,29 +453,51 @@ func (w *world) replace(p *process) error {
 func (w *world) observeSessions() {
 	for _, p := range w.procs {
 		if o := p.store.Owner(); o != p.owner {
-			w.log(event{kind: evSessionEnd, proc: p.name, owner: p.owner})
 			p.owner = o
 		}
 	}
 }
 
+// nextAttempt returns a new attempt id. Ids share a long prefix, as random
+// ones of one length share nothing but their length: a compare of a
+// prefix would take two for one.
+func (w *world) nextAttempt() string {
+	w.attempts++
+	return "explore-attempt-" + strconv.Itoa(1000000+w.attempts)
+}
+
 // close ends every process and the shared parts.
 func (w *world) close() {
+	defer func() {
+		startsMu.Lock()
+		delete(starts, w)
+		startsMu.Unlock()
+	}()
 	w.observers.Wait()
 	for _, p := range w.procs {
 		if !p.dead {
-			p.store.Close()
+			p.dead = true
+			w.killActors(p)
+			p.watcher.Close()
 			p.cli.Close()
-			p.unreg()
 		}
 	}
+	w.mu.Lock()
+	leases := w.leases
+	w.leases = nil
+	w.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for id, ls := range leases {
+		ls.stop()
+		w.admin.Revoke(ctx, id)
+	}
+	w.admin.Delete(ctx, w.prefix, clientv3.WithPrefix())
+	w.admin.Delete(ctx, w.effectsPrefix(), clientv3.WithPrefix())
+	w.s.drain()
 	w.up.Close()
-	if w.stopHist != nil {
-		w.stopHist()
+	if w.feed != nil {
+		w.feed.close()
 	}
 	w.admin.Close()
 }
-
-func itoa(n int) string { return strconv.Itoa(n) }
-
-var _ = errors.Is

@@ -1,0 +1,178 @@
+package explore
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/idem-dev/idem/etcdstore"
+)
+
+func leaseID(id int64) clientv3.LeaseID { return clientv3.LeaseID(id) }
+
+// restore is a snapshot of the world's prefix, and whether it was restored.
+type restore struct {
+	rev      int64 // etcd's revision at the snapshot
+	from, to int64 // the revisions the restore's own writes lie in: (from, to]
+	at       time.Time
+	kvs      []*mvccpb.KeyValue
+	leases   map[clientv3.LeaseID]time.Duration // the leases the keys were on, and their TTLs then
+	done     bool
+}
+
+// snapshotOrRestore takes a snapshot of the world's prefix, or restores
+// the last one: what an operator does with idem snapshot save and idem
+// snapshot restore (or etcdutl and idem's BumpEpoch), one etcd cluster
+// emulated by one prefix of the shared one. A restore happens with every
+// idem process stopped, as the restore procedure says: they are crashed
+// first, and new ones start on the restored data.
+//
+// etcd restores every key of the snapshot with the lease it was on (the
+// leases come back with their TTLs restarted), and nothing written after
+// it; its revisions jump ahead (--bump-revision), so every restored key
+// has a greater revision than any before the restore: here, every key is
+// written again. Then the shard epoch is bumped (Admin.BumpEpoch, as idem
+// serve does on its first start after idem snapshot restore): without it,
+// tokens would go backwards after a restore in a world whose epoch was
+// raised since the snapshot.
+func (w *world) snapshotOrRestore() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if n := len(w.restores); n == 0 || w.restores[n-1].done {
+		// At the world's latest write (etcd's revision now is other
+		// worlds' too).
+		w.mu.Lock()
+		rev := w.lastWrite
+		w.mu.Unlock()
+		resp, err := w.admin.Get(ctx, w.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev))
+		if err != nil {
+			return err
+		}
+		// The jobs' effects are in the same etcd: they come back as they were too.
+		effects, err := w.admin.Get(ctx, w.effectsPrefix(), clientv3.WithPrefix(), clientv3.WithRev(rev))
+		if err != nil {
+			return err
+		}
+		r := restore{rev: rev, at: w.s.Now(), kvs: append(resp.Kvs, effects.Kvs...), leases: map[clientv3.LeaseID]time.Duration{}}
+		w.mu.Lock()
+		for _, kv := range resp.Kvs {
+			if ls := w.leases[clientv3.LeaseID(kv.Lease)]; kv.Lease != 0 && ls != nil {
+				r.leases[ls.id] = max(ls.expires.Sub(w.s.Now()), time.Second)
+			}
+		}
+		w.mu.Unlock()
+		w.restores = append(w.restores, r)
+		w.ledger.hit("path:snapshot")
+		w.log(event{kind: evSnapshot, body: fmt.Sprintf("revision %d, %d keys", r.rev, len(r.kvs))})
+		return nil
+	}
+	r := &w.restores[len(w.restores)-1]
+	w.mu.Lock()
+	r.from = w.lastWrite
+	w.mu.Unlock()
+	for _, p := range w.procs {
+		if !p.dead {
+			w.log(event{kind: evCrash, proc: p.name, owner: p.store.Owner(), body: "stopped for the restore"})
+			p.dead = true
+			w.mu.Lock()
+			w.metrics = append(w.metrics, p.store.Metrics())
+			w.mu.Unlock()
+			if err := w.killActors(p); err != nil {
+				return err
+			}
+			p.watcher.Close()
+			p.cli.Close()
+		}
+	}
+	// Leases: those of the snapshot come back (a gone one as a new lease
+	// with the TTL it had), the others are gone.
+	mapped := map[clientv3.LeaseID]clientv3.LeaseID{}
+	w.mu.Lock()
+	var gone []clientv3.LeaseID
+	for id := range w.leases {
+		if _, ok := r.leases[id]; !ok {
+			gone = append(gone, id)
+		}
+	}
+	w.mu.Unlock()
+	for _, id := range gone {
+		w.admin.Revoke(ctx, id)
+		w.leaseGone(id, "lost in a restore")
+	}
+	for id, ttl := range r.leases {
+		w.mu.Lock()
+		ls := w.leases[id]
+		w.mu.Unlock()
+		if ls != nil {
+			mapped[id] = id
+			continue
+		}
+		g, err := w.admin.Grant(ctx, int64((ttl+time.Second-1)/time.Second))
+		if err != nil {
+			return err
+		}
+		w.trackLease(g.ID, time.Duration(g.TTL)*time.Second)
+		mapped[id] = g.ID
+	}
+	for _, prefix := range []string{w.prefix, w.effectsPrefix()} {
+		if _, err := w.admin.Delete(ctx, prefix, clientv3.WithPrefix()); err != nil {
+			return err
+		}
+	}
+	owners := map[clientv3.LeaseID]string{}
+	for _, kv := range r.kvs {
+		val := string(kv.Value)
+		if strings.HasPrefix(string(kv.Key), w.prefix+"l/") {
+			// A bucket key names its lease.
+			if old, err := strconv.ParseInt(val, 16, 64); err == nil {
+				if n, ok := mapped[clientv3.LeaseID(old)]; ok {
+					val = strconv.FormatInt(int64(n), 16)
+				}
+			}
+		}
+		var opts []clientv3.OpOption
+		if kv.Lease != 0 {
+			n, ok := mapped[clientv3.LeaseID(kv.Lease)]
+			if !ok {
+				continue // its lease was not tracked: it expired before the snapshot
+			}
+			opts = append(opts, clientv3.WithLease(n))
+			if owner, ok := strings.CutPrefix(string(kv.Key), w.prefix+"o/"); ok {
+				owners[n] = owner
+			}
+		}
+		if _, err := w.admin.Put(ctx, string(kv.Key), val, opts...); err != nil {
+			return err
+		}
+	}
+	w.mu.Lock()
+	for id, owner := range owners {
+		if ls := w.leases[id]; ls != nil {
+			ls.owner = owner
+		}
+	}
+	w.mu.Unlock()
+	e, err := w.decoder.BumpEpoch(ctx, etcdstore.DefaultRestoreEpochBump)
+	if err != nil {
+		return err
+	}
+	w.syncLast()
+	w.mu.Lock()
+	r.to, r.done = w.lastWrite, true
+	w.mu.Unlock()
+	w.ledger.hit("path:restore")
+	w.log(event{kind: evRestore, body: fmt.Sprintf("to revision %d, epoch now %d", r.rev, e)})
+	for i, p := range w.procs {
+		n, err := w.newProcess(p.slot, p.gen+1)
+		if err != nil {
+			return err
+		}
+		w.procs[i] = n
+	}
+	return nil
+}
