@@ -193,3 +193,29 @@ func TestLostAbandonReplyIsRecognised(t *testing.T) {
 		t.Fatalf("Abandon after a lost reply = %v; want nil", err)
 	}
 }
+
+// A Complete whose reply is lost is recognised by its outcome, also when
+// the outcome names a header with no values (which a record does not
+// keep): the caller is told its outcome was saved, not ErrClaimEnded.
+func TestLostCompleteReplyWithAnEmptyHeader(t *testing.T) {
+	var lose atomic.Int32
+	s := newStore(t, lossyClient(t, &lose), testPrefix(t), WithBatching(false))
+	ctx := testCtx(t)
+	key := Key{ID: "k"}
+	c, _, err := s.Claim(ctx, key, fpOf(t, "p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lose.Store(1)
+	out := Outcome{Status: 201, Header: map[string][]string{"X-Empty": {}, "X-Id": {"7"}}, Body: []byte("ok")}
+	if err := c.Complete(ctx, out); err != nil {
+		t.Fatalf("Complete after a lost reply: %v; want it recognised as landed", err)
+	}
+	if lose.Load() >= 0 {
+		t.Fatal("no reply was lost: the fault did not fire")
+	}
+	rec, err := s.Get(ctx, key)
+	if err != nil || rec.State != Done || string(rec.Outcome.Body) != "ok" || rec.Outcome.Header["X-Id"][0] != "7" {
+		t.Fatalf("record = %+v, %v; want done with the outcome", rec, err)
+	}
+}
