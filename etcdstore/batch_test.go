@@ -4,12 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/idem-dev/idem/etcdtest"
 )
@@ -224,4 +230,126 @@ func TestBatchedTokensGrowPerKey(t *testing.T) {
 		}
 		wg.Wait()
 	}
+}
+
+// Defect 1: a batched claim whose caller leaves while the batch is in
+// flight must not leave the key held. The caller's write has left with a
+// batch another caller leads, so the caller waits for its answer (or
+// treats it as landed): when the claim lands after the caller has gone,
+// the store gives it up, and another process can take the key.
+func TestBatchedClaimWhoseCallerLeavesDoesNotHoldTheKey(t *testing.T) {
+	prefix := testPrefix(t)
+	type who struct{}
+	var (
+		mu      sync.Mutex
+		holdFor string // hold the first Txn that writes this key
+		held    = make(chan *pb.TxnRequest, 1)
+		leader  = make(chan any, 1) // the held Txn's sender
+		release = make(chan struct{}, 1)
+	)
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints: single.Endpoints(), DialTimeout: 10 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(
+			func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				if tr, ok := req.(*pb.TxnRequest); ok {
+					mu.Lock()
+					hold := holdFor != "" && writesKey(tr, holdFor)
+					if hold {
+						holdFor = ""
+					}
+					mu.Unlock()
+					if hold {
+						leader <- ctx.Value(who{})
+						held <- tr
+						<-release // sent, not yet applied
+					}
+				}
+				return invoker(ctx, method, req, reply, cc, opts...)
+			})},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	a := newStore(t, cli, prefix, WithBatching(true))
+	b := newStore(t, client(t), prefix)
+	ctx := testCtx(t)
+	do := func(ctx context.Context, id string) chan error {
+		done := make(chan error, 1)
+		go func() {
+			_, err := a.Do(context.WithValue(ctx, who{}, id), Key{ID: id}, nil, func(context.Context, *Claim) ([]byte, error) {
+				return []byte("x"), nil
+			})
+			done <- err
+		}()
+		return done
+	}
+	holdNext := func(id string) {
+		mu.Lock()
+		holdFor = id
+		mu.Unlock()
+	}
+	// Until the victim's claim flies in a batch another caller leads:
+	// a batch in flight (held), the victim and another caller queued
+	// behind it, and whichever of them takes the next batch leads it.
+	for trial := 0; ; trial++ {
+		if trial == 50 {
+			t.Fatal("in 50 trials the victim always led its own batch: the test could not set itself up")
+		}
+		blk, victim, other := fmt.Sprintf("blk%d", trial), fmt.Sprintf("left%d", trial), fmt.Sprintf("other%d", trial)
+		holdNext(blk)
+		blkDone := do(ctx, blk)
+		<-held
+		<-leader
+		vctx, leave := context.WithCancel(ctx)
+		vDone, oDone := do(vctx, victim), do(ctx, other)
+		// Queued behind the held batch: wait for both to be queued.
+		for a.kv.Queued() < 2 {
+			runtime.Gosched() // polling a condition
+		}
+		holdNext(victim)
+		release <- struct{}{} // the blocker lands; the next batch forms
+		tr := <-held
+		lead := <-leader
+		if lead == victim || !writesKey(tr, other) {
+			// The victim leads (it waits in its own send) or flies alone:
+			// not the case under test. Let it land and try again.
+			release <- struct{}{}
+			leave()
+			<-vDone
+			<-oDone
+			<-blkDone
+			continue
+		}
+		leave()               // the victim's caller goes while its claim flies
+		release <- struct{}{} // and the claim lands after
+		<-vDone               // an error, or the outcome of work that ran although its caller left
+		<-oDone
+		<-blkDone
+		settle(t, a)
+		c, _, err := b.Claim(ctx, Key{ID: victim}, fpOf(t, ""))
+		switch {
+		case errors.Is(err, ErrConflict):
+			t.Fatalf("trial %d: the key is held after its caller left: %v", trial, err)
+		case err != nil:
+			t.Fatal(err)
+		case c != nil:
+			c.Release(ctx)
+		}
+		return
+	}
+}
+
+// writesKey reports whether a Txn (or a batch of them) puts a record whose
+// key ends in id.
+func writesKey(tr *pb.TxnRequest, id string) bool {
+	for _, op := range append(append([]*pb.RequestOp(nil), tr.Success...), tr.Failure...) {
+		if p := op.GetRequestPut(); p != nil && strings.HasSuffix(string(p.Key), id) {
+			return true
+		}
+		if in := op.GetRequestTxn(); in != nil && writesKey(in, id) {
+			return true
+		}
+	}
+	return false
 }

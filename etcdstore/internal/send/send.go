@@ -365,6 +365,13 @@ func (s *Sender) send(ctx context.Context, batch []*member) {
 	}
 }
 
+// Queued returns how many writes wait to be sent.
+func (s *Sender) Queued() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.queue)
+}
+
 // Alone sends req by itself, never in a batch (a Txn of Txns already, for
 // one), with Txn's guarantees.
 func (s *Sender) Alone(ctx context.Context, req *pb.TxnRequest) (*pb.TxnResponse, error) {
