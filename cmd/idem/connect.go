@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -86,6 +88,12 @@ func (s *server) connect(ctx context.Context, timeout time.Duration) error {
 			return s.notYet(fmt.Errorf("etcd client on %s: %w", where, c.etcd.explain(err)))
 		}
 		clis = []*clientv3.Client{cli}
+		if s.restored != "" {
+			if err := s.raiseRestoredEpoch(sctx, cli); err != nil {
+				closeAll()
+				return s.notYet(err)
+			}
+		}
 		st, err := etcdstore.New(sctx, cli, opts...)
 		if err != nil {
 			closeAll()
@@ -186,4 +194,27 @@ func (c *serveConfig) waitingEdge() (http.Handler, error) {
 		r.Header.Del(fencing.Header)
 		rp.ServeHTTP(w, r)
 	}), nil
+}
+
+// raiseRestoredEpoch raises the shard epoch of an embedded etcd restored
+// from a snapshot (idem snapshot restore left its marker), before the
+// store hands out a token: the epoch is a key of the snapshot, and tokens
+// (epoch<<44 | revision) would otherwise go back below those of keys that
+// moved in from other shards after the snapshot. The marker goes once the
+// epoch is raised; a failure leaves it for the next try.
+func (s *server) raiseRestoredEpoch(ctx context.Context, cli *clientv3.Client) error {
+	adm, err := etcdstore.NewAdmin(cli, etcdstore.WithPrefix(s.cfg.etcd.prefix))
+	if err != nil {
+		return err
+	}
+	epoch, err := adm.BumpEpoch(ctx, etcdstore.DefaultRestoreEpochBump)
+	if err != nil {
+		return fmt.Errorf("raise the shard epoch after a restore: %w", err)
+	}
+	if err := os.Remove(s.restored); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("restore marker: %w", err)
+	}
+	s.log.Info("raised the shard epoch after a restore", "by", etcdstore.DefaultRestoreEpochBump, "epoch", epoch)
+	s.restored = ""
+	return nil
 }

@@ -47,7 +47,8 @@ type server struct {
 	txnSeconds prometheus.Histogram
 	log        *slog.Logger
 
-	etcd *embed.Etcd // nil with --endpoints
+	etcd     *embed.Etcd // nil with --endpoints
+	restored string      // the embedded etcd's restore marker, while its epoch is not raised yet
 
 	mu    sync.Mutex
 	clis  []*clientv3.Client // none until connected; one per shard with --shards-file
@@ -90,6 +91,9 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 		}
 		c.etcd.endpoints = listFlag{c.embeddedClientURL}
 		log.Info("embedded etcd started", "data_dir", c.dataDir, "client_url", c.embeddedClientURL)
+		if m := filepath.Join(c.dataDir, restoredMarker); fileExists(m) {
+			s.restored = m
+		}
 	}
 
 	s.reg = prometheus.NewRegistry()
@@ -611,4 +615,9 @@ func (e etcdCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	wg.Wait()
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }

@@ -15,14 +15,19 @@ import (
 	"go.etcd.io/etcd/client/v3/snapshot"
 	etcdutl "go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"go.uber.org/zap"
+
+	"github.com/idem-dev/idem/etcdstore"
 )
 
-const snapshotUsage = `usage: idem snapshot save|restore [flags]
+const snapshotUsage = `usage: idem snapshot save|restore|bump-epoch [flags]
 
-  save     take a snapshot of etcd (every idem key, lease and record) into a file:
-           idem snapshot save --endpoints URL [--cacert ...] (--file F | --dir D [--keep N])
-  restore  restore a snapshot into a new data directory for idem serve's embedded etcd:
-           idem snapshot restore --file F --data-dir D
+  save        take a snapshot of etcd (every idem key, lease and record) into a file:
+              idem snapshot save --endpoints URL [--cacert ...] (--file F | --dir D [--keep N])
+  restore     restore a snapshot into a new data directory for idem serve's embedded etcd:
+              idem snapshot restore --file F --data-dir D
+              (idem serve raises the shard epoch on its first start from D)
+  bump-epoch  after restoring a cluster with etcdutl, raise its shard epoch, so that
+              fencing tokens keep growing: idem snapshot bump-epoch --endpoints URL
 
 Run "idem snapshot save -h" for the flags.
 `
@@ -37,6 +42,8 @@ func snapshotCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return snapshotSave(ctx, args[1:], stdout, stderr)
 	case "restore":
 		return snapshotRestore(ctx, args[1:], stdout, stderr)
+	case "bump-epoch":
+		return snapshotBumpEpoch(ctx, args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, snapshotUsage)
 		return nil
@@ -174,6 +181,62 @@ func snapshotRestore(_ context.Context, args []string, stdout, stderr io.Writer)
 	if err != nil {
 		return fmt.Errorf("snapshot restore: %w", err)
 	}
+	// The shard epoch is a key like any other: the snapshot has the one
+	// of its time, and tokens (epoch<<44 | revision) of keys moved in from
+	// other shards since would go backwards. idem serve raises it on its
+	// first start from this directory, before it serves, then removes the
+	// marker.
+	if err := os.WriteFile(filepath.Join(*dataDir, restoredMarker), []byte(restoredMarkerText), 0o600); err != nil {
+		return fmt.Errorf("snapshot restore: %w", err)
+	}
 	fmt.Fprintf(stdout, "restored %s into %s: start idem serve --data-dir %s\n", *file, *dataDir, *dataDir)
+	return nil
+}
+
+// restoredMarker, in an embedded etcd's data directory, says that it was
+// restored from a snapshot and its shard epoch has not been raised since.
+const restoredMarker = "idem-restored"
+
+const restoredMarkerText = "restored by idem snapshot restore: idem serve raises the shard epoch on its next start, then removes this file\n"
+
+// snapshotBumpEpoch raises the shard epoch of a restored cluster.
+func snapshotBumpEpoch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("snapshot bump-epoch", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var e etcdFlags
+	e.register(fs, []string{socketURL("idem-data")})
+	by := fs.Int64("by", etcdstore.DefaultRestoreEpochBump, "raise the epoch by this much: more than the epoch was raised between the snapshot and the restore (keys moved in from other shards raise it by one each time)")
+	timeout := fs.Duration("command-timeout", time.Minute, "timeout of the command")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	switch {
+	case fs.NArg() != 0:
+		return usageError{fmt.Errorf("snapshot bump-epoch takes no arguments, got %q", fs.Args())}
+	case *by < 1:
+		return usageError{fmt.Errorf("--by %d: must be at least 1", *by)}
+	}
+	if _, err := e.config(); err != nil {
+		return usageError{err}
+	}
+	cli, err := e.client()
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	adm, err := etcdstore.NewAdmin(cli, etcdstore.WithPrefix(e.prefix))
+	if err != nil {
+		return usageError{err}
+	}
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	epoch, err := adm.BumpEpoch(ctx, *by)
+	if err != nil {
+		if errors.Is(err, etcdstore.ErrInvalidArgument) {
+			return usageError{err}
+		}
+		return fmt.Errorf("snapshot bump-epoch: %w", err)
+	}
+	fmt.Fprintf(stdout, "shard epoch of %s raised by %d to %d\n", e.prefix, *by, epoch)
 	return nil
 }
