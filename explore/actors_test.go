@@ -307,15 +307,24 @@ func (w *world) run(a *actor, p *process, key string, c *etcdstore.Claim, via st
 	if giveUp {
 		w.log(event{kind: evHoldEnd, key: key, token: token, actor: a.name})
 	}
+	outcome := etcdstore.Outcome{Body: out}
+	if w.rng.IntN(2) == 0 {
+		// A header of values, and a name without any (which a record
+		// does not keep).
+		outcome.Header = map[string][]string{"X-Steps": {strconv.Itoa(steps)}, "X-None": {}}
+	}
 	err := write(func(h *etcdstore.Claim, ctx context.Context) error {
 		if giveUp {
 			return h.Abandon(ctx)
 		}
-		return h.Complete(ctx, etcdstore.Outcome{Body: out})
+		return h.Complete(ctx, outcome)
 	})
 	if err == nil && !giveUp {
 		w.result(a, key, out, false, nil) // the Complete landed
 		return
+	}
+	if !giveUp && (errors.Is(err, etcdstore.ErrClaimEnded) || errors.Is(err, etcdstore.ErrFenced)) {
+		w.log(event{kind: evNotSaved, key: key, token: token, actor: a.name, via: via, body: string(out), err: err.Error()})
 	}
 	if retryable(err) {
 		// Could not end it: give it up for the next claimant.
@@ -393,8 +402,9 @@ func (w *world) httpClient(a *actor) {
 		for try := 0; try < 4; try++ {
 			w.s.step(a)
 			p := w.procs[w.rng.IntN(len(w.procs))]
+			sent := w.s.Now()
 			status, out, replayed := w.send(a, p, key, behaviour)
-			w.log(event{kind: evResult, key: key, actor: a.name, status: status, body: out, replayed: replayed, via: "proxy"})
+			w.log(event{kind: evResult, key: key, actor: a.name, status: status, body: out, replayed: replayed, via: "proxy", sent: sent})
 			if status == http.StatusConflict {
 				w.notePending(p, key, etcdstore.ErrConflict)
 			}
@@ -480,13 +490,14 @@ func (w *world) grpcClient(a *actor) {
 				}
 				return wrapperspb.String(string(body(key, int64(tok)))), nil
 			}
+			sent := w.s.Now()
 			resp, err := p.unary(ctx, wrapperspb.String(string(params(key, false))), &grpc.UnaryServerInfo{FullMethod: "/explore.Payments/Charge"}, handler)
 			st := status.Convert(err)
 			out := st.Message()
 			if err == nil {
 				out = resp.(*wrapperspb.StringValue).GetValue()
 			}
-			w.log(event{kind: evResult, key: key, actor: a.name, status: int(st.Code()), body: out, replayed: err == nil && !ran, via: "grpc"})
+			w.log(event{kind: evResult, key: key, actor: a.name, status: int(st.Code()), body: out, replayed: err == nil && !ran, via: "grpc", sent: sent})
 			if c := st.Code(); c != codes.Aborted && c != codes.Unavailable {
 				break
 			}

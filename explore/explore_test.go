@@ -19,7 +19,7 @@ import (
 var (
 	seedFlag      = flag.Uint64("seed", 0, "replay the schedule with this seed (go test ./explore -run TestExplore -seed N)")
 	schedulesFlag = flag.Int("schedules", 0, "run this many schedules (default: as many as fit in -budget)")
-	budgetFlag    = flag.Duration("budget", 0, "time to explore (default 1m, 15s under -short; 30m with IDEM_EXPLORE_SOAK=1)")
+	budgetFlag    = flag.Duration("budget", 0, "time to explore (default 1m, 20s under -short or -race; 30m with IDEM_EXPLORE_SOAK=1)")
 	verboseFlag   = flag.Bool("trace", false, "print the trace of every schedule, not only of failing ones")
 	ledgerFlag    = flag.Bool("ledger", true, "fail when a path the ledger expects was never reached (only for runs of 5000 schedules or more)")
 )
@@ -42,8 +42,8 @@ func TestExplore(t *testing.T) {
 	budget := *budgetFlag
 	if budget == 0 {
 		budget = time.Minute
-		if testing.Short() {
-			budget = 15 * time.Second
+		if testing.Short() || raceOn {
+			budget = 20 * time.Second
 		}
 		if os.Getenv("IDEM_EXPLORE_SOAK") == "1" {
 			budget = 30 * time.Minute

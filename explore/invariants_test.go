@@ -33,6 +33,9 @@ import (
 //     history in etcd), with a greater token than the one before.
 //  3. A saved outcome is replayed byte for byte: every answer a caller
 //     took as the operation's outcome is the key's one saved outcome.
+//  4. A Complete is told the truth: a Complete answered with an error
+//     saying its outcome was not saved (ErrClaimEnded, ErrFenced) did not
+//     save it.
 //  5. Checkpoints never go backwards: along a key's history in etcd, from
 //     one claim to the next, the recovery point never decreases.
 //  6. A graceful close loses no outcome: no process revokes its session
@@ -66,11 +69,12 @@ const (
 	evSnapshot                 // the prefix was saved
 	evRestore                  // and restored
 	evUnreadable               // an audit found a record it cannot read
+	evNotSaved                 // a Complete answered that its outcome was not saved
 )
 
 var kindNames = map[evKind]string{evGrant: "grant", evHoldEnd: "hold-end", evEffect: "effect", evResult: "result",
 	evSessionEnd: "session-end", evCrash: "crash", evClose: "close", evTaskStart: "task", evTaskDone: "task-done", evClock: "clock",
-	evEpoch: "epoch", evSnapshot: "snapshot", evRestore: "restore", evUnreadable: "unreadable"}
+	evEpoch: "epoch", evSnapshot: "snapshot", evRestore: "restore", evUnreadable: "unreadable", evNotSaved: "not-saved"}
 
 type event struct {
 	seq  int
@@ -83,6 +87,7 @@ type event struct {
 	accepted, tookOver, replayed, mismatch      bool
 	status                                      int
 	body, err                                   string
+	sent                                        time.Time // results: when the request that got this answer was sent
 }
 
 func (e event) String() string {
@@ -205,12 +210,12 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 		for _, v := range hist[key] {
 			at, _ := w.timeOf(v.rev)
 			if v.rec == nil {
-				fmt.Printf("hist %s rev %d at %s deleted\n", key, v.rev, at.Format("15:04:05.000"))
+				fmt.Printf("hist %s rev %d at %s deleted\n", key, v.rev, at.Format("01-02 15:04:05.000"))
 				continue
 			}
 			r := v.rec
-			fmt.Printf("hist %s rev %d at %s token %d %v owner %q deadline %s expires %s checkpoint %q fence %v\n", key, v.rev, at.Format("15:04:05.000"),
-				r.Token, r.State, r.Owner, r.Deadline.Format("15:04:05.000"), r.Expires.Format("15:04:05.000"), r.Checkpoint, r.Fence)
+			fmt.Printf("hist %s rev %d at %s token %d %v owner %q deadline %s expires %s checkpoint %q fence %v\n", key, v.rev, at.Format("01-02 15:04:05.000"),
+				r.Token, r.State, r.Owner, r.Deadline.Format("01-02 15:04:05.000"), r.Expires.Format("01-02 15:04:05.000"), r.Checkpoint, r.Fence)
 		}
 	}
 	rolledBack := map[string]bool{}
@@ -433,6 +438,27 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 		}
 	}
 
+	// 4. A Complete is told the truth: one answered "not saved" (ended,
+	// or completed with another outcome) did not save its outcome.
+	for _, e := range w.events {
+		if e.kind != evNotSaved || rolledBack[e.key] {
+			continue
+		}
+		vs := hist[e.key]
+		for i, v := range vs {
+			if !v.deleted && v.rec.State == etcdstore.Done && int64(v.rec.Token) == e.token && v.rec.Outcome.Body != nil &&
+				string(v.rec.Outcome.Body) == e.body {
+				if i+1 < len(vs) {
+					if at, ok := w.timeOf(vs[i+1].rev); ok && !at.After(e.at) {
+						break // expired and replaced before the answer: no longer the key's outcome
+					}
+				}
+				fail("%s: the Complete of token %d was answered %q at %d, but its outcome was saved (revision %d)", e.key, e.token, e.err, e.seq, v.rev)
+				break
+			}
+		}
+	}
+
 	// 2. Effects.
 	type app struct {
 		token int64
@@ -487,12 +513,22 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 		if e.via == "grpc" && (codes.Code(e.status) == codes.Aborted || codes.Code(e.status) == codes.Unavailable) {
 			continue // not an outcome: the client retries (NotExecuted released the key too)
 		}
+		// An answer may be any outcome the key held while the request
+		// was out (one saved before it was sent may have expired, and a
+		// new operation saved another, by the time the answer arrived).
+		matched := false
+		for _, r := range w.outcomesDuring(hist[e.key], e) {
+			matched = matched || answers(e, r)
+		}
+		if matched {
+			continue
+		}
 		rec := w.outcomeAt(hist[e.key], e, final[e.key])
 		switch {
 		case rec == nil || rec.State != etcdstore.Done:
 			fail("%s answered %q at %d, but the key's final record is %v", e.key, e.body, e.seq, describe(rec))
 		case e.via == "proxy" && (e.status != rec.Outcome.Status || e.body != string(rec.Outcome.Body)):
-			fail("%s answered %d %q at %d; saved %d %q", e.key, e.status, e.body, e.seq, rec.Outcome.Status, rec.Outcome.Body)
+			fail("%s answered %d %q at %d (clock %s); saved %d %q (token %d)", e.key, e.status, e.body, e.seq, e.at.Format("01-02 15:04:05.000"), rec.Outcome.Status, rec.Outcome.Body, rec.Token)
 		case e.via == "grpc":
 			if c, body := grpcAnswer(rec.Outcome); codes.Code(e.status) != c || e.body != body {
 				fail("%s answered %v %q at %d; saved %v %q", e.key, codes.Code(e.status), e.body, e.seq, c, body)
@@ -636,6 +672,45 @@ func (w *world) outcomeAt(vs []version, e event, final *etcdstore.Record) *etcds
 		return final
 	}
 	return at
+}
+
+// outcomesDuring returns the key's saved outcomes that were current at
+// some time while e's request was out: from when it was sent (or e itself)
+// to e.
+func (w *world) outcomesDuring(vs []version, e event) []*etcdstore.Record {
+	sent := e.sent
+	if sent.IsZero() {
+		sent = e.at
+	}
+	var out []*etcdstore.Record
+	for i, v := range vs {
+		t, ok := w.timeOf(v.rev)
+		if !ok || t.After(e.at) {
+			break
+		}
+		if v.deleted || v.rec.State != etcdstore.Done {
+			continue
+		}
+		if i+1 < len(vs) {
+			if until, ok := w.timeOf(vs[i+1].rev); ok && until.Before(sent) {
+				continue // replaced before the request was sent
+			}
+		}
+		out = append(out, v.rec)
+	}
+	return out
+}
+
+// answers reports whether e's answer is rec's outcome.
+func answers(e event, rec *etcdstore.Record) bool {
+	switch e.via {
+	case "proxy":
+		return e.status == rec.Outcome.Status && e.body == string(rec.Outcome.Body)
+	case "grpc":
+		c, body := grpcAnswer(rec.Outcome)
+		return codes.Code(e.status) == c && e.body == body
+	}
+	return e.body == string(rec.Outcome.Body)
 }
 
 func describe(r *etcdstore.Record) string {

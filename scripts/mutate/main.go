@@ -1,0 +1,253 @@
+// Command mutate measures the fault-schedule explorer by mutation: it puts
+// small bugs into idem's production code, one at a time, runs the
+// explorer on each, and prints which it found (killed), after how many
+// schedules and seconds, and the kill rate.
+//
+//	go run ./scripts/mutate                  # every mutant, the CI budget each
+//	go run ./scripts/mutate -budget 3m       # a shorter budget each
+//	go run ./scripts/mutate -only epoch      # the mutants whose name contains "epoch"
+//	go run ./scripts/mutate -list            # list them
+//
+// Each mutant is a text replacement that must match its file exactly
+// once, so a mutant that no longer applies fails loudly instead of
+// testing nothing. The file is restored after each run, and on
+// interrupt. A mutant survives when the explorer's budget passes without a
+// violation: a gap in the explorer, to be widened until it is found.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"time"
+)
+
+type mutant struct {
+	name     string // subsystem: what the bug does
+	file     string
+	old, new string
+}
+
+var mutants = []mutant{
+	// The claim protocol.
+	{"protocol: a live owner's claim is taken over", "etcdstore/acquire.go",
+		"				if alive {\n					if !cfg.wait {",
+		"				if false && alive {\n					if !cfg.wait {"},
+	{"protocol: a takeover does not compare the record it replaces", "etcdstore/acquire.go",
+		"			cmps = append(cmps, modified(ekey, cur.Revision))",
+		"			_ = modified"},
+	{"protocol: a deadline never makes a claim stale", "etcdstore/acquire.go",
+		"			case cur.pastDeadline(now): // even our own: its holder may be gone",
+		"			case false && cur.pastDeadline(now):"},
+	{"protocol: a claim outlives its record's expiry", "etcdstore/claim.go",
+		"	if !c.expires.IsZero() && (end.IsZero() || c.expires.Before(end)) {",
+		"	if false && !c.expires.IsZero() && (end.IsZero() || c.expires.Before(end)) {"},
+	{"protocol: an in-flight record expires before its deadline", "etcdstore/record.go",
+		"	if deadline.After(now) {\n		now = deadline\n	}",
+		"	_ = deadline"},
+	{"protocol: a claim's session loss does not cancel it", "etcdstore/store.go",
+		"		for _, c := range lost {\n			c.cancel(ErrSessionLost)\n		}",
+		"		_ = lost"},
+	// Fencing.
+	{"fencing: a claim's write does not compare its revision", "etcdstore/write.go",
+		"		cmps := []cond{modified(ekey, c.rev)}",
+		"		cmps := []cond{}"},
+	// Recognising one's own writes.
+	{"recognition: attempt ids compared on their first 8 bytes", "etcdstore/handle.go",
+		"	return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1",
+		"	return len(a) >= 8 && len(b) >= 8 && subtle.ConstantTimeCompare([]byte(a[:8]), []byte(b[:8])) == 1"},
+	{"recognition (defect 5): an empty header list is not its own outcome", "etcdstore/write.go",
+		"		headerIn(a.Header, b.Header) && headerIn(b.Header, a.Header)",
+		"		len(a.Header) == len(b.Header) && headerIn(a.Header, b.Header) && headerIn(b.Header, a.Header)"},
+	// Unknown outcomes and the reaper.
+	{"reaper: abandons its attempt's claim whoever owns it", "etcdstore/do.go",
+		"	case rec != nil && rec.State == InFlight && rec.Owner == owner && SameAttempt(rec.Attempt, attempt):",
+		"	case rec != nil && rec.State == InFlight && SameAttempt(rec.Attempt, attempt):"},
+	{"reaper: reaps WithoutSession claims", "etcdstore/do.go",
+		"	if owner == deadlineOwner {\n		return\n	}\n	s.bg.start(\"reap \"",
+		"	s.bg.start(\"reap \""},
+	{"reaper (issue 29): a pending final write does not survive session loss", "etcdstore/store.go",
+		"			case c.pending.Load():\n				kept++\n",
+		""},
+	// Group commit.
+	{"batching: a batch's lost reply is reported as not applied", "etcdstore/internal/send/send.go",
+		"		for _, m := range batch {\n			answer(m, nil, err)\n		}",
+		"		for _, m := range batch {\n			answer(m, nil, errors.Join(ErrNotSent, err))\n		}"},
+	{"batching (defect 1): a caller that leaves while its write flies is told it was not sent", "etcdstore/internal/send/send.go",
+		"			s.cfg.Clock.Wait(context.WithoutCancel(ctx), m.done)\n			s.mu.Lock()\n			continue",
+		"			if s.cfg.Clock.Wait(ctx, m.done) != nil {\n				return nil, notSent(ctx)\n			}\n			s.mu.Lock()\n			continue"},
+	// The sweeper.
+	{"sweeper: deletes without its Lease == id guard", "etcdstore/internal/sweep/sweep.go",
+		"			Compare: []*pb.Compare{{Key: []byte(k), Target: pb.Compare_LEASE, Result: pb.Compare_EQUAL,\n				TargetUnion: &pb.Compare_Lease{Lease: int64(id)}}},\n",
+		""},
+	// Dictionaries.
+	{"dictionaries (defects 2, 3): a record compressed against a dictionary with no copy on its lease", "etcdstore/internal/dict/dict.go",
+		"	key := d.copyKey(dict.id, l)\n	var resp *clientv3.TxnResponse\n	err := d.cfg.Send.Do(ctx, func(ctx context.Context) (err error) {",
+		"	key := d.copyKey(dict.id, l)\n	var resp *clientv3.TxnResponse\n	err := d.cfg.Send.Do(ctx, func(ctx context.Context) (err error) {\n		if true {\n			resp = &clientv3.TxnResponse{}\n			return nil\n		}"},
+	// Epochs and restores.
+	{"epochs (defect 4): a restore's epoch bump adds nothing", "etcdstore/epoch.go",
+		"		next := cur + by\n",
+		"		next := cur + 0*by\n"},
+	// Close.
+	{"close: the session is revoked before the final writes are flushed", "etcdstore/store.go",
+		"	if left := s.bg.close(ctx, s.endTimeout); left > 0 {",
+		"	if s.sess != nil {\n		s.sess.CloseContext(ctx)\n	}\n	if left := s.bg.close(ctx, s.endTimeout); left > 0 {"},
+	// The replay cache.
+	{"cache: serves entries however stale", "etcdstore/internal/cache/cache.go",
+		"	fresh := c.fresh()\n	c.mu.Lock()",
+		"	fresh := true\n	c.mu.Lock()"},
+}
+
+func main() {
+	budget := flag.Duration("budget", 14*time.Minute, "the explorer's budget per mutant (scripts/test's CI budget by default)")
+	only := flag.String("only", "", "run only the mutants whose name contains this")
+	list := flag.Bool("list", false, "list the mutants and exit")
+	flag.Parse()
+	if *list {
+		for _, m := range mutants {
+			fmt.Printf("%s  (%s)\n", m.name, m.file)
+		}
+		return
+	}
+	if err := os.Chdir(root()); err != nil {
+		fatal(err)
+	}
+	// Check every mutant applies before running any.
+	var run []mutant
+	for _, m := range mutants {
+		if !strings.Contains(m.name, *only) {
+			continue
+		}
+		src, err := os.ReadFile(m.file)
+		if err != nil {
+			fatal(err)
+		}
+		if n := bytes.Count(src, []byte(m.old)); n != 1 {
+			fatal(fmt.Errorf("mutant %q: its text occurs %d times in %s, not once: update it", m.name, n, m.file))
+		}
+		run = append(run, m)
+	}
+	killed := 0
+	fmt.Printf("%d mutants, explorer budget %v each\n\n", len(run), *budget)
+	for i, m := range run {
+		fmt.Printf("[%d/%d] %s\n", i+1, len(run), m.name)
+		r := apply(m, *budget)
+		if r.killed {
+			killed++
+		}
+		fmt.Printf("    %s\n", r)
+	}
+	fmt.Printf("\nkilled %d of %d mutants (%.0f%%)\n", killed, len(run), 100*float64(killed)/float64(max(1, len(run))))
+	if killed < len(run) {
+		os.Exit(1)
+	}
+}
+
+type result struct {
+	killed    bool
+	schedules string // how many schedules ran
+	took      string // the explorer's time
+	why       string // the first violation, or why the run did not count
+}
+
+func (r result) String() string {
+	if r.killed {
+		return fmt.Sprintf("KILLED after %s schedules in %s: %s", r.schedules, r.took, r.why)
+	}
+	if r.why != "" {
+		return "NOT RUN: " + r.why
+	}
+	return fmt.Sprintf("survived %s schedules in %s", r.schedules, r.took)
+}
+
+var (
+	countRe = regexp.MustCompile(`(\d+) schedules in (\S+?)[ :(]`)
+	seedRe  = regexp.MustCompile(`seed \d+: (.*)`)
+)
+
+// apply runs the explorer on m, and restores its file however it ends.
+func apply(m mutant, budget time.Duration) result {
+	orig, err := os.ReadFile(m.file)
+	if err != nil {
+		fatal(err)
+	}
+	restore := func() {
+		if err := os.WriteFile(m.file, orig, 0o644); err != nil {
+			fmt.Fprintf(os.Stderr, "mutate: RESTORE %s BY HAND: %v\n", m.file, err)
+		}
+	}
+	defer restore()
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	go func() {
+		if _, ok := <-sig; ok {
+			restore()
+			os.Exit(130)
+		}
+	}()
+	if err := os.WriteFile(m.file, bytes.Replace(orig, []byte(m.old), []byte(m.new), 1), 0o644); err != nil {
+		fatal(err)
+	}
+	if out, err := exec.Command("go", "build", "./...").CombinedOutput(); err != nil {
+		return result{why: "does not compile: " + firstLine(string(out))}
+	}
+	cmd := exec.Command("go", "test", "./explore", "-run", "TestExplore$", "-count=1", "-ledger=false",
+		"-budget", budget.String(), "-timeout", (budget + 30*time.Minute).String())
+	out, _ := cmd.CombinedOutput()
+	r := result{}
+	if c := countRe.FindSubmatch(out); c != nil {
+		r.schedules, r.took = string(c[1]), string(c[2])
+	}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(make([]byte, 1<<20), 1<<24)
+	for sc.Scan() {
+		line := sc.Text()
+		if s := seedRe.FindStringSubmatch(line); s != nil && !r.killed {
+			r.killed = true
+			r.why = strings.TrimSpace(s[0])
+			if strings.HasSuffix(r.why, "broken:") && sc.Scan() { // the first of them
+				r.why += " " + strings.TrimSpace(sc.Text())
+			}
+		}
+		if strings.HasPrefix(line, "panic:") && !r.killed {
+			r.killed, r.why = true, line
+		}
+	}
+	if r.schedules == "" && !r.killed {
+		r.why = "the explorer did not run: " + lastLines(string(out), 5)
+	}
+	if len(r.why) > 300 {
+		r.why = r.why[:300] + "…"
+	}
+	return r
+}
+
+// root is the repository's root: the directory of its go.work.
+func root() string {
+	out, err := exec.Command("go", "env", "GOWORK").Output()
+	if err != nil || strings.TrimSpace(string(out)) == "" || strings.TrimSpace(string(out)) == "off" {
+		fatal(fmt.Errorf("find the repository root (go env GOWORK): %v", err))
+	}
+	return filepath.Dir(strings.TrimSpace(string(out)))
+}
+
+func firstLine(s string) string { return strings.SplitN(strings.TrimSpace(s), "\n", 2)[0] }
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], " | ")
+}
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "mutate:", err)
+	os.Exit(2)
+}
