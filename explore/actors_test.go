@@ -319,12 +319,26 @@ func (w *world) run(a *actor, p *process, key string, c *etcdstore.Claim, via st
 		}
 		return h.Complete(ctx, outcome)
 	})
+	if err != nil && !giveUp && via == "api" && errors.Is(err, etcdstore.ErrFenced) {
+		// As the worker API answers a Complete retried after a lost reply:
+		// the handle no longer attaches, but the record may show this very
+		// claim's outcome saved.
+		ctx, cancel := w.callerCtx(a, p)
+		rec, gerr := p.store.Get(ctx, etcdstore.Key{ID: key})
+		cancel()
+		switch {
+		case gerr != nil && !errors.Is(gerr, etcdstore.ErrNotFound):
+			return // unknown, as the worker API would answer (503)
+		case gerr == nil && int64(rec.Token) == token && rec.State == etcdstore.Done && string(rec.Outcome.Body) == string(out):
+			err = nil
+		}
+	}
 	if err == nil && !giveUp {
 		w.result(a, key, out, false, nil) // the Complete landed
 		return
 	}
 	if !giveUp && (errors.Is(err, etcdstore.ErrClaimEnded) || errors.Is(err, etcdstore.ErrFenced)) {
-		w.log(event{kind: evNotSaved, key: key, token: token, actor: a.name, via: via, body: string(out), err: err.Error()})
+		w.log(event{kind: evNotSaved, key: key, token: token, proc: p.name, actor: a.name, via: via, body: string(out), err: err.Error()})
 	}
 	if retryable(err) {
 		// Could not end it: give it up for the next claimant.

@@ -453,6 +453,12 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 						break // expired and replaced before the answer: no longer the key's outcome
 					}
 				}
+				if !e.at.Add(skewOf[procSlot(e.proc)]).Before(v.rec.Expires) {
+					// Expired by the answering process's clock: the key no
+					// longer names the operation, and the answer ("not
+					// yours") can only be told from what etcd holds.
+					break
+				}
 				fail("%s: the Complete of token %d was answered %q at %d, but its outcome was saved (revision %d)", e.key, e.token, e.err, e.seq, v.rev)
 				break
 			}
