@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -261,5 +264,75 @@ func TestCorruptCompressedRecords(t *testing.T) {
 		if !errors.Is(err, ErrCorrupt) {
 			t.Errorf("%s: %v; want ErrCorrupt", name, err)
 		}
+	}
+}
+
+// A claim etcd refused (the key holds a done record) whose answer names a
+// dictionary this process cannot fetch did not land: the claim fails, and
+// no reaper is started for a write that etcd said it did not apply.
+// (Until 0.5 the failed dictionary read counted as "may have landed".)
+func TestRefusedClaimWithAnUnreadableDictionaryIsNotReaped(t *testing.T) {
+	prefix := testPrefix(t)
+	writer := newStore(t, client(t), prefix)
+	warm(t, writer, prefix)
+	ctx := testCtx(t)
+	key := Key{ID: "compressed"}
+	body := paymentLike(7)
+	waitFor(t, "a record compressed against a dictionary", func() bool {
+		writer.Evict(ctx, key)
+		if _, err := writer.Do(ctx, key, nil, func(context.Context, *Claim) ([]byte, error) { return body, nil }); err != nil {
+			t.Fatal(err)
+		}
+		return dictionaryOf(t, client(t), writer, key) != 0
+	})
+	var failed atomic.Int64
+	dicts := prefix + "z/"
+	reader := newStore(t, hookedClient(t, func(method string, req any, invoke func() error) error {
+		if r, ok := req.(*pb.RangeRequest); ok && strings.HasPrefix(string(r.Key), dicts) {
+			failed.Add(1)
+			return errLost
+		}
+		return invoke()
+	}), prefix)
+	fp, err := FingerprintOf(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, done, err := reader.Claim(ctx, key, fp)
+	if err == nil || done != nil {
+		t.Fatalf("claim of a record whose dictionary cannot be read: %v, %v; want an error", done, err)
+	}
+	if failed.Load() == 0 {
+		t.Fatalf("claim: %v, and no dictionary read failed: the test did not test", err)
+	}
+	if m := reader.Metrics(); m.Pending != 0 {
+		t.Fatalf("after a claim etcd refused: %d background writes pending; want none (the claim did not land)", m.Pending)
+	}
+}
+
+// A closed store's Admin methods say the store is closed; they do not call
+// its compressed records corrupt. (Until 0.5 List answered ErrCorrupt.)
+func TestClosedStoreIsNotCorrupt(t *testing.T) {
+	prefix := testPrefix(t)
+	st := newStore(t, client(t), prefix)
+	warm(t, st, prefix)
+	ctx := testCtx(t)
+	key := Key{ID: "compressed"}
+	waitFor(t, "a record compressed against a dictionary", func() bool {
+		st.Evict(ctx, key)
+		if _, err := st.Do(ctx, key, nil, func(context.Context, *Claim) ([]byte, error) { return paymentLike(3), nil }); err != nil {
+			t.Fatal(err)
+		}
+		return dictionaryOf(t, client(t), st, key) != 0
+	})
+	st.Close()
+	if _, err := st.Get(ctx, key); !errors.Is(err, ErrClosed) || errors.Is(err, ErrCorrupt) {
+		t.Errorf("Get on a closed store: %v; want ErrClosed", err)
+	}
+	if _, err := st.List(ctx, "", ListOptions{}); !errors.Is(err, ErrClosed) || errors.Is(err, ErrCorrupt) {
+		t.Errorf("List on a closed store: %v; want ErrClosed", err)
+	}
+	if _, err := st.Stats(ctx, 0); !errors.Is(err, ErrClosed) {
+		t.Errorf("Stats on a closed store: %v; want ErrClosed", err)
 	}
 }

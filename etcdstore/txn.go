@@ -152,17 +152,27 @@ func (s *Store) cas(ctx context.Context, k Key, owner string, cmps []cond, w wri
 	if guarded {
 		if kvs := resp.Responses[len(resp.Responses)-1].GetResponseRange().Kvs; len(kvs) > 0 {
 			if res.epoch, err = parseEpoch(kvs[0].Value); err != nil {
-				return casResult{}, err
+				return casResult{}, notApplied{err}
 			}
 		}
 	}
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 		if res.cur, err = s.decode(ctx, k, kvs[0]); err != nil {
-			return casResult{}, err
+			// etcd answered that it ran the Else branch: whatever kept us
+			// from reading the record (a dictionary we could not fetch),
+			// the write did not land.
+			return casResult{}, notApplied{err}
 		}
 	}
 	return res, nil
 }
+
+// notApplied is the error of a write that etcd answered it did not apply
+// (its Else branch ran) but whose answer the store could not read.
+type notApplied struct{ err error }
+
+func (e notApplied) Error() string { return e.err.Error() }
+func (e notApplied) Unwrap() error { return e.err }
 
 func (w write) pb() *pb.RequestOp {
 	if w.delete {
@@ -209,11 +219,11 @@ func etcdCode(err error) codes.Code {
 }
 
 // mayHaveLanded reports whether a write that failed with err may have been
-// applied all the same (send.MayHaveLanded), except that the store's own
-// refusal to read the answer (ErrCorrupt: the Else branch ran) says it
-// did not.
+// applied all the same (send.MayHaveLanded), except that an answer etcd
+// gave but the store could not read (ErrCorrupt, or a dictionary it could
+// not fetch: the Else branch ran) says it did not.
 func mayHaveLanded(err error) bool {
-	return send.MayHaveLanded(err) && !errors.Is(err, ErrCorrupt)
+	return send.MayHaveLanded(err) && !errors.Is(err, ErrCorrupt) && !errors.As(err, new(notApplied))
 }
 
 // backoff sleeps, on the store's clock, before retry try (0-based), or
