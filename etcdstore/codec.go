@@ -66,7 +66,8 @@ const (
 // idem 0.1 reads.
 func encodeV1(r *Record, token fencing.Token) []byte {
 	m := metaV1{State: r.State, FP: r.Fingerprint.String(), Owner: r.Owner, Attempt: r.Attempt, Token: int64(token),
-		Created: r.Created.UnixMilli(), Expires: r.Expires.UnixMilli(), Checkpoint: r.Checkpoint, Takeovers: r.Takeovers}
+		Created: r.Created.UnixMilli(), Expires: r.Expires.UnixMilli(), Checkpoint: r.Checkpoint, Takeovers: r.Takeovers,
+		Epoch: r.Epoch, MovedTo: r.MovedTo, Fence: r.Fence}
 	if !r.Deadline.IsZero() {
 		m.Deadline = r.Deadline.UnixMilli()
 	}
@@ -464,6 +465,11 @@ type metaV1 struct {
 	Status     int                 `json:"st,omitempty"`
 	Header     map[string][][]byte `json:"hb,omitempty"`
 	Err        string              `json:"e,omitempty"`
+	// Fields idem 0.1 did not have (and its reader ignores): a record of
+	// a shard set (its epoch, where it moved) and a fence.
+	Epoch   int64  `json:"ep,omitempty"`
+	MovedTo string `json:"mv,omitempty"`
+	Fence   bool   `json:"f,omitempty"`
 }
 
 func (r *Record) decodeV1(js []byte) error {
@@ -482,6 +488,10 @@ func (r *Record) decodeV1(js []byte) error {
 		r.Deadline = time.UnixMilli(m.Deadline)
 	}
 	r.Checkpoint, r.Takeovers = m.Checkpoint, m.Takeovers
+	if m.Epoch < 0 || m.Epoch >= 1<<(63-EpochShift) {
+		return fmt.Errorf("epoch %d", m.Epoch)
+	}
+	r.Epoch, r.MovedTo, r.Fence = m.Epoch, m.MovedTo, m.Fence
 	if m.State == Done {
 		r.Outcome = &Outcome{Status: m.Status, Err: m.Err}
 		for k, bs := range m.Header {

@@ -11,6 +11,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/idem-dev/idem/fencing"
 )
 
 func TestRecordRoundTrip(t *testing.T) {
@@ -22,27 +24,34 @@ func TestRecordRoundTrip(t *testing.T) {
 			Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: []byte{0xff, 0, '{'},
 		}},
 		{State: Done, Created: now, Expires: now, Outcome: &Outcome{Err: "insufficient funds"}},
+		{State: InFlight, Attempt: "a", Created: now, Expires: now, Epoch: 3},
+		{State: InFlight, Created: now, Expires: now, Fence: true},
+		{State: Moved, Created: now, Expires: now, MovedTo: "b", Epoch: 2},
 	} {
-		r.Fingerprint = Fingerprint{1, 2, 3}
-		kv := &mvccpb.KeyValue{Value: encode(r, 7), ModRevision: 9}
-		got, err := decode(Key{ID: "k"}, kv)
-		if err != nil {
-			t.Fatalf("decode(encode(%+v)): %v", r, err)
+		for format, enc := range map[int]func(*Record, fencing.Token) []byte{1: encodeV1, 2: encode} {
+			r.Fingerprint = Fingerprint{1, 2, 3}
+			kv := &mvccpb.KeyValue{Value: enc(r, 7), ModRevision: 9}
+			got, err := decode(Key{ID: "k"}, kv)
+			if err != nil {
+				t.Fatalf("format %d: decode(encode(%+v)): %v", format, r, err)
+			}
+			if got.State != r.State || got.Owner != r.Owner || got.Token != 7 || got.Revision != 9 ||
+				!got.Created.Equal(r.Created) || !got.Expires.Equal(r.Expires) || !got.Deadline.Equal(r.Deadline) ||
+				string(got.Checkpoint) != string(r.Checkpoint) || got.Takeovers != r.Takeovers || got.Fingerprint != r.Fingerprint ||
+				got.Epoch != r.Epoch || got.MovedTo != r.MovedTo || got.Fence != r.Fence {
+				t.Fatalf("format %d round trip:\n got %+v\nwant %+v", format, got, r)
+			}
+			if r.Outcome != nil && (got.Outcome.Status != r.Outcome.Status || string(got.Outcome.Body) != string(r.Outcome.Body) ||
+				got.Outcome.Err != r.Outcome.Err || len(got.Outcome.Header) != len(r.Outcome.Header)) {
+				t.Fatalf("format %d outcome round trip: got %+v want %+v", format, got.Outcome, r.Outcome)
+			}
+			// Token 0 means "the revision of this write", in the record's
+			// epoch (a claim of a shard set's key).
+			kv = &mvccpb.KeyValue{Value: enc(&Record{State: InFlight, Created: now, Expires: now, Epoch: 5}, 0), ModRevision: 42}
+			if got, err := decode(Key{ID: "k"}, kv); err != nil || got.Token != tokenOf(5, 42) {
+				t.Fatalf("format %d: token of a claim write in epoch 5 = %v, %v; want %d", format, got, err, tokenOf(5, 42))
+			}
 		}
-		if got.State != r.State || got.Owner != r.Owner || got.Token != 7 || got.Revision != 9 ||
-			!got.Created.Equal(r.Created) || !got.Expires.Equal(r.Expires) || !got.Deadline.Equal(r.Deadline) ||
-			string(got.Checkpoint) != string(r.Checkpoint) || got.Takeovers != r.Takeovers || got.Fingerprint != r.Fingerprint {
-			t.Fatalf("round trip:\n got %+v\nwant %+v", got, r)
-		}
-		if r.Outcome != nil && (got.Outcome.Status != r.Outcome.Status || string(got.Outcome.Body) != string(r.Outcome.Body) ||
-			got.Outcome.Err != r.Outcome.Err || len(got.Outcome.Header) != len(r.Outcome.Header)) {
-			t.Fatalf("outcome round trip: got %+v want %+v", got.Outcome, r.Outcome)
-		}
-	}
-	// Token 0 means "the revision of this write".
-	kv := &mvccpb.KeyValue{Value: encode(&Record{State: InFlight, Created: now, Expires: now}, 0), ModRevision: 42}
-	if got, err := decode(Key{ID: "k"}, kv); err != nil || got.Token != 42 {
-		t.Fatalf("token of a claim write = %v, %v; want its revision 42", got, err)
 	}
 }
 
