@@ -2,6 +2,7 @@ package etcdstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -238,7 +239,12 @@ func (a *Admin) List(ctx context.Context, tenant string, o ListOptions) ([]*Reco
 				continue
 			}
 			rec, err := a.decode(ctx, k, kv)
-			if err != nil {
+			switch {
+			case err != nil && !errors.Is(err, ErrCorrupt):
+				// Not the record's fault (a dictionary that could not be
+				// read, a closed store): say what it is.
+				return nil, fmt.Errorf("list %q: %w", tenant, err)
+			case err != nil:
 				corrupt++
 				continue
 			}
@@ -309,6 +315,8 @@ func (a *Admin) Stats(ctx context.Context, maxScan int64) (Stats, error) {
 			rec, err := a.decode(ctx, k, kv)
 			st.Scanned++
 			switch {
+			case err != nil && !errors.Is(err, ErrCorrupt):
+				return st, fmt.Errorf("stats: %w", err)
 			case err != nil:
 			case rec.expired(now):
 				st.Expired++
