@@ -279,7 +279,13 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 				case prev != nil && prev.rec.Fence:
 					// A fence left the key free: this is its operation's
 					// first claim.
-				case prev != nil && prev.rec.State == etcdstore.InFlight && !expiredAt(prev.rec, v.rev):
+				case prev != nil && prev.rec.State == etcdstore.InFlight &&
+					(!expiredAt(prev.rec, v.rev) || r.Created.Equal(prev.rec.Created) && r.Takeovers == prev.rec.Takeovers+1):
+					// A takeover: the record was not expired, or, within
+					// the clocks' skew of its expiry, the claimant judged it
+					// not expired and carried its checkpoint over (a
+					// takeover keeps the operation's creation time and
+					// counts itself).
 					cw.takeover = true
 				case prev != nil:
 					cw.renewed = expiredAt(prev.rec, v.rev)
