@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"slices"
 	"strings"
@@ -365,5 +366,74 @@ func TestRunOutcomeTooLargeIsNotLeftHeld(t *testing.T) {
 	res, err := s.Run(ctx, Key{ID: "k"}, fpOf(t, "p"), work)
 	if err != nil || !res.Replayed || res.Err == "" || runs != 1 {
 		t.Fatalf("retry = %+v, %v (runs %d); want the saved error, no second run", res, err, runs)
+	}
+}
+
+// failDoneWrites returns an interceptor that fails, before etcd, every Txn
+// that would write a done record (alone or inside a batch) while on is set:
+// finished work cannot save its outcome, everything else reaches etcd.
+func failDoneWrites(on *atomic.Bool) interceptor {
+	var writesDone func(ops []*pb.RequestOp) bool
+	writesDone = func(ops []*pb.RequestOp) bool {
+		for _, op := range ops {
+			if put := op.GetRequestPut(); put != nil && isDone(put.Value) {
+				return true
+			}
+			if txn := op.GetRequestTxn(); txn != nil && writesDone(txn.Success) {
+				return true
+			}
+		}
+		return false
+	}
+	return func(method string, req any, invoke func() error) error {
+		if txn, ok := req.(*pb.TxnRequest); ok && on.Load() && writesDone(txn.Success) {
+			return errLost
+		}
+		return invoke()
+	}
+}
+
+// Work finished while its outcome could not be saved, and then the
+// process's session was lost (a partition longer than the session TTL).
+// The outcome exists only in this process, which must never run the key
+// again: a retry through it is answered with a conflict until the save
+// lands, and then with the saved outcome. (Until 0.5 the session
+// supervisor dropped the pending claim, the retry saw the old session
+// dead, took the key over in the very process holding the answer, and ran
+// the work twice.)
+func TestPendingOutcomeSurvivesSessionLoss(t *testing.T) {
+	var cut atomic.Bool
+	prefix := testPrefix(t)
+	cli := client(t)
+	s := newStore(t, hookedClient(t, failDoneWrites(&cut)), prefix)
+	ctx := testCtx(t)
+	key, params := Key{ID: "charge"}, []byte(`{"amount":1}`)
+	runs := 0
+	work := func(context.Context, *Claim) ([]byte, error) {
+		runs++
+		cut.Store(true) // the outcome cannot be saved from now on
+		return []byte(fmt.Sprintf("charged %d", runs)), nil
+	}
+	if res, err := s.Do(ctx, key, params, work); !errors.Is(err, ErrUnavailable) || string(res.Body) != "charged 1" {
+		t.Fatalf("Do = %q, %v; want the work's result and ErrUnavailable", res.Body, err)
+	}
+	if p := s.Metrics().Pending; p != 1 {
+		t.Fatalf("Pending = %d; want the outcome pending", p)
+	}
+	lost := s.Owner()
+	if _, err := cli.Revoke(ctx, s.sessionLeaseID()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a new session", func() bool { o := s.Owner(); return o != "" && o != lost })
+
+	// The client retries through the same process.
+	if _, err := s.Do(ctx, key, params, work); !errors.Is(err, ErrConflict) || runs != 1 {
+		t.Fatalf("a retry while the outcome is pending: %v, the work ran %d times; want ErrConflict and one run", err, runs)
+	}
+	cut.Store(false)
+	settle(t, s)
+	res, err := s.Do(ctx, key, params, work)
+	if err != nil || !res.Replayed || string(res.Body) != "charged 1" || runs != 1 {
+		t.Fatalf("after the save landed: %q replayed=%v runs=%d err=%v; want %q replayed, one run", res.Body, res.Replayed, runs, err, "charged 1")
 	}
 }
