@@ -34,9 +34,9 @@ type restore struct {
 //
 // etcd restores every key of the snapshot with the lease it was on (the
 // leases come back with their TTLs restarted), and nothing written after
-// it; its revisions jump ahead (--bump-revision), so every restored key
-// has a greater revision than any before the restore: here, every key is
-// written again. Then the shard epoch is bumped (Admin.BumpEpoch, as idem
+// it; its revision jumps ahead (--bump-revision), while every restored
+// key keeps its own revisions: here, the keys changed since the snapshot
+// are written again (or deleted), the others are left as they are. Then the shard epoch is bumped (Admin.BumpEpoch, as idem
 // serve does on its first start after idem snapshot restore): without it,
 // tokens would go backwards after a restore in a world whose epoch was
 // raised since the snapshot.
@@ -119,13 +119,36 @@ func (w *world) snapshotOrRestore() error {
 		w.trackLease(g.ID, time.Duration(g.TTL)*time.Second)
 		mapped[id] = g.ID
 	}
+	// etcd's restore keeps every key's revisions (--bump-revision raises
+	// only the store's): a key unchanged since the snapshot keeps its
+	// ModRevision, and so a claim record its token. Only what changed since
+	// is written again (at new revisions) or deleted.
+	snap := map[string]*mvccpb.KeyValue{}
+	for _, kv := range r.kvs {
+		snap[string(kv.Key)] = kv
+	}
+	unchanged := map[string]bool{}
 	for _, prefix := range []string{w.prefix, w.effectsPrefix()} {
-		if _, err := w.admin.Delete(ctx, prefix, clientv3.WithPrefix()); err != nil {
+		now, err := w.admin.Get(ctx, prefix, clientv3.WithPrefix())
+		if err != nil {
 			return err
+		}
+		for _, kv := range now.Kvs {
+			old := snap[string(kv.Key)]
+			if old != nil && old.ModRevision == kv.ModRevision && (kv.Lease == 0 || mapped[clientv3.LeaseID(kv.Lease)] == clientv3.LeaseID(kv.Lease)) {
+				unchanged[string(kv.Key)] = true
+				continue
+			}
+			if _, err := w.admin.Delete(ctx, string(kv.Key)); err != nil {
+				return err
+			}
 		}
 	}
 	owners := map[clientv3.LeaseID]string{}
 	for _, kv := range r.kvs {
+		if unchanged[string(kv.Key)] {
+			continue
+		}
 		val := string(kv.Value)
 		if strings.HasPrefix(string(kv.Key), w.prefix+"l/") {
 			// A bucket key names its lease.
