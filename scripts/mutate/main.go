@@ -200,7 +200,8 @@ func apply(m mutant, budget time.Duration) result {
 	if out, err := exec.Command("go", "build", "./...").CombinedOutput(); err != nil {
 		return result{why: "does not compile: " + firstLine(string(out))}
 	}
-	cmd := exec.Command("go", "test", "./explore", "-run", "TestExplore$", "-count=1", "-ledger=false",
+	// -v: a passing test prints its count (t.Logf) only when verbose.
+	cmd := exec.Command("go", "test", "./explore", "-run", "TestExplore$", "-count=1", "-v", "-ledger=false",
 		"-budget", budget.String(), "-timeout", (budget + 30*time.Minute).String())
 	out, _ := cmd.CombinedOutput()
 	r := result{}
