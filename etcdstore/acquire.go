@@ -48,14 +48,25 @@ func (s *Store) decide(ctx context.Context, c *Claim, sess *lease.Session, cfg *
 	tries := 0
 	for round := 0; round < 8; {
 		now := s.now()
+		if cfg.existing && !known {
+			rec, rev, err := s.get(ctx, c.key)
+			if err != nil {
+				return nil, err
+			}
+			cur, seenRev, known = rec, rev, true
+		}
+		if cfg.existing && (cur == nil || cur.expired(now) || cur.State == Moved) {
+			return nil, fmt.Errorf("claim %s: %w: no live record in this store (WithoutCreate)", c.key, ErrNotFound)
+		}
 		var cmps []cond
 		var taken *Record // the record being replaced, for a takeover
 		if !known || cur == nil {
 			cmps = []cond{created(ekey, pb.Compare_EQUAL, 0)}
 		} else {
 			switch {
-			case cur.expired(now):
-				// Retention has passed: the key names a new operation. Replace
+			case cur.expired(now), cfg.overMoved && cur.State == Moved:
+				// Retention has passed (or the Moved record here is stale:
+				// ReplaceMoved): the key names a new operation. Replace
 				// the old record; the new token is still greater.
 			case cur.State == Moved:
 				return nil, &MovedError{Key: c.key, To: cur.MovedTo, Epoch: cur.Epoch}
@@ -137,9 +148,12 @@ func (s *Store) decide(ctx context.Context, c *Claim, sess *lease.Session, cfg *
 			rec.Takeovers = taken.Takeovers + 1
 		}
 		epoch := s.epoch.Load()
+		var setRev int64
 		if s.epochs {
 			rec.Epoch = epoch
-			cmps = append(cmps, s.epochCond(epoch))
+			var guards []cond
+			guards, setRev = s.guards(epoch)
+			cmps = append(cmps, guards...)
 		}
 		res, err := s.writeRecord(ctx, c.key, checkOwner, cmps, rec, 0)
 		if errors.Is(err, rpctypes.ErrNoSpace) {
@@ -171,6 +185,9 @@ func (s *Store) decide(ctx context.Context, c *Claim, sess *lease.Session, cfg *
 		}
 		if res.ownerGone {
 			return nil, fmt.Errorf("claim %s: %w: %w", c.key, ErrUnavailable, ErrSessionLost)
+		}
+		if s.epochs && s.setChanged(res, setRev) {
+			return nil, fmt.Errorf("claim %s: %w", c.key, ErrSetChanged)
 		}
 		if s.epochs && res.epoch != epoch {
 			s.epoch.Store(res.epoch) // the shard's epoch was raised: claim under it

@@ -182,6 +182,13 @@ type ListOptions struct {
 	After *Key
 	// Limit is the page size: default 100, at most 1000.
 	Limit int
+	// Live leaves Moved records out (package shard's hand-over records),
+	// as State does.
+	Live bool
+	// Skew keeps records whose retention passed less than Skew ago: a
+	// process whose clock is behind this one's by up to Skew still sees
+	// them live.
+	Skew time.Duration
 }
 
 // MaxListLimit is the largest page List returns.
@@ -248,7 +255,7 @@ func (a *Admin) List(ctx context.Context, tenant string, o ListOptions) ([]*Reco
 				corrupt++
 				continue
 			}
-			if rec.expired(now) || o.State != "" && rec.State != o.State {
+			if rec.expired(now.Add(-o.Skew)) || o.State != "" && rec.State != o.State || o.Live && rec.State == Moved {
 				continue
 			}
 			out = append(out, rec)

@@ -68,9 +68,12 @@ func (s *Store) Enqueue(ctx context.Context, key Key, fp Fingerprint, data []byt
 			Checkpoint:  data,
 		}
 		epoch := s.epoch.Load()
+		var setRev int64
 		if s.epochs {
 			rec.Epoch = epoch
-			cmps = append(cmps, s.epochCond(epoch))
+			var guards []cond
+			guards, setRev = s.guards(epoch)
+			cmps = append(cmps, guards...)
 		}
 		res, err := s.writeRecord(ctx, key, "", cmps, rec, 0)
 		if errors.Is(err, rpctypes.ErrNoSpace) {
@@ -96,6 +99,9 @@ func (s *Store) Enqueue(ctx context.Context, key Key, fp Fingerprint, data []byt
 			rec.Revision, rec.Token = res.rev, tokenOf(epoch, res.rev)
 			rec.Expires, rec.Created = toMillis(rec.Expires), toMillis(rec.Created)
 			return rec, nil
+		}
+		if s.epochs && s.setChanged(res, setRev) {
+			return nil, fmt.Errorf("enqueue %s: %w", key, ErrSetChanged)
 		}
 		if s.epochs && res.epoch != epoch {
 			s.epoch.Store(res.epoch)

@@ -37,6 +37,55 @@ func (s *Store) epochKey() string { return s.ks.prefix + "epoch" }
 // Epoch returns the shard epoch this store last saw (0 without WithEpochs).
 func (s *Store) Epoch() int64 { return s.epoch.Load() }
 
+// ShardSetValue is the name of the Value (SetValue) that holds the shard
+// set in force (package shard's placement and its generation) in each
+// shard. A store WithEpochs guards every claim, enqueue and Forward with
+// it: the Txn compares the value's revision with the one the store last
+// read, so that a process that routed a key by an older shard set is
+// refused (ErrSetChanged) and routes it again, whatever order processes
+// learn a change in.
+const ShardSetValue = "shard/set"
+
+func (s *Store) setKey() string { return s.ks.values() + ShardSetValue }
+
+// ShardSet returns the shard set value this store last read from its etcd
+// (Revision 0: none there). It is read by New, and again whenever a
+// guarded write finds it changed.
+func (s *Store) ShardSet() Value {
+	if v := s.set.Load(); v != nil {
+		return *v
+	}
+	return Value{Name: ShardSetValue}
+}
+
+func (s *Store) noteSet(v Value) { s.set.Store(&v) }
+
+// setCond guards a claim or a move with the shard set this store believes
+// in.
+func (s *Store) setCond(rev int64) cond {
+	if rev == 0 {
+		return created(s.setKey(), pb.Compare_EQUAL, 0)
+	}
+	return modified(s.setKey(), rev)
+}
+
+// guards are the compares of a claim, enqueue or move of a shard: its
+// epoch and its shard set, as last seen.
+func (s *Store) guards(epoch int64) ([]cond, int64) {
+	rev := s.ShardSet().Revision
+	return []cond{s.epochCond(epoch), s.setCond(rev)}, rev
+}
+
+// setChanged reports whether a guarded write that did not apply found
+// another shard set than the one it compared, and notes it.
+func (s *Store) setChanged(res casResult, rev int64) bool {
+	if res.set.Revision == rev {
+		return false
+	}
+	s.noteSet(res.set)
+	return true
+}
+
 // epochCond guards a claim or a move with the epoch this store believes in.
 func (s *Store) epochCond(e int64) cond {
 	if e == 0 {
@@ -53,27 +102,44 @@ func parseEpoch(v []byte) (int64, error) {
 	return e, nil
 }
 
-// loadEpoch reads the shard's epoch from etcd.
+// loadEpoch reads the shard's epoch and shard set from etcd, in one
+// linearizable read.
 func (s *Store) loadEpoch(ctx context.Context) (int64, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	var resp *clientv3.GetResponse
+	var resp *clientv3.TxnResponse
 	if err := s.retry(ctx, func(ctx context.Context) (err error) {
-		resp, err = s.client.Get(ctx, s.epochKey())
+		resp, err = s.client.Txn(ctx).Then(clientv3.OpGet(s.epochKey()), clientv3.OpGet(s.setKey())).Commit()
 		return err
 	}); err != nil {
-		return 0, unavailable("epoch", Key{}, err)
+		return 0, fmt.Errorf("read the shard epoch and set: %w: %w", ErrUnavailable, err)
 	}
-	if len(resp.Kvs) == 0 {
-		s.epoch.Store(0)
-		return 0, nil
+	set := Value{Name: ShardSetValue}
+	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+		set.Value, set.Revision = kvs[0].Value, kvs[0].ModRevision
 	}
-	e, err := parseEpoch(resp.Kvs[0].Value)
-	if err != nil {
-		return 0, err
+	s.noteSet(set)
+	e := int64(0)
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		var err error
+		if e, err = parseEpoch(kvs[0].Value); err != nil {
+			return 0, err
+		}
 	}
 	s.epoch.Store(e)
 	return e, nil
+}
+
+// LoadShardSet reads the shard set (ShardSetValue) and the epoch from etcd
+// again, and returns the set.
+func (s *Store) LoadShardSet(ctx context.Context) (Value, error) {
+	if !s.epochs {
+		return Value{}, fmt.Errorf("%w: load shard set: the store has no epochs (WithEpochs)", ErrInvalidArgument)
+	}
+	if _, err := s.loadEpoch(ctx); err != nil {
+		return Value{}, err
+	}
+	return s.ShardSet(), nil
 }
 
 // RaiseEpoch makes the shard's epoch greater than above (if it is not
@@ -102,7 +168,7 @@ func (s *Store) RaiseEpoch(ctx context.Context, above int64) (int64, error) {
 			s.log.Info("idem: shard epoch raised", "epoch", next)
 			return next, nil
 		case err != nil && (!retryable(ctx, err) || !s.backoff(ctx, try)):
-			return 0, unavailable("raise epoch", Key{}, err)
+			return 0, fmt.Errorf("raise the shard epoch: %w: %w", ErrUnavailable, err)
 		}
 		// Another process moved it, or the reply was lost: read again.
 	}
@@ -113,10 +179,10 @@ func (s *Store) RaiseEpoch(ctx context.Context, above int64) (int64, error) {
 // it, and the key stays here, where every retry finds it. When the key is
 // absent or its retention passed, Forward writes a Moved record naming to
 // (on a retention lease, like any record), so that from then on this shard
-// refuses to claim it: two processes that disagree about where the key
-// belongs can never claim it in two clusters. A Moved record already there
-// is returned (refreshed when it is past half its retention, so that it
-// outlives the records of the key on its new shard while it is in use).
+// refuses to claim it. A Moved record naming to is returned as it is; one
+// naming another shard (written under an older shard set) is replaced. The
+// write is guarded by the shard's epoch and shard set (ShardSetValue):
+// ErrSetChanged says the set changed since this store read it.
 // The returned record says which: State Moved (go to MovedTo; its Epoch is
 // this shard's at the move), or a live record of this shard.
 func (s *Store) Forward(ctx context.Context, key Key, to string) (*Record, error) {
@@ -144,21 +210,19 @@ func (s *Store) Forward(ctx context.Context, key Key, to string) (*Record, error
 			cmps = []cond{created(ekey, pb.Compare_EQUAL, 0)}
 		case cur.expired(now):
 			cmps = []cond{modified(ekey, cur.Revision)}
-		case cur.State == Moved && cur.MovedTo == to && cur.Expires.Sub(now) > s.retention/2:
+		case cur.State == Moved && cur.MovedTo == to:
 			return cur, nil
-		case cur.State == Moved && cur.MovedTo != to:
-			return cur, nil // moved elsewhere already: follow it
 		case cur.State == Moved:
-			cmps = []cond{modified(ekey, cur.Revision)} // refresh
+			// Written under an older shard set (the one in force, which
+			// this write compares, names to): replace it.
+			cmps = []cond{modified(ekey, cur.Revision)}
 		default:
 			return cur, nil // the key lives here
 		}
 		e := s.epoch.Load()
 		rec := &Record{State: Moved, MovedTo: to, Epoch: e, Created: now, Expires: now.Add(s.retention)}
-		if cur != nil && cur.State == Moved {
-			rec.Created, rec.Epoch = cur.Created, max(cur.Epoch, e)
-		}
-		res, err := s.writeRecord(ctx, key, "", append(cmps, s.epochCond(e)), rec, 0)
+		guards, setRev := s.guards(e)
+		res, err := s.writeRecord(ctx, key, "", append(cmps, guards...), rec, 0)
 		if err != nil {
 			if errors.Is(err, ErrCorrupt) || !retryable(ctx, err) || !s.backoff(ctx, try) {
 				return nil, wrapEtcd("forward", key, err)
@@ -171,6 +235,9 @@ func (s *Store) Forward(ctx context.Context, key Key, to string) (*Record, error
 		if res.ok {
 			rec.Revision, rec.Token = res.rev, tokenOf(rec.Epoch, res.rev)
 			return rec, nil
+		}
+		if s.setChanged(res, setRev) {
+			return nil, fmt.Errorf("forward %s: %w", key, ErrSetChanged)
 		}
 		if res.epoch != e {
 			s.epoch.Store(res.epoch)
@@ -208,7 +275,7 @@ func (a *Admin) BumpEpoch(ctx context.Context, by int64) (int64, error) {
 			resp, err = a.client.Get(ctx, key)
 			return err
 		}); err != nil {
-			return 0, unavailable("bump epoch", Key{}, err)
+			return 0, fmt.Errorf("bump the shard epoch: %w: %w", ErrUnavailable, err)
 		}
 		cur, cmp := int64(0), clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
 		if len(resp.Kvs) > 0 {
@@ -229,7 +296,7 @@ func (a *Admin) BumpEpoch(ctx context.Context, by int64) (int64, error) {
 		case err == nil && tr.Succeeded:
 			return next, nil
 		case err != nil && (!retryable(ctx, err) || !a.backoff(ctx, try)):
-			return 0, unavailable("bump epoch", Key{}, err)
+			return 0, fmt.Errorf("bump the shard epoch: %w: %w", ErrUnavailable, err)
 		}
 		// Moved meanwhile, or the reply was lost: read again. A bump that
 		// landed with its reply lost is bumped again: the epoch only grows

@@ -31,11 +31,93 @@ func TestForward(t *testing.T) {
 	if _, _, err := s.Claim(ctx, Key{ID: "gone"}, Fingerprint{}); !errors.As(err, &me) || me.To != "b" || !errors.Is(err, ErrMoved) {
 		t.Fatalf("claim of a moved key = %v; want a MovedError to b", err)
 	}
-	if other, err := s.Forward(ctx, Key{ID: "gone"}, "c"); err != nil || other.MovedTo != "b" {
-		t.Fatalf("Forward to another shard = %+v, %v; want the existing move to b", other, err)
+	// A Moved record naming another shard was left by an older shard set
+	// (Forward compares the set in force): it is replaced.
+	if other, err := s.Forward(ctx, Key{ID: "gone"}, "c"); err != nil || other.MovedTo != "c" || other.Revision <= rec.Revision {
+		t.Fatalf("Forward to another shard = %+v, %v; want a new move to c", other, err)
+	}
+	// A claim that knows the Moved record is stale replaces it.
+	c, _, err := s.Claim(ctx, Key{ID: "gone"}, Fingerprint{}, ReplaceMoved())
+	if err != nil {
+		t.Fatalf("claim of a moved key ReplaceMoved: %v", err)
+	}
+	if err := c.Complete(ctx, Outcome{Body: []byte("here now")}); err != nil {
+		t.Fatal(err)
 	}
 	plain := newStore(t, client(t), testPrefix(t))
 	if _, err := plain.Forward(ctx, Key{ID: "k"}, "b"); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("Forward without epochs = %v; want ErrInvalidArgument", err)
+	}
+}
+
+// WithoutCreate claims only a key with a live record here: a takeover or a
+// replay, never a new record.
+func TestWithoutCreate(t *testing.T) {
+	s := newStore(t, client(t), testPrefix(t), WithEpochs())
+	ctx := testCtx(t)
+	fp := Fingerprint{1}
+	if _, _, err := s.Claim(ctx, Key{ID: "absent"}, fp, WithoutCreate()); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("WithoutCreate of an absent key = %v; want ErrNotFound", err)
+	}
+	if rec, _ := s.Get(ctx, Key{ID: "absent"}); rec != nil {
+		t.Fatalf("WithoutCreate wrote %+v", rec)
+	}
+	c, _, err := s.Claim(ctx, Key{ID: "live"}, fp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Complete(ctx, Outcome{Body: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, done, err := s.Claim(ctx, Key{ID: "live"}, fp, WithoutCreate()); err != nil || done == nil || string(done.Outcome.Body) != "v" {
+		t.Fatalf("WithoutCreate of a done key = %v, %v; want the replay", done, err)
+	}
+	if _, err := s.Forward(ctx, Key{ID: "moved"}, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Claim(ctx, Key{ID: "moved"}, fp, WithoutCreate()); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("WithoutCreate of a moved key = %v; want ErrNotFound", err)
+	}
+}
+
+// A claim, enqueue or Forward that routed by an older shard set is refused
+// (ErrSetChanged) once another process records a new one, and the store
+// learns the new set from the answer.
+func TestShardSetGuardsClaims(t *testing.T) {
+	prefix := testPrefix(t)
+	a := newStore(t, client(t), prefix, WithEpochs())
+	b := newStore(t, client(t), prefix, WithEpochs())
+	ctx := testCtx(t)
+	v, ok, err := a.SetValue(ctx, ShardSetValue, []byte("generation 1"), 0)
+	if err != nil || !ok {
+		t.Fatalf("record a set: %v %v", ok, err)
+	}
+	if got := a.ShardSet(); got.Revision != v.Revision {
+		t.Fatalf("the store's set after its own write: %+v; want %+v", got, v)
+	}
+	if b.ShardSet().Revision != 0 {
+		t.Fatal("b read a set before it was written")
+	}
+	_, _, err = b.Claim(ctx, Key{ID: "k"}, Fingerprint{})
+	if !errors.Is(err, ErrSetChanged) {
+		t.Fatalf("a claim by a store that knows no set = %v; want ErrSetChanged", err)
+	}
+	if got := b.ShardSet(); got.Revision != v.Revision || string(got.Value) != "generation 1" {
+		t.Fatalf("b's set after the refusal = %+v; want the one recorded", got)
+	}
+	if _, _, err := b.Claim(ctx, Key{ID: "k"}, Fingerprint{}); err != nil {
+		t.Fatalf("the claim again, under the set recorded: %v", err)
+	}
+	if _, err := b.Enqueue(ctx, Key{ID: "j"}, Fingerprint{}, nil); err != nil {
+		t.Fatalf("enqueue under the set recorded: %v", err)
+	}
+	if _, _, err := a.SetValue(ctx, ShardSetValue, []byte("generation 2"), v.Revision); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Forward(ctx, Key{ID: "m"}, "x"); !errors.Is(err, ErrSetChanged) {
+		t.Fatalf("Forward under an older set = %v; want ErrSetChanged", err)
+	}
+	if _, err := b.Enqueue(ctx, Key{ID: "j2"}, Fingerprint{}, nil); err != nil {
+		t.Fatalf("enqueue after learning the set: %v", err)
 	}
 }

@@ -69,6 +69,12 @@ var (
 	// another shard of a shard set (package shard): claim it there.
 	ErrMoved = errors.New("idempotency key moved to another shard")
 
+	// ErrSetChanged is returned by a claim, enqueue or Forward of a store
+	// WithEpochs when the shard set in its etcd (ShardSetValue) changed
+	// since the store last read it: nothing was written; route the key
+	// again by the new set (package shard does).
+	ErrSetChanged = errors.New("the shard set changed")
+
 	// ErrStoreFull is returned (together with ErrUnavailable) when etcd
 	// refuses a write because its database reached its quota (the NOSPACE
 	// alarm). Nothing was written. Replays of done keys still work; an

@@ -379,6 +379,34 @@ type claimConfig struct {
 	onError   End
 	noSession bool
 	fence     bool // write the claim abandoned (reap)
+	existing  bool // WithoutCreate
+	overMoved bool // ReplaceMoved
+}
+
+// WithoutCreate makes a claim take only a key that has a live record in
+// this store (in flight: recognised or taken over as usual; done:
+// replayed): when the key has none (absent, past its retention, or Moved),
+// the claim writes nothing and fails with an error wrapping ErrNotFound.
+// Package shard claims a key this way on the shard it is moving away from,
+// where it may stay only while its operation lives.
+func WithoutCreate() ClaimOption {
+	return claimOption(func(c *claimConfig) error {
+		c.existing = true
+		return nil
+	})
+}
+
+// ReplaceMoved makes a claim treat a Moved record of the key in this store
+// as stale: the key is claimed here as a new operation, replacing the
+// record (compared by its revision), instead of failing with a
+// *MovedError. Package shard claims a key this way on the shard the set in
+// force places it on, where a Moved record can only have been left by an
+// older shard set.
+func ReplaceMoved() ClaimOption {
+	return claimOption(func(c *claimConfig) error {
+		c.overMoved = true
+		return nil
+	})
 }
 
 // MaxAttemptLen is the longest attempt id.

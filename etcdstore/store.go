@@ -65,8 +65,9 @@ type Store struct {
 
 	full atomic.Bool // etcd refused the last write for lack of space
 
-	epochs bool         // one shard of a set (WithEpochs)
-	epoch  atomic.Int64 // the shard epoch last seen
+	epochs bool                  // one shard of a set (WithEpochs)
+	epoch  atomic.Int64          // the shard epoch last seen
+	set    atomic.Pointer[Value] // the shard set last seen (WithEpochs); nil: none read yet
 
 	cache     *cache.Cache[*Record] // nil without WithCache
 	claimPath ClaimPath

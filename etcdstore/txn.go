@@ -23,9 +23,10 @@ type casResult struct {
 	// ownerGone is true when the Txn checked an owner key (owner != "")
 	// and it did not exist: the session behind the write has ended.
 	ownerGone bool
-	// epoch is the shard epoch etcd holds, when the Txn was guarded by
-	// one (WithEpochs) and did not apply.
+	// epoch and set are the shard epoch and shard set etcd holds, when
+	// the Txn was guarded by them (WithEpochs) and did not apply.
 	epoch int64
+	set   Value
 }
 
 // write is one write of a Txn's Then branch: a Put on a lease, or a Delete.
@@ -111,7 +112,8 @@ func (s *Store) cas(ctx context.Context, k Key, owner string, cmps []cond, w wri
 			req.Failure = append(req.Failure, &pb.RequestOp{Request: &pb.RequestOp_RequestRange{RequestRange: &pb.RangeRequest{Key: []byte(okey), CountOnly: true}}})
 		}
 		if guarded {
-			req.Failure = append(req.Failure, &pb.RequestOp{Request: &pb.RequestOp_RequestRange{RequestRange: &pb.RangeRequest{Key: []byte(s.epochKey())}}})
+			req.Failure = append(req.Failure, &pb.RequestOp{Request: &pb.RequestOp_RequestRange{RequestRange: &pb.RangeRequest{Key: []byte(s.epochKey())}}},
+				&pb.RequestOp{Request: &pb.RequestOp_RequestRange{RequestRange: &pb.RangeRequest{Key: []byte(s.setKey())}}})
 		}
 		var r *pb.TxnResponse
 		r, err = s.kv.Txn(ctx, req, []string{w.key})
@@ -122,7 +124,7 @@ func (s *Store) cas(ctx context.Context, k Key, owner string, cmps []cond, w wri
 			els = append(els, clientv3.OpGet(okey, clientv3.WithCountOnly()))
 		}
 		if guarded {
-			els = append(els, clientv3.OpGet(s.epochKey()))
+			els = append(els, clientv3.OpGet(s.epochKey()), clientv3.OpGet(s.setKey()))
 		}
 		ifs := make([]clientv3.Cmp, len(cmps))
 		for i, c := range cmps {
@@ -150,10 +152,15 @@ func (s *Store) cas(ctx context.Context, k Key, owner string, cmps []cond, w wri
 		res.ownerGone = resp.Responses[1].GetResponseRange().Count == 0
 	}
 	if guarded {
-		if kvs := resp.Responses[len(resp.Responses)-1].GetResponseRange().Kvs; len(kvs) > 0 {
+		n := len(resp.Responses)
+		if kvs := resp.Responses[n-2].GetResponseRange().Kvs; len(kvs) > 0 {
 			if res.epoch, err = parseEpoch(kvs[0].Value); err != nil {
 				return casResult{}, notApplied{err}
 			}
+		}
+		res.set = Value{Name: ShardSetValue}
+		if kvs := resp.Responses[n-1].GetResponseRange().Kvs; len(kvs) > 0 {
+			res.set.Value, res.set.Revision = kvs[0].Value, kvs[0].ModRevision
 		}
 	}
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {

@@ -108,11 +108,18 @@ func (s *Store) SetValue(ctx context.Context, name string, value []byte, rev int
 		return Value{}, false, fmt.Errorf("set value %q: %w: %w", name, ErrUnavailable, err)
 	}
 	if resp.Succeeded {
-		return Value{Name: name, Value: value, Revision: resp.Header.Revision}, true, nil
+		v := Value{Name: name, Value: value, Revision: resp.Header.Revision}
+		if s.epochs && name == ShardSetValue {
+			s.noteSet(v)
+		}
+		return v, true, nil
 	}
 	cur := Value{Name: name}
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
 		cur.Value, cur.Revision = kvs[0].Value, kvs[0].ModRevision
+	}
+	if s.epochs && name == ShardSetValue {
+		s.noteSet(cur)
 	}
 	return cur, false, nil
 }
