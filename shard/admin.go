@@ -10,21 +10,23 @@ import (
 
 // Admin reads and evicts records across a shard set without sessions, for
 // operators' tools (idem get, ls, evict, status): etcdstore.Admin on every
-// shard, with the placement to find each key.
+// shard, with the set in force to find each key.
 type Admin struct {
-	names     []string
-	admins    map[string]*etcdstore.Admin
-	placement Placement
-	previous  *Placement
+	names  []string
+	admins map[string]*etcdstore.Admin
+	want   Set
 }
 
-// NewAdmin returns an Admin over cfg's shards.
+// NewAdmin returns an Admin over cfg's shards (each needs its Client).
 func NewAdmin(cfg Config, opts ...etcdstore.AdminOption) (*Admin, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	a := &Admin{admins: map[string]*etcdstore.Admin{}, placement: cfg.Placement, previous: cfg.Previous}
+	a := &Admin{admins: map[string]*etcdstore.Admin{}, want: Set{Generation: max(cfg.Generation, 1), Placement: cfg.Placement, Previous: cfg.Previous}}
 	for _, sh := range cfg.Shards {
+		if sh.Client == nil {
+			return nil, fmt.Errorf("shard %s: %w: no etcd client", sh.Name, etcdstore.ErrInvalidArgument)
+		}
 		adm, err := etcdstore.NewAdmin(sh.Client, opts...)
 		if err != nil {
 			return nil, fmt.Errorf("shard %s: %w", sh.Name, err)
@@ -32,8 +34,8 @@ func NewAdmin(cfg Config, opts ...etcdstore.AdminOption) (*Admin, error) {
 		a.names = append(a.names, sh.Name)
 		a.admins[sh.Name] = adm
 	}
-	if len(a.placement.Shards) == 0 {
-		a.placement.Shards = a.names
+	if len(a.want.Placement.Shards) == 0 {
+		a.want.Placement.Shards = a.names
 	}
 	return a, nil
 }
@@ -42,12 +44,85 @@ func NewAdmin(cfg Config, opts ...etcdstore.AdminOption) (*Admin, error) {
 func (a *Admin) Shards() []string                   { return append([]string(nil), a.names...) }
 func (a *Admin) Shard(name string) *etcdstore.Admin { return a.admins[name] }
 
-func (a *Admin) locate(ctx context.Context, key etcdstore.Key) (string, *etcdstore.Record, error) {
-	return locate(ctx, key, &a.placement, a.previous, func(n string) getter {
-		if adm := a.admins[n]; adm != nil {
-			return adm
+// SetStatus is what one shard records of the shard set.
+type SetStatus struct {
+	// Set is the set the shard holds (Generation 0: none).
+	Set Set
+	// Drained is the generation the shard was last drained for (0: none).
+	Drained int64
+}
+
+// Sets reads what every shard records of the shard set: a shard that
+// cannot be read is missing from the map and named in the error.
+func (a *Admin) Sets(ctx context.Context) (map[string]SetStatus, error) {
+	out := map[string]SetStatus{}
+	var errs []error
+	for _, n := range a.names {
+		st, err := a.setOf(ctx, n)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("shard %s: %w", n, err))
+			continue
 		}
-		return nil
+		out[n] = st
+	}
+	if len(errs) > 0 {
+		return out, errs[0]
+	}
+	return out, nil
+}
+
+func (a *Admin) setOf(ctx context.Context, name string) (SetStatus, error) {
+	adm := a.admins[name]
+	v, err := adm.Value(ctx, etcdstore.ShardSetValue)
+	if err != nil {
+		return SetStatus{}, err
+	}
+	var st SetStatus
+	if v.Revision != 0 {
+		if st.Set, err = decodeSet(v.Value); err != nil {
+			return SetStatus{}, err
+		}
+	}
+	d, err := adm.Value(ctx, drainedValue)
+	if err != nil {
+		return SetStatus{}, err
+	}
+	if m, ok := parseMark(d); ok {
+		st.Drained = m.Generation
+	}
+	return st, nil
+}
+
+// inForce returns the newest set any shard records (the configuration's
+// when none does), and the shards known drained for it.
+func (a *Admin) inForce(ctx context.Context) (Set, map[string]bool, error) {
+	sets, err := a.Sets(ctx)
+	best, found := a.want, false
+	for _, st := range sets {
+		if st.Set.Generation > 0 && (!found || st.Set.Generation > best.Generation) {
+			best, found = st.Set, true
+		}
+	}
+	if !found && err != nil {
+		return Set{}, nil, err
+	}
+	drained := map[string]bool{}
+	for n, st := range sets {
+		drained[n] = st.Drained == best.Generation
+	}
+	return best, drained, nil
+}
+
+func (a *Admin) locate(ctx context.Context, key etcdstore.Key) (string, *etcdstore.Record, error) {
+	set, drained, err := a.inForce(ctx)
+	if err != nil {
+		return "", nil, err
+	}
+	return locate(ctx, key, set, func(n string) bool { return drained[n] }, func(n string) (getter, error) {
+		if adm := a.admins[n]; adm != nil {
+			return adm, nil
+		}
+		return nil, fmt.Errorf("shard %s: %w: the shard set in force names it, and no connection settings for it were given", n, etcdstore.ErrUnavailable)
 	})
 }
 
@@ -74,28 +149,30 @@ func (a *Admin) Evict(ctx context.Context, key etcdstore.Key) error {
 
 // List is Store.List without a session.
 func (a *Admin) List(ctx context.Context, tenant string, o etcdstore.ListOptions) ([]*etcdstore.Record, error) {
-	return list(ctx, a.names, func(n string) lister { return a.admins[n] }, tenant, o)
+	return list(ctx, a.names, func(n string) (lister, error) { return a.admins[n], nil }, tenant, o)
 }
 
 type lister interface {
 	List(ctx context.Context, tenant string, o etcdstore.ListOptions) ([]*etcdstore.Record, error)
 }
 
-// list merges the shards' listings, leaving Moved records out, sorted by
-// tenant and key, at most o.Limit (default 100) of them: a page, as one
-// store's List, that o.After resumes.
-func list(ctx context.Context, names []string, shard func(string) lister, tenant string, o etcdstore.ListOptions) ([]*etcdstore.Record, error) {
+// list merges the shards' listings, leaving Moved records out (each shard
+// fills its page with live records: a page of Moved records hides none),
+// sorted by tenant and key, at most o.Limit (default 100) of them: a page,
+// as one store's List, that o.After resumes.
+func list(ctx context.Context, names []string, shard func(string) (lister, error), tenant string, o etcdstore.ListOptions) ([]*etcdstore.Record, error) {
+	o.Live = true
 	var out []*etcdstore.Record
 	for _, n := range names {
-		recs, err := shard(n).List(ctx, tenant, o)
+		l, err := shard(n)
+		if err != nil {
+			return nil, err
+		}
+		recs, err := l.List(ctx, tenant, o)
 		if err != nil {
 			return nil, fmt.Errorf("shard %s: %w", n, err)
 		}
-		for _, r := range recs {
-			if r.State != etcdstore.Moved {
-				out = append(out, r)
-			}
-		}
+		out = append(out, recs...)
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Key.Tenant != out[j].Key.Tenant {

@@ -13,50 +13,69 @@
 // every other shard to it; removing one moves only its own keys. A tenant
 // may be pinned to one shard (for etcd RBAC, or isolation).
 //
-// # Changing the shard set
+// # The shard set in force
 //
-// Processes learn a new shard set one by one, so for a while some place a
-// key on its old shard and some on its new one. Two claims of one key in
-// two clusters would run its work twice, so the old shard stays the single
-// source of truth for a key until it hands the key over:
+// The placement in force is not each process's own: it is a Set, ordered
+// by its generation, recorded in every shard (etcdstore.ShardSetValue).
+// A process asks for the set of its configuration (Config.Generation and
+// Config.Placement); the set in force is the newest any shard holds. A
+// process installs its own when it is newer and the change is safe (see
+// below), with a compare-and-set on one shard, the arbiter of the set in
+// force (Set.arbiter): two processes can never put two different sets
+// after one in force. It writes the set in force on every other shard it
+// uses before it claims there, and every claim, enqueue and hand-over of a
+// shard compares that shard's set in its Txn: a process still routing by
+// an older set is refused there (etcdstore.ErrSetChanged), learns the new
+// set from the answer, and routes again. So processes may learn a change
+// in any order, or never restart with a new file: the first write of an
+// old process where the new set is recorded teaches it.
 //
-//   - A process whose placement moved key K from shard A (Config.Previous)
-//     to shard B (Config.Placement) first asks A (etcdstore.Store.Forward):
-//     if A holds a live record of K, K stays on A, where every retry of a
-//     claim made under the old placement finds it; otherwise A writes, by a
-//     create-if-absent (or a compare-and-set on an expired record), a Moved
-//     record naming B, and from then on refuses to claim K (ErrMoved).
-//   - Any process that meets a Moved record, whatever its own placement,
-//     follows it to the shard it names.
+// # Handing keys over
 //
-// Invariant: at any moment at most one shard can grant a claim of K: the
-// one that holds a live record of it, or, when none does, the first shard
-// along K's Moved records whose record of K is absent or expired. A claim
-// on A and a Forward on A are both conditional writes on the same etcd key,
-// so they are ordered by A's linearizable history: either the claim lands
-// first (and Forward then finds it and keeps K on A) or the Moved record
-// does (and the claim's Txn finds it and is refused). TestHandOver runs
-// processes with the old and the new shard set on the same keys while a
-// shard is added, with lost replies, and counts each key's effects.
+// A set has a previous placement while keys move. A key whose shard
+// changed (from its old shard O to its new home H) may still have a live
+// record on O, claimed under the previous placement; O stays the single
+// source of truth for it until it hands the key over:
 //
-// The previous placement must stay configured (Config.Previous) until
-// every process runs the new one and one retention has passed since: the
-// keys that stayed on their old shard then expired there.
+//   - A process first asks O (etcdstore.Store.Forward): if O holds a live
+//     record of the key, the key stays on O, where it is claimed only while
+//     that record lives (etcdstore.WithoutCreate). Otherwise O writes a
+//     Moved record naming H, and from then on refuses to claim the key.
+//   - The key is then claimed on H. A Moved record found on H was left by
+//     an older set, and is replaced (etcdstore.ReplaceMoved).
+//
+// Each process drains the shards of the previous placement in the
+// background: once a shard holds no live record of a key placed elsewhere,
+// it is marked drained for the generation, and processes stop asking it.
+// Nothing waits for a time to pass: the hand-over ends when the records
+// that kept it going have ended, whatever the retention.
+//
+// Invariant: every live record of a key is on its shard under the set's
+// placement or under its previous placement (the two places a claim
+// looks), and at most one of them can grant a claim: the old shard while
+// it holds a live record, the home once the old shard wrote its Moved
+// record or was drained. A claim on O and a Forward on O are conditional
+// writes on one etcd key, ordered by O's history. A new set is installed
+// only when the invariant carries over: the set in force was drained (every
+// live record is at its home, the new set's previous placement), or the
+// new set takes the change back (its placement is the previous one).
+// ARCHITECTURE.md ("Shards") has the whole argument.
 //
 // # Fencing tokens across a move
 //
 // Each shard has an epoch, a number in its own etcd that only grows
 // (etcdstore.WithEpochs): a token is epoch<<EpochShift | revision. A Moved
-// record carries its shard's epoch at the move; before a key is claimed on
-// its new shard, that shard's epoch is raised above it (RaiseEpoch), so
-// the key's tokens keep growing although the new cluster's revisions may
-// be lower. A downstream fencing.Checker compares tokens as integers, as
-// before.
+// record carries its shard's epoch at the move, and a drain mark the
+// drained shard's epoch; before a key is claimed on its home, the home's
+// epoch is raised above it (RaiseEpoch), so the key's tokens keep growing
+// although the new cluster's revisions may be lower.
 //
 // # Failures
 //
-// A shard that cannot be reached makes its own keys unavailable; keys of
-// other shards are served. A key being handed over needs its old shard.
+// A shard that cannot be reached makes only the keys that need it
+// unavailable: those it holds, and those it must hand over. A process
+// starts with the shards that answer and connects to the others in the
+// background.
 package shard
 
 import (
@@ -65,12 +84,16 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"regexp"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/idem-dev/idem/clock"
 	"github.com/idem-dev/idem/etcdstore"
 )
 
@@ -78,60 +101,127 @@ import (
 type Shard struct {
 	// Name identifies the shard in placements, pins and Moved records:
 	// 1-32 of [a-z0-9-]. Never rename a shard that holds keys.
-	Name   string
-	Client *clientv3.Client
+	Name string
+	// Client is the shard's etcd client. Or Connect makes one: it is
+	// called again, with a backoff, until it succeeds (a shard whose etcd
+	// does not answer when the process starts is connected to in the
+	// background), and the Store closes the client it made.
+	Client  *clientv3.Client
+	Connect func(ctx context.Context) (*clientv3.Client, error)
+	// Options are this shard's own store options, after the set's.
+	Options []etcdstore.Option
 }
 
-// Placement says which shards new keys go to.
+// Placement says which shards keys go to.
 type Placement struct {
 	// Shards are the names keys are spread over (default: every shard).
-	Shards []string
+	Shards []string `json:"shards"`
 	// Pin places every key of a tenant on one shard.
-	Pin map[string]string
+	Pin map[string]string `json:"pin,omitempty"`
 }
 
-// Config is a shard set.
+// Config is a shard set as a process is configured with it.
 type Config struct {
-	Shards    []Shard
-	Placement Placement
-	// Previous is the placement before the last change, while keys are
-	// handed over; nil when none is under way.
+	Shards []Shard
+	// Placement is the placement this process asks for, at Generation
+	// (default 1). A newer generation than the set in force is installed
+	// once that is safe; an older one is ignored: the process follows the
+	// set in force.
+	Placement  Placement
+	Generation int64
+	// Previous is the placement before the last change, read only when no
+	// shard records a set yet (an upgrade from idem 0.4, whose processes
+	// were told of a change by their files alone).
 	Previous *Placement
+	// Clock runs the store's background work: connecting, learning the
+	// set in force, draining (default clock.Real). It is given to every
+	// shard's store.
+	Clock clock.Clock
+	// Log receives what the set does (default: discarded).
+	Log *slog.Logger
+	// Check is how often the set in force, the drain marks and the drain
+	// are looked at again (default 30 s).
+	Check time.Duration
+	// Skew is how far apart the clocks of the processes may be (default
+	// 1 min): a drain counts a record as live until Skew past its
+	// retention, as a process whose clock is behind may still take it
+	// over.
+	Skew time.Duration
 }
 
 // Store is idem's store over a set of etcd clusters: Run, Do, Claim,
 // Attach, Get, Wait and Evict route each key to its shard.
 type Store struct {
-	names     []string
-	shards    map[string]*etcdstore.Store
-	placement Placement
-	previous  *Placement
+	names   []string
+	members map[string]*member
+	want    Set
+	clk     clock.Clock
+	log     *slog.Logger
+	check   time.Duration
+	skew    time.Duration
+	opts    []etcdstore.Option
+
+	mu      sync.Mutex
+	inForce Set
+	known   bool // a set is in force (read or installed)
+	marks   map[string]mark
+	pending string // why want is not in force
+
+	life context.Context
+	stop context.CancelFunc
+	work clock.Group
+}
+
+// member is one shard, connected or not yet.
+type member struct {
+	Shard
+	st   atomic.Pointer[etcdstore.Store]
+	made *clientv3.Client // made by Connect: closed with the store
+	err  atomic.Pointer[error]
 }
 
 var shardName = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
 
-// maxHops bounds how many Moved records one operation follows.
-const maxHops = 4
-
-// New opens a store on every shard of cfg, each with opts (plus
-// etcdstore.WithEpochs). Every shard must answer within ctx.
+// New opens a store on every shard of cfg that answers within ctx (each
+// with opts, then the shard's own Options, plus etcdstore.WithEpochs),
+// and connects to the others in the background. It learns the set in
+// force from the shards, and installs cfg's when it is newer and safe.
+// It fails only when cfg is not valid.
 func New(ctx context.Context, cfg Config, opts ...etcdstore.Option) (*Store, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	s := &Store{shards: make(map[string]*etcdstore.Store), placement: cfg.Placement, previous: cfg.Previous}
+	s := &Store{members: map[string]*member{}, clk: cfg.Clock, log: cfg.Log, check: cfg.Check, marks: map[string]mark{}}
+	if s.clk == nil {
+		s.clk = clock.Real
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.check <= 0 {
+		s.check = 30 * time.Second
+	}
+	if s.skew = cfg.Skew; s.skew <= 0 {
+		s.skew = time.Minute
+	}
+	s.opts = append(append([]etcdstore.Option{}, opts...), etcdstore.WithClock(s.clk), etcdstore.WithEpochs())
 	for _, sh := range cfg.Shards {
-		st, err := etcdstore.New(ctx, sh.Client, append(append([]etcdstore.Option{}, opts...), etcdstore.WithEpochs())...)
-		if err != nil {
-			s.Close()
-			return nil, fmt.Errorf("shard %s: %w", sh.Name, err)
-		}
 		s.names = append(s.names, sh.Name)
-		s.shards[sh.Name] = st
+		s.members[sh.Name] = &member{Shard: sh}
 	}
-	if len(s.placement.Shards) == 0 {
-		s.placement.Shards = s.names
+	s.want = Set{Generation: max(cfg.Generation, 1), Placement: cfg.Placement, Previous: cfg.Previous}
+	if len(s.want.Placement.Shards) == 0 {
+		s.want.Placement.Shards = s.names
 	}
+	s.life, s.stop = context.WithCancel(context.Background())
+	for _, n := range s.names {
+		if err := s.connect(ctx, s.members[n]); err != nil {
+			s.log.Warn("idem: shard does not answer; connecting in the background", "shard", n, "err", err)
+			s.work.Go(s.clk, s.life, "connect shard "+n, func(ctx context.Context) { s.reconnect(ctx, s.members[n]) })
+		}
+	}
+	s.refresh(ctx)
+	s.work.Go(s.clk, s.life, "shard set", s.watch)
 	return s, nil
 }
 
@@ -146,10 +236,13 @@ func (cfg *Config) validate() error {
 			return fmt.Errorf("shard: %w: name %q must be 1-32 of [a-z0-9-]", etcdstore.ErrInvalidArgument, sh.Name)
 		case known[sh.Name]:
 			return fmt.Errorf("shard: %w: %q named twice", etcdstore.ErrInvalidArgument, sh.Name)
-		case sh.Client == nil:
-			return fmt.Errorf("shard %s: %w: nil etcd client", sh.Name, etcdstore.ErrInvalidArgument)
+		case sh.Client == nil && sh.Connect == nil:
+			return fmt.Errorf("shard %s: %w: no etcd client (Client or Connect)", sh.Name, etcdstore.ErrInvalidArgument)
 		}
 		known[sh.Name] = true
+	}
+	if cfg.Generation < 0 {
+		return fmt.Errorf("shard: %w: generation %d must be at least 1", etcdstore.ErrInvalidArgument, cfg.Generation)
 	}
 	check := func(what string, p *Placement) error {
 		for _, n := range p.Shards {
@@ -179,6 +272,163 @@ func (cfg *Config) validate() error {
 		}
 	}
 	return nil
+}
+
+// connect opens m's store, once.
+func (s *Store) connect(ctx context.Context, m *member) error {
+	cli := m.Client
+	if cli == nil {
+		var err error
+		if cli, err = m.Connect(ctx); err != nil {
+			m.err.Store(&err)
+			return err
+		}
+	}
+	st, err := etcdstore.New(ctx, cli, append(append([]etcdstore.Option{}, s.opts...), m.Options...)...)
+	if err != nil {
+		if m.Client == nil {
+			cli.Close()
+		}
+		m.err.Store(&err)
+		return err
+	}
+	if m.Client == nil {
+		m.made = cli
+	}
+	m.err.Store(nil)
+	m.st.Store(st)
+	return nil
+}
+
+// reconnect tries to connect m until it answers, backing off from 1 s to
+// 8 s.
+func (s *Store) reconnect(ctx context.Context, m *member) {
+	for wait := time.Second; ; wait = min(2*wait, 8*time.Second) {
+		if clock.Sleep(s.clk, ctx, wait) != nil {
+			return
+		}
+		tctx, cancel := s.clk.WithTimeout(ctx, 2*wait)
+		err := s.connect(tctx, m)
+		cancel()
+		if err == nil {
+			s.log.Info("idem: shard connected", "shard", m.Name)
+			s.refresh(ctx)
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// watch looks at the set in force, the drain marks and the drain every
+// s.check, until the store closes.
+func (s *Store) watch(ctx context.Context) {
+	for clock.Sleep(s.clk, ctx, s.check) == nil {
+		s.refresh(ctx)
+		s.drain(ctx)
+	}
+}
+
+// store returns shard name's store, or nil while it is not connected (or
+// not configured here).
+func (s *Store) store(name string) *etcdstore.Store {
+	if m := s.members[name]; m != nil {
+		return m.st.Load()
+	}
+	return nil
+}
+
+func (s *Store) unreachable(name string) error {
+	m := s.members[name]
+	if m == nil {
+		return fmt.Errorf("shard %s: %w: the shard set in force names it, and this process has no connection settings for it", name, etcdstore.ErrUnavailable)
+	}
+	if err := m.err.Load(); err != nil {
+		return fmt.Errorf("shard %s: %w: not connected: %v", name, etcdstore.ErrUnavailable, *err)
+	}
+	return fmt.Errorf("shard %s: %w: not connected yet", name, etcdstore.ErrUnavailable)
+}
+
+// current returns the set in force, and whether one is known.
+func (s *Store) current() (Set, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.inForce, s.known
+}
+
+// adopt makes set the set in force when it is newer than the one known.
+func (s *Store) adopt(set Set) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case !s.known || set.Generation > s.inForce.Generation:
+		if s.known {
+			s.log.Info("idem: shard set in force", "generation", set.Generation, "was", s.inForce.Generation)
+		}
+		s.inForce, s.known = set, true
+		clear(s.marks)
+	case set.Generation == s.inForce.Generation && !set.same(s.inForce):
+		s.log.Error("idem: two different shard sets of one generation; following the first seen", "generation", set.Generation)
+	}
+}
+
+func (s *Store) markOf(name string) (mark, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, ok := s.marks[name]
+	return m, ok
+}
+
+func (s *Store) noteMark(name string, m mark) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.known && m.Generation == s.inForce.Generation {
+		s.marks[name] = m
+	}
+}
+
+// refresh learns the set in force from the shards' last reads, and
+// installs this process's own when it is newer and safe.
+func (s *Store) refresh(ctx context.Context) {
+	for _, n := range s.names {
+		st := s.store(n)
+		if st == nil {
+			continue
+		}
+		v := st.ShardSet()
+		if v.Revision == 0 {
+			continue
+		}
+		set, err := decodeSet(v.Value)
+		if err != nil {
+			s.log.Error("idem: unreadable shard set", "shard", n, "err", err)
+			continue
+		}
+		s.adopt(set)
+	}
+	cur, known := s.current()
+	if known && cur.Generation >= s.want.Generation {
+		s.setPending("")
+		return
+	}
+	if _, err := s.install(ctx, s.want); err != nil {
+		s.setPending(err.Error())
+		if !errors.Is(err, errPending) {
+			s.log.Warn("idem: installing the shard set", "generation", s.want.Generation, "err", err)
+		}
+		return
+	}
+	s.setPending("")
+}
+
+func (s *Store) setPending(why string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if why != "" && why != s.pending {
+		s.log.Info("idem: the shard set asked for is not in force", "generation", s.want.Generation, "why", why)
+	}
+	s.pending = why
 }
 
 // place returns the shard p puts key on.
@@ -220,250 +470,171 @@ func score(shard, tenant, id string) uint64 {
 	return x
 }
 
-// Place returns the name of the shard the current placement puts key on.
-func (s *Store) Place(key etcdstore.Key) string { return s.placement.place(key) }
+// Place returns the name of the shard the set in force puts key on (the
+// one this process asks for, while none is known).
+func (s *Store) Place(key etcdstore.Key) string {
+	set, known := s.current()
+	if !known {
+		set = s.want
+	}
+	return set.Placement.place(key)
+}
 
 // Shards returns the shards' names, in configuration order.
 func (s *Store) Shards() []string { return append([]string(nil), s.names...) }
 
-// Shard returns the store of shard name, or nil.
-func (s *Store) Shard(name string) *etcdstore.Store { return s.shards[name] }
+// Shard returns the store of shard name, or nil (not configured, or not
+// connected yet).
+func (s *Store) Shard(name string) *etcdstore.Store { return s.store(name) }
 
-// route returns the shard that may claim key: its home under the current
-// placement, after its old home handed it over (or kept it) when the
-// placement moved it.
-func (s *Store) route(ctx context.Context, key etcdstore.Key) (*etcdstore.Store, error) {
-	home := s.placement.place(key)
-	if s.previous == nil {
-		return s.shards[home], nil
-	}
-	old := s.previous.place(key)
-	if old == home {
-		return s.shards[home], nil
-	}
-	rec, err := s.shards[old].Forward(ctx, key, home)
-	if err != nil {
-		return nil, fmt.Errorf("hand %s over from shard %s: %w", key, old, err)
-	}
-	if rec.State != etcdstore.Moved {
-		return s.shards[old], nil // it lives there: claimed under the old placement
-	}
-	return s.follow(ctx, key, &etcdstore.MovedError{Key: key, To: rec.MovedTo, Epoch: rec.Epoch})
+// Status is what a Store knows of its shards and of the set in force.
+type Status struct {
+	// Shards says, per configured shard, nil when it is connected, or why
+	// not.
+	Shards map[string]error
+	// InForce is the set in force (Generation 0: none known yet).
+	InForce Set
+	// Drained lists the shards known to be drained for InForce.
+	Drained []string
+	// Asked is the set this process asks for; Pending says why it is not
+	// in force, when it is newer.
+	Asked   Set
+	Pending string
 }
 
-// follow returns the shard a Moved record names, its epoch raised above
-// the one the key left.
-func (s *Store) follow(ctx context.Context, key etcdstore.Key, me *etcdstore.MovedError) (*etcdstore.Store, error) {
-	to := s.shards[me.To]
-	if to == nil {
-		return nil, fmt.Errorf("%s moved to shard %q, which this process does not know: %w", key, me.To, etcdstore.ErrUnavailable)
-	}
-	if to.Epoch() <= me.Epoch {
-		if _, err := to.RaiseEpoch(ctx, me.Epoch); err != nil {
-			return nil, fmt.Errorf("shard %s: %w", me.To, err)
+// Status returns the store's status.
+func (s *Store) Status() Status {
+	st := Status{Shards: map[string]error{}, Asked: s.want}
+	for _, n := range s.names {
+		if s.store(n) == nil {
+			st.Shards[n] = s.unreachable(n)
+		} else {
+			st.Shards[n] = nil
 		}
 	}
-	return to, nil
-}
-
-// do runs op on key's shard, following Moved records.
-func (s *Store) do(ctx context.Context, key etcdstore.Key, op func(*etcdstore.Store) error) error {
-	st, err := s.route(ctx, key)
-	for hop := 0; err == nil; hop++ {
-		err = op(st)
-		var me *etcdstore.MovedError
-		if !errors.As(err, &me) {
-			return err
-		}
-		if hop >= maxHops {
-			return fmt.Errorf("%s: %w after %d hops: %w", key, etcdstore.ErrUnavailable, hop, err)
-		}
-		st, err = s.follow(ctx, key, me)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.known {
+		st.InForce = s.inForce
 	}
-	return err
-}
-
-// readShard returns the shard that holds key's record (or would), without
-// writing: a read never hands a key over.
-func (s *Store) readShard(ctx context.Context, key etcdstore.Key) (*etcdstore.Store, *etcdstore.Record, error) {
-	name, rec, err := locate(ctx, key, &s.placement, s.previous, func(n string) getter {
-		if st := s.shards[n]; st != nil {
-			return st
-		}
-		return nil
-	})
-	return s.shards[name], rec, err
-}
-
-type getter interface {
-	Get(ctx context.Context, key etcdstore.Key) (*etcdstore.Record, error)
-}
-
-// locate finds the shard that holds key's record, reading (never writing):
-// its old home first when the placement moved it (the truth until it
-// hands over), then its home, following Moved records. It returns the
-// shard's name with the record, or, when no shard holds one, the last
-// shard read and an error wrapping ErrNotFound.
-func locate(ctx context.Context, key etcdstore.Key, placement, previous *Placement, shard func(string) getter) (string, *etcdstore.Record, error) {
-	names := []string{placement.place(key)}
-	if previous != nil {
-		if old := previous.place(key); old != names[0] {
-			names = []string{old, names[0]}
-		}
+	for n := range s.marks {
+		st.Drained = append(st.Drained, n)
 	}
-	last := ""
-	for hop := 0; hop < maxHops+1 && len(names) > 0; hop++ {
-		st := shard(names[0])
-		if st == nil {
-			return "", nil, fmt.Errorf("%s moved to shard %q, which this process does not know: %w", key, names[0], etcdstore.ErrUnavailable)
-		}
-		last = names[0]
-		rec, err := st.Get(ctx, key)
-		switch {
-		case errors.Is(err, etcdstore.ErrNotFound):
-			names = names[1:]
-			continue
-		case err != nil:
-			return "", nil, fmt.Errorf("shard %s: %w", names[0], err)
-		case rec.State == etcdstore.Moved:
-			names = []string{rec.MovedTo}
-			continue
-		}
-		return names[0], rec, nil
-	}
-	return last, nil, fmt.Errorf("get %s: %w", key, etcdstore.ErrNotFound)
-}
-
-// Run is etcdstore.Store.Run on key's shard.
-func (s *Store) Run(ctx context.Context, key etcdstore.Key, fp etcdstore.Fingerprint, work etcdstore.RunWork, opts ...etcdstore.RunOption) (res etcdstore.Result, err error) {
-	err = s.do(ctx, key, func(st *etcdstore.Store) error {
-		res, err = st.Run(ctx, key, fp, work, opts...)
-		return err
-	})
-	return res, err
-}
-
-// Do is etcdstore.Store.Do on key's shard.
-func (s *Store) Do(ctx context.Context, key etcdstore.Key, params []byte, work etcdstore.Work, opts ...etcdstore.RunOption) (res etcdstore.Result, err error) {
-	err = s.do(ctx, key, func(st *etcdstore.Store) error {
-		res, err = st.Do(ctx, key, params, work, opts...)
-		return err
-	})
-	return res, err
-}
-
-// Claim is etcdstore.Store.Claim on key's shard.
-func (s *Store) Claim(ctx context.Context, key etcdstore.Key, fp etcdstore.Fingerprint, opts ...etcdstore.ClaimOption) (c *etcdstore.Claim, done *etcdstore.Record, err error) {
-	err = s.do(ctx, key, func(st *etcdstore.Store) error {
-		c, done, err = st.Claim(ctx, key, fp, opts...)
-		return err
-	})
-	return c, done, err
-}
-
-// Attach is etcdstore.Store.Attach on the shard that holds h's claim.
-func (s *Store) Attach(ctx context.Context, h etcdstore.Handle) (*etcdstore.Claim, error) {
-	st, _, err := s.readShard(ctx, h.Key)
-	if err != nil && !errors.Is(err, etcdstore.ErrNotFound) {
-		return nil, err
-	}
-	if st == nil {
-		return nil, fmt.Errorf("attach %s: %w", h.Key, etcdstore.ErrFenced)
-	}
-	return st.Attach(ctx, h)
-}
-
-// Get returns key's record from the shard that holds it.
-func (s *Store) Get(ctx context.Context, key etcdstore.Key) (*etcdstore.Record, error) {
-	if err := key.Validate(); err != nil {
-		return nil, fmt.Errorf("get: %w", err)
-	}
-	_, rec, err := s.readShard(ctx, key)
-	return rec, err
-}
-
-// Wait is etcdstore.Store.Wait on the shard that holds key (or, when none
-// does, its home).
-func (s *Store) Wait(ctx context.Context, key etcdstore.Key) (*etcdstore.Record, error) {
-	for hop := 0; ; hop++ {
-		st, _, err := s.readShard(ctx, key)
-		if err != nil && !errors.Is(err, etcdstore.ErrNotFound) {
-			return nil, err
-		}
-		if st == nil {
-			st = s.shards[s.placement.place(key)]
-		}
-		rec, err := st.Wait(ctx, key)
-		if err != nil || rec.State != etcdstore.Moved || hop >= maxHops {
-			return rec, err
-		}
-	}
-}
-
-// Evict deletes key's record on the shard that holds it.
-func (s *Store) Evict(ctx context.Context, key etcdstore.Key) error {
-	st, _, err := s.readShard(ctx, key)
-	if err != nil {
-		return err
-	}
-	return st.Evict(ctx, key)
-}
-
-// List lists tenant's records (every tenant's with tenant "") on every
-// shard, leaving Moved records out, sorted by tenant and key: a page of
-// at most o.Limit, which o.After resumes, as one store's List.
-func (s *Store) List(ctx context.Context, tenant string, o etcdstore.ListOptions) ([]*etcdstore.Record, error) {
-	return list(ctx, s.names, func(n string) lister { return s.shards[n] }, tenant, o)
+	st.Pending = s.pending
+	return st
 }
 
 // Retention is the retention of every shard.
-func (s *Store) Retention() time.Duration { return s.shards[s.names[0]].Retention() }
+func (s *Store) Retention() time.Duration {
+	for _, n := range s.names {
+		if st := s.store(n); st != nil {
+			return st.Retention()
+		}
+	}
+	return etcdstore.DefaultRetention
+}
 
 // MaxRecordSize is the record size limit of every shard.
-func (s *Store) MaxRecordSize() int { return s.shards[s.names[0]].MaxRecordSize() }
+func (s *Store) MaxRecordSize() int {
+	for _, n := range s.names {
+		if st := s.store(n); st != nil {
+			return st.MaxRecordSize()
+		}
+	}
+	return etcdstore.DefaultMaxRecordSize
+}
 
-// Metrics adds up the shards' metrics (etcdstore.Metrics.Add): Live while
-// every shard has a session, Full while any etcd refuses writes for lack
-// of space.
+// Metrics adds up the connected shards' metrics (etcdstore.Metrics.Add):
+// Live while every shard has a session (none while one is not connected),
+// Full while any etcd refuses writes for lack of space.
 func (s *Store) Metrics() etcdstore.Metrics {
 	var m etcdstore.Metrics
-	for i, n := range s.names {
-		if i == 0 {
-			m = s.shards[n].Metrics()
+	first := true
+	for _, n := range s.names {
+		st := s.store(n)
+		if st == nil {
+			m.Live = false
+			first = false
 			continue
 		}
-		m = m.Add(s.shards[n].Metrics())
+		if first {
+			m, first = st.Metrics(), false
+			continue
+		}
+		m = m.Add(st.Metrics())
 	}
 	return m
 }
 
-// CheckFull is etcdstore.Store.CheckFull over the shards: whether any
-// still is full.
+// CheckFull is etcdstore.Store.CheckFull over the connected shards: whether
+// any still is full.
 func (s *Store) CheckFull(ctx context.Context) (bool, error) {
 	full := false
 	var errs []error
-	for _, st := range s.shards {
-		f, err := st.CheckFull(ctx)
-		full = full || f
-		errs = append(errs, err)
+	for _, n := range s.names {
+		if st := s.store(n); st != nil {
+			f, err := st.CheckFull(ctx)
+			full = full || f
+			errs = append(errs, err)
+		}
 	}
 	return full, errors.Join(errs...)
 }
 
-// Owner names this process's session on each shard: "a=<id>,b=<id>".
+// Owner names this process's session on each connected shard:
+// "a=<id>,b=<id>".
 func (s *Store) Owner() string {
 	var parts []string
 	for _, n := range s.names {
-		parts = append(parts, n+"="+s.shards[n].Owner())
+		if st := s.store(n); st != nil {
+			parts = append(parts, n+"="+st.Owner())
+		}
 	}
 	return strings.Join(parts, ",")
 }
 
-// Close closes every shard's store.
+// Close stops the background work and closes every shard's store (and the
+// clients it made).
 func (s *Store) Close() error {
+	s.stop()
+	s.work.Wait(s.clk, context.Background())
 	var errs []error
-	for _, st := range s.shards {
-		errs = append(errs, st.Close())
+	for _, n := range s.names {
+		m := s.members[n]
+		if st := m.st.Load(); st != nil {
+			errs = append(errs, st.Close())
+		}
+		if m.made != nil {
+			m.made.Close()
+		}
 	}
 	return errors.Join(errs...)
+}
+
+// Check asks every shard, at once and each within timeout, for a
+// linearizable read (which also refreshes what this process knows of the
+// set in force), and returns, per shard, nil or why it did not answer: a
+// shard that hangs costs its own answer only.
+func (s *Store) Check(ctx context.Context, timeout time.Duration) map[string]error {
+	out := make(map[string]error, len(s.names))
+	var mu sync.Mutex
+	var g clock.Group
+	for _, n := range s.names {
+		st := s.store(n)
+		if st == nil {
+			out[n] = s.unreachable(n)
+			continue
+		}
+		g.Go(s.clk, ctx, "check shard "+n, func(ctx context.Context) {
+			tctx, cancel := s.clk.WithTimeout(ctx, timeout)
+			defer cancel()
+			_, err := st.LoadShardSet(tctx)
+			mu.Lock()
+			out[n] = err
+			mu.Unlock()
+		})
+	}
+	g.Wait(s.clk, context.Background())
+	s.refresh(ctx)
+	return out
 }

@@ -90,10 +90,11 @@ func lossy(t testing.TB, n string, rate float64, seed uint64) *clientv3.Client {
 	return cli
 }
 
-// open makes a shard store over the named clusters (a client each).
-func open(t testing.TB, prefix string, placement []string, previous []string, rate float64, seed uint64, names ...string) *Store {
+// open makes a shard store over the named clusters (a client each) that
+// asks for placement at generation gen.
+func open(t testing.TB, prefix string, gen int64, placement []string, previous []string, rate float64, seed uint64, names ...string) *Store {
 	t.Helper()
-	cfg := Config{Placement: Placement{Shards: placement}}
+	cfg := Config{Placement: Placement{Shards: placement}, Generation: gen, Check: 100 * time.Millisecond, Skew: 100 * time.Millisecond}
 	if previous != nil {
 		cfg.Previous = &Placement{Shards: previous}
 	}
@@ -108,6 +109,23 @@ func open(t testing.TB, prefix string, placement []string, previous []string, ra
 	}
 	t.Cleanup(func() { s.Close() })
 	return s
+}
+
+// inForce waits until s follows generation gen.
+func inForce(t testing.TB, s *Store, gen int64) Set {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if set, ok := s.current(); ok && set.Generation == gen {
+			return set
+		}
+		if time.Now().After(deadline) {
+			set, _ := s.current()
+			t.Fatalf("generation %d is not in force after 30 s: %d is (pending: %s)", gen, set.Generation, s.Status().Pending)
+		}
+		s.refresh(testCtx(t))
+		time.Sleep(20 * time.Millisecond) // polling a process's view of etcd
+	}
 }
 
 // Placement spreads keys evenly, moves only the keys a new shard wins, honours
@@ -155,7 +173,7 @@ const placementGolden = "accacacaabab"
 // replays, mismatches; the records are on the placed shard only.
 func TestRulesPerKey(t *testing.T) {
 	prefix := testPrefix(t)
-	s := open(t, prefix, nil, nil, 0, 1, "a", "b", "c")
+	s := open(t, prefix, 1, nil, nil, 0, 1, "a", "b", "c")
 	ctx := testCtx(t)
 	runs := map[string]int{}
 	var mu sync.Mutex
@@ -192,11 +210,14 @@ func TestRulesPerKey(t *testing.T) {
 	}
 }
 
-// The hand-over: while shard c is added, processes that know the new
-// placement (a, b, c; previously a, b) and processes that still place on
-// a and b claim the same keys concurrently, their Txns losing a tenth of
-// their replies. Every key's work takes effect once, every caller gets the
-// one saved outcome, and no key has a live record on two shards.
+// The hand-over: processes that place keys on a and b (generation 1) run a
+// workload; a third of the way in, processes that add shard c (generation
+// 2) start and install their set, and every process learns it on its next
+// write. Txns lose a tenth of their replies. Every key's work takes effect
+// once, every caller gets the one saved outcome, no key has a live record
+// on two shards; then the set is drained (a and b hold no live record of a
+// key c now holds), and a third generation without the hand-over finds
+// every key where it is, replayed.
 func TestHandOver(t *testing.T) {
 	handOver(t, nil)
 }
@@ -242,10 +263,15 @@ func others(n, except int) []int {
 // the operations are done, and checks its invariants.
 func handOver(t *testing.T, fault func(context.Context) error) {
 	prefix := testPrefix(t)
-	var routers []*Store
-	for i := 0; i < 2; i++ {
-		routers = append(routers, open(t, prefix, []string{"a", "b"}, nil, 0.1, uint64(10+i), "a", "b", "c"))
-		routers = append(routers, open(t, prefix, []string{"a", "b", "c"}, []string{"a", "b"}, 0.1, uint64(20+i), "a", "b", "c"))
+	var rmu sync.Mutex
+	routers := []*Store{
+		open(t, prefix, 1, []string{"a", "b"}, nil, 0.1, 10, "a", "b", "c"),
+		open(t, prefix, 1, []string{"a", "b"}, nil, 0.1, 11, "a", "b", "c"),
+	}
+	pick := func(rng *rand.Rand) *Store {
+		rmu.Lock()
+		defer rmu.Unlock()
+		return routers[rng.IntN(len(routers))]
 	}
 	ctx := testCtx(t)
 	const keys, workers = 120, 16
@@ -257,32 +283,57 @@ func handOver(t *testing.T, fault func(context.Context) error) {
 	faultAt := make(chan struct{})
 	var once sync.Once
 	faulted := make(chan error, 1)
-	var over atomic.Bool // the fault has run its course: workers may stop
-	if fault == nil {
-		faulted <- nil
+	var over atomic.Bool    // the change and the fault have run their course: workers may stop
+	var changed atomic.Bool // generation 2 is in force
+	go func() {
+		<-faultAt
+		// The change: processes of generation 2 start.
+		for i := 0; i < 2; i++ {
+			cfg := Config{Placement: Placement{Shards: []string{"a", "b", "c"}}, Generation: 2, Check: 100 * time.Millisecond, Skew: 100 * time.Millisecond}
+			for j, n := range []string{"a", "b", "c"} {
+				cfg.Shards = append(cfg.Shards, Shard{Name: n, Client: lossy(t, n, 0.1, uint64(20+10*i+j))})
+			}
+			r, err := New(ctx, cfg, etcdstore.WithPrefix(prefix), etcdstore.WithSessionTTL(5*time.Second))
+			if err != nil {
+				over.Store(true)
+				faulted <- err
+				return
+			}
+			t.Cleanup(func() { r.Close() })
+			rmu.Lock()
+			routers = append(routers, r)
+			rmu.Unlock()
+		}
+		changed.Store(true)
+		var err error
+		if fault != nil {
+			err = fault(ctx)
+		}
 		over.Store(true)
-	} else {
-		go func() {
-			<-faultAt
-			err := fault(ctx)
-			over.Store(true)
-			faulted <- err
-		}()
-	}
+		faulted <- err
+	}()
 	var wg sync.WaitGroup
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(w), 7))
-			// Every worker runs keys operations, and more while the fault
-			// is under way, so that it happens in the middle of the work.
+			// Every worker runs keys operations, and more while the change
+			// and the fault are under way, so that they happen in the
+			// middle of the work.
 			for op := 0; op < keys || !over.Load(); op++ {
 				if done.Add(1) == keys*workers/3 {
 					once.Do(func() { close(faultAt) })
 				}
-				k := etcdstore.Key{ID: "k" + strconv.Itoa(rng.IntN(keys))}
-				r := routers[rng.IntN(len(routers))]
+				// Before the change, only the first half of the keys: the
+				// others are first claimed after it, and those c wins are
+				// handed over by a Moved record.
+				n := keys
+				if !changed.Load() {
+					n = keys / 2
+				}
+				k := etcdstore.Key{ID: "k" + strconv.Itoa(rng.IntN(n))}
+				r := pick(rng)
 				for try := 0; try < 200; try++ {
 					res, err := r.Do(ctx, k, []byte(`{}`), func(_ context.Context, c *etcdstore.Claim) ([]byte, error) {
 						mu.Lock()
@@ -315,7 +366,7 @@ func handOver(t *testing.T, fault func(context.Context) error) {
 	wg.Wait()
 	once.Do(func() { close(faultAt) })
 	if err := <-faulted; err != nil {
-		t.Fatalf("the fault: %v", err)
+		t.Fatalf("the change or the fault: %v", err)
 	}
 	moved := 0
 	for i := 0; i < keys; i++ {
@@ -347,6 +398,26 @@ func handOver(t *testing.T, fault func(context.Context) error) {
 	if moved == 0 {
 		t.Fatal("no key was handed over: the test did not exercise the hand-over")
 	}
+	// Every process follows generation 2. Keys that stayed on a or b keep
+	// the hand-over going until their records end: here, never within the
+	// test (a day's retention), so a third generation without the
+	// hand-over waits, and says why.
+	for _, r := range routers {
+		inForce(t, r, 2)
+	}
+	third := open(t, prefix, 3, []string{"a", "b", "c"}, nil, 0, 40, "a", "b", "c")
+	if st := third.Status(); st.InForce.Generation != 2 || !strings.Contains(st.Pending, "drained") {
+		t.Fatalf("generation 3 over an undrained hand-over: in force %d, pending %q; want 2, waiting for the drain", st.InForce.Generation, st.Pending)
+	}
+	for i := 0; i < keys; i++ {
+		k := etcdstore.Key{ID: "k" + strconv.Itoa(i)}
+		res, err := third.Do(ctx, k, []byte(`{}`), func(context.Context, *etcdstore.Claim) ([]byte, error) {
+			return nil, fmt.Errorf("%s ran again", k)
+		})
+		if err != nil || !res.Replayed {
+			t.Fatalf("%s through a process asking for generation 3: %v (replayed %v); want its outcome replayed", k, err, res.Replayed)
+		}
+	}
 }
 
 // A key that moves keeps strictly increasing tokens, though the new
@@ -354,7 +425,7 @@ func handOver(t *testing.T, fault func(context.Context) error) {
 // old one's.
 func TestTokensGrowAcrossAMove(t *testing.T) {
 	prefix := testPrefix(t)
-	old := open(t, prefix, []string{"a"}, nil, 0, 1, "a", "b")
+	old := open(t, prefix, 1, []string{"a"}, nil, 0, 1, "a", "b")
 	ctx := testCtx(t)
 	if _, err := old.Shard("a").RaiseEpoch(ctx, 4); err != nil { // as after earlier moves
 		t.Fatal(err)
@@ -375,7 +446,7 @@ func TestTokensGrowAcrossAMove(t *testing.T) {
 	if onA>>etcdstore.EpochShift != 5 {
 		t.Fatalf("token %d on a: epoch %d; want 5", onA, onA>>etcdstore.EpochShift)
 	}
-	moving := open(t, prefix, []string{"a", "b"}, []string{"a"}, 0, 2, "a", "b")
+	moving := open(t, prefix, 2, []string{"a", "b"}, nil, 0, 2, "a", "b")
 	res, err = moving.Do(ctx, k, nil, func(context.Context, *etcdstore.Claim) ([]byte, error) { return []byte("y"), nil })
 	if err != nil {
 		t.Fatal(err)
@@ -386,9 +457,13 @@ func TestTokensGrowAcrossAMove(t *testing.T) {
 	if rec, err := moving.Shard("a").Get(ctx, k); err != nil || rec.State != etcdstore.Moved || rec.MovedTo != "b" {
 		t.Fatalf("a's record of %s = %+v, %v; want Moved to b", k, rec, err)
 	}
-	// A process that still places on a follows the Moved record.
+	// A process configured with the old placement learns the set in
+	// force from a's answer, and finds the key on b.
 	if res2, err := old.Do(ctx, k, nil, nil); err != nil || !res2.Replayed || string(res2.Body) != "y" {
 		t.Fatalf("old placement: %q replayed=%v, %v; want b's outcome", res2.Body, res2.Replayed, err)
+	}
+	if set, _ := old.current(); set.Generation != 2 {
+		t.Fatalf("the old process follows generation %d; want 2", set.Generation)
 	}
 }
 
@@ -396,8 +471,8 @@ func TestTokensGrowAcrossAMove(t *testing.T) {
 // its Txn's compare fails, it reads the epoch, and tries again.
 func TestStaleEpochIsCaught(t *testing.T) {
 	prefix := testPrefix(t)
-	a1 := open(t, prefix, nil, nil, 0, 1, "a")
-	a2 := open(t, prefix, nil, nil, 0, 2, "a")
+	a1 := open(t, prefix, 1, nil, nil, 0, 1, "a")
+	a2 := open(t, prefix, 1, nil, nil, 0, 2, "a")
 	ctx := testCtx(t)
 	if a2.Shard("a").Epoch() != 0 {
 		t.Fatal("a fresh shard has an epoch")
@@ -470,7 +545,8 @@ func TestConfigValidation(t *testing.T) {
 		{Config{}, "no shards"},
 		{Config{Shards: []Shard{{Name: "A", Client: cli}}}, "must be 1-32"},
 		{Config{Shards: []Shard{{Name: "a", Client: cli}, {Name: "a", Client: cli}}}, "named twice"},
-		{Config{Shards: []Shard{{Name: "a"}}}, "nil etcd client"},
+		{Config{Shards: []Shard{{Name: "a"}}}, "no etcd client"},
+		{Config{Shards: []Shard{{Name: "a", Client: cli}}, Generation: -1}, "generation -1"},
 		{Config{Shards: []Shard{{Name: "a", Client: cli}}, Placement: Placement{Shards: []string{"z"}}}, `"z"`},
 		{Config{Shards: []Shard{{Name: "a", Client: cli}}, Placement: Placement{Pin: map[string]string{"t": "z"}}}, "pins t"},
 		{Config{Shards: []Shard{{Name: "a", Client: cli}}, Previous: &Placement{}}, "previous placement names no shard"},

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -29,6 +30,8 @@ type adminCmd struct {
 	format  string
 	timeout time.Duration
 	fs      *flag.FlagSet
+	partial bool         // open shards whose client cannot be made, reporting them (status)
+	set     *shard.Admin // with --shards-file
 }
 
 func newAdminCmd(name, synopsis string, stderr io.Writer) *adminCmd {
@@ -60,6 +63,7 @@ type cluster struct {
 	name string
 	cli  *clientv3.Client
 	adm  *etcdstore.Admin
+	err  error // why there is no client (a shard whose client could not be made)
 }
 
 // open parses args and connects: to --endpoints, or to every cluster of
@@ -87,26 +91,41 @@ func (a *adminCmd) open(ctx context.Context, args []string, nargs int) (keyAdmin
 			cancel()
 			return nil, nil, nil, nil, usageError{err}
 		}
-		clis, err := shardClients(flags, &cfg)
-		if err != nil {
-			cancel()
-			return nil, nil, nil, nil, err
-		}
+		clis, errs := shardClients(flags, &cfg)
 		done := func() {
 			cancel()
 			for _, c := range clis {
 				c.Close()
 			}
 		}
+		if len(errs) > 0 && !a.partial {
+			done()
+			for _, n := range names {
+				if err := errs[n]; err != nil {
+					return nil, nil, nil, nil, fmt.Errorf("shard %s: %w", n, err)
+				}
+			}
+		}
+		var cs []cluster
+		for i, n := range names {
+			if errs[n] != nil {
+				cs = append(cs, cluster{name: n, err: errs[n]})
+				cfg.Shards[i].Client = &clientv3.Client{} // never used: the shard is reported as not answering
+				continue
+			}
+			cs = append(cs, cluster{name: n, cli: cfg.Shards[i].Client})
+		}
 		sa, err := shard.NewAdmin(cfg, etcdstore.WithPrefix(a.etcd.prefix))
 		if err != nil {
 			done()
 			return nil, nil, nil, nil, usageError{err}
 		}
-		var cs []cluster
-		for i, n := range names {
-			cs = append(cs, cluster{name: n, cli: clis[i], adm: sa.Shard(n)})
+		for i := range cs {
+			if cs[i].err == nil {
+				cs[i].adm = sa.Shard(cs[i].name)
+			}
 		}
+		a.set = sa
 		return sa, cs, cctx, done, nil
 	}
 	cli, err := a.etcd.client()
@@ -212,6 +231,8 @@ func adminEvict(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 // statusReport is idem status's output.
 type statusReport struct {
 	Shard   string          `json:"shard,omitempty"`
+	Error   string          `json:"error,omitempty"`
+	Set     *setReport      `json:"shard_set,omitempty"`
 	Members []memberStatus  `json:"members"`
 	Leader  string          `json:"leader"`
 	Keys    etcdstore.Stats `json:"keys"`
@@ -233,37 +254,98 @@ func adminStatus(ctx context.Context, args []string, stdout, stderr io.Writer) (
 	a := newAdminCmd("status", "status [-w simple|json|table] [--max-scan N] [--shards-file F]", stderr)
 	defer func() { err = a.explain(err) }()
 	maxScan := a.fs.Int64("max-scan", 100000, "read the state of at most this many keys (0: all)")
+	a.partial = true
 	_, clusters, ctx, done, err := a.open(ctx, args, 0)
 	if err != nil {
 		return err
 	}
 	defer done()
-	var reps []statusReport
-	for _, c := range clusters {
-		rep, err := clusterStatus(ctx, c, *maxScan)
+	if a.shards == "" {
+		rep, err := clusterStatus(ctx, clusters[0], *maxScan)
 		if err != nil {
 			return err
 		}
-		reps = append(reps, rep)
+		if a.format == "json" {
+			return json.NewEncoder(stdout).Encode(rep)
+		}
+		return printStatus(stdout, a.format, rep)
+	}
+	// Every shard is asked at once, each within the command's timeout: a
+	// shard that does not answer is reported as such, and the others are
+	// reported all the same.
+	reps := make([]statusReport, len(clusters))
+	var wg sync.WaitGroup
+	for i, c := range clusters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if c.err != nil {
+				reps[i] = statusReport{Shard: c.name, Error: c.err.Error()}
+				return
+			}
+			rep, err := clusterStatus(ctx, c, *maxScan)
+			if err != nil {
+				rep.Error = err.Error()
+			}
+			reps[i] = rep
+		}()
+	}
+	wg.Wait()
+	sets, _ := a.set.Sets(ctx)
+	down := 0
+	for i := range reps {
+		if st, ok := sets[reps[i].Shard]; ok {
+			reps[i].Set = &setReport{Generation: st.Set.Generation, Placement: st.Set.Placement.Shards, Pin: st.Set.Placement.Pin, Drained: st.Drained}
+			if p := st.Set.Previous; p != nil {
+				reps[i].Set.Previous = p.Shards
+			}
+		}
+		if reps[i].Error != "" {
+			down++
+		}
 	}
 	if a.format == "json" {
-		if a.shards == "" {
-			return json.NewEncoder(stdout).Encode(reps[0])
+		if err := json.NewEncoder(stdout).Encode(reps); err != nil {
+			return err
 		}
-		return json.NewEncoder(stdout).Encode(reps)
-	}
-	for i, rep := range reps {
-		if rep.Shard != "" {
+	} else {
+		for i, rep := range reps {
 			if i > 0 {
 				fmt.Fprintln(stdout)
 			}
 			fmt.Fprintf(stdout, "shard %s\n", rep.Shard)
-		}
-		if err := printStatus(stdout, a.format, rep); err != nil {
-			return err
+			if rep.Set != nil && rep.Set.Generation > 0 {
+				fmt.Fprintf(stdout, "shard set: generation %d, placement %v", rep.Set.Generation, rep.Set.Placement)
+				if rep.Set.Previous != nil {
+					fmt.Fprintf(stdout, ", handing keys over from %v", rep.Set.Previous)
+				}
+				if rep.Set.Drained > 0 {
+					fmt.Fprintf(stdout, "; drained for generation %d", rep.Set.Drained)
+				}
+				fmt.Fprintln(stdout)
+			}
+			if rep.Error != "" {
+				fmt.Fprintf(stdout, "does not answer: %s\n", rep.Error)
+				continue
+			}
+			if err := printStatus(stdout, a.format, rep); err != nil {
+				return err
+			}
 		}
 	}
+	if down == len(reps) {
+		return fmt.Errorf("no shard answers")
+	}
 	return nil
+}
+
+// setReport is what one shard records of the shard set.
+type setReport struct {
+	Generation int64             `json:"generation"`
+	Placement  []string          `json:"placement"`
+	Pin        map[string]string `json:"pin,omitempty"`
+	Previous   []string          `json:"previous,omitempty"`
+	Drained    int64             `json:"drained_generation,omitempty"`
 }
 
 // clusterStatus reads one cluster's members and idem's keys in it.

@@ -73,12 +73,12 @@ func (s *server) connect(ctx context.Context, timeout time.Duration) error {
 		for i := range flags {
 			flags[i].dialOptions = c.etcd.dialOptions // tracing
 		}
-		if clis, err = shardClients(flags, &cfg); err != nil {
-			return s.notYet(fmt.Errorf("etcd clients: %w", err))
-		}
+		// Every shard that answers now is used at once; the others are
+		// connected to in the background, and only their keys get 503.
+		shardConnects(flags, &cfg)
+		cfg.Log = s.log
 		st, err := shard.New(sctx, cfg, opts...)
 		if err != nil {
-			closeAll()
 			return s.notYet(fmt.Errorf("idem store on %s: %w", where, err))
 		}
 		store = st

@@ -29,6 +29,7 @@ import (
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/idemhttp"
 	"github.com/idem-dev/idem/internal/embedded"
+	"github.com/idem-dev/idem/shard"
 )
 
 // server is a running idem serve: its etcd (embedded or a client of the
@@ -395,6 +396,10 @@ func pathPrefixes(prefixes []string) func(*http.Request) bool {
 	}
 }
 
+// readyTimeout bounds each shard's answer to /readyz (and the whole of
+// it for one cluster).
+const readyTimeout = 2 * time.Second
+
 // adminMux serves /livez, /readyz, /metrics and, opted in, /debug/pprof.
 func (s *server) adminMux() http.Handler {
 	c := s.cfg
@@ -419,29 +424,38 @@ func (s *server) adminMux() http.Handler {
 			http.Error(w, "no live etcd session", http.StatusServiceUnavailable)
 			return
 		}
-		if full, _ := store.CheckFull(r.Context()); full && !c.readyWhenFull {
+		fctx, fcancel := context.WithTimeout(r.Context(), readyTimeout)
+		full, _ := store.CheckFull(fctx)
+		fcancel()
+		if full && !c.readyWhenFull {
 			http.Error(w, "etcd is out of space (NOSPACE alarm): new keys are refused, replays still work; see docs/OPERATIONS.md", http.StatusServiceUnavailable)
 			return
 		}
-		s.mu.Lock()
-		clis := s.clis
-		s.mu.Unlock()
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		defer cancel()
 		// A linearizable read: answers only with a quorum behind it. With
-		// shards, the process is ready while one answers: the others'
-		// keys get 503, the answering ones' are served.
+		// shards, every shard is asked at once, each within its own
+		// deadline, and the process is ready while one answers: the
+		// others' keys get 503, the answering ones' are served.
 		var down []string
-		for i, cli := range clis {
-			if _, err := cli.Get(ctx, c.etcd.prefix+"readyz", clientv3.WithCountOnly()); err != nil {
-				name := "etcd"
-				if i < len(c.shardNames) {
-					name = "shard " + c.shardNames[i]
+		n := 1
+		if set, ok := store.(*shard.Store); ok {
+			checks := set.Check(r.Context(), readyTimeout)
+			n = len(checks)
+			for _, name := range set.Shards() {
+				if err := checks[name]; err != nil {
+					down = append(down, "shard "+name+" unreachable: "+err.Error())
 				}
-				down = append(down, name+" unreachable: "+err.Error())
+			}
+		} else {
+			s.mu.Lock()
+			clis := s.clis
+			s.mu.Unlock()
+			ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
+			defer cancel()
+			if _, err := clis[0].Get(ctx, c.etcd.prefix+"readyz", clientv3.WithCountOnly()); err != nil {
+				down = append(down, "etcd unreachable: "+err.Error())
 			}
 		}
-		if len(down) == len(clis) {
+		if len(down) == n {
 			http.Error(w, strings.Join(down, "; "), http.StatusServiceUnavailable)
 			return
 		}

@@ -36,11 +36,15 @@ var (
 //	    cacert: /etc/idem/etcd-a/ca.crt    # and cert, key; user, password-env
 //	  - name: b
 //	    endpoints: [https://etcd-b-0:2379]
+//	generation: 2                           # raise it with every placement change
 //	placement: [a, b]                       # default: every shard
 //	pin: {acme: a}                          # a tenant on one shard
-//	previous: {shards: [a]}                 # while keys move after a change
+//
+// previous: {shards: [...]} is read only when no shard records a shard set
+// yet (an upgrade from idem 0.4 in the middle of a change).
 type shardsFile struct {
-	Shards []struct {
+	Generation int64 `json:"generation,omitempty"`
+	Shards     []struct {
 		Name        string   `json:"name"`
 		Endpoints   []string `json:"endpoints"`
 		CACert      string   `json:"cacert,omitempty"`
@@ -92,6 +96,10 @@ func readShards(path string, base etcdFlags) ([]etcdFlags, []string, shard.Confi
 		names = append(names, s.Name)
 		cfg.Shards = append(cfg.Shards, shard.Shard{Name: s.Name})
 	}
+	if f.Generation < 0 {
+		return nil, nil, cfg, fmt.Errorf("--shards-file %s: generation %d must be at least 1", path, f.Generation)
+	}
+	cfg.Generation = f.Generation
 	cfg.Placement = shard.Placement{Shards: f.Placement, Pin: f.Pin}
 	if f.Previous != nil {
 		cfg.Previous = &shard.Placement{Shards: f.Previous.Shards, Pin: f.Previous.Pin}
@@ -99,21 +107,30 @@ func readShards(path string, base etcdFlags) ([]etcdFlags, []string, shard.Confi
 	return flags, names, cfg, nil
 }
 
-// shardClients connects to every shard of cfg, filling in its clients.
-func shardClients(flags []etcdFlags, cfg *shard.Config) ([]*clientv3.Client, error) {
-	var clis []*clientv3.Client
+// shardClients connects to every shard of cfg, filling in its clients. A
+// shard whose client cannot be made (its etcd refused the user, say) has
+// none, and its error is in errs.
+func shardClients(flags []etcdFlags, cfg *shard.Config) (clis []*clientv3.Client, errs map[string]error) {
+	errs = map[string]error{}
 	for i, e := range flags {
 		cli, err := e.client()
 		if err != nil {
-			for _, c := range clis {
-				c.Close()
-			}
-			return nil, fmt.Errorf("shard %s: %w", cfg.Shards[i].Name, err)
+			errs[cfg.Shards[i].Name] = err
+			continue
 		}
 		clis = append(clis, cli)
 		cfg.Shards[i].Client = cli
 	}
-	return clis, nil
+	return clis, errs
+}
+
+// shardConnects makes every shard of cfg connect when the store asks (at
+// start, and in the background while its etcd does not answer).
+func shardConnects(flags []etcdFlags, cfg *shard.Config) {
+	for i := range flags {
+		e := flags[i]
+		cfg.Shards[i].Connect = func(context.Context) (*clientv3.Client, error) { return e.client() }
+	}
 }
 
 // checkShards validates --shards-file at start: the file, and the shard

@@ -77,25 +77,52 @@ func TestServeShards(t *testing.T) {
 		t.Fatalf("complete over shards = %d %q", r.status, r.body)
 	}
 
-	// Shard b cut off: its keys 503, a's keep working; /readyz degraded.
-	proxies[1].Blackhole()
+	// Shard a (the first: checks used to run one after another under one
+	// deadline, and a hung first shard failed them all) cut off: its keys
+	// 503, b's keep working; /readyz degraded, naming a only.
+	proxies[0].Blackhole()
 	onA, onB := 0, 0
 	for i := 100; i < 110; i++ {
 		k := fmt.Sprintf("order-%d", i)
 		r := send(t, "POST", idem.listen+"/pay", k, `{}`)
 		switch r.status {
 		case 201:
-			onA++
-		case 503:
 			onB++
+		case 503:
+			onA++
 		default:
-			t.Fatalf("%s with shard b cut off = %d %q", k, r.status, r.body)
+			t.Fatalf("%s with shard a cut off = %d %q", k, r.status, r.body)
 		}
 	}
 	if onA == 0 || onB == 0 {
-		t.Fatalf("with b cut off: %d served, %d refused; want both", onA, onB)
+		t.Fatalf("with a cut off: %d served, %d refused; want both", onB, onA)
 	}
-	if r := send(t, "GET", idem.admin+"/readyz", "", ""); r.status != 200 || !strings.Contains(r.body, "degraded: shard b") {
-		t.Fatalf("/readyz with b cut off = %d %q; want 200 degraded", r.status, r.body)
+	if r := send(t, "GET", idem.admin+"/readyz", "", ""); r.status != 200 || !strings.Contains(r.body, "degraded: shard a") || strings.Contains(r.body, "shard b") {
+		t.Fatalf("/readyz with a cut off = %d %q; want 200 degraded, naming a only", r.status, r.body)
 	}
+	// idem status reports b, and a as not answering.
+	out, err = runCmd(t, "status", "--shards-file", file, "--command-timeout", "2s")
+	if err != nil || !strings.Contains(out, "shard a\n") || !strings.Contains(out, "does not answer") || !strings.Contains(out, "shard b\n") || !strings.Contains(out, "keys=") {
+		t.Fatalf("idem status with a cut off = %q, %v; want b reported and a marked", out, err)
+	}
+	// A process started while a is down serves b's keys at once.
+	if err := os.MkdirAll(filepath.Join(dir, "late"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	late := startIdem(t, filepath.Join(dir, "late"), "--shards-file", file, "--upstream", up.URL, "--request-timeout", "2s")
+	served := 0
+	for i := 200; i < 210; i++ {
+		k := fmt.Sprintf("order-%d", i)
+		switch r := send(t, "POST", late.listen+"/pay", k, `{}`); r.status {
+		case 201:
+			served++
+		case 503:
+		default:
+			t.Fatalf("%s on a process started with a down = %d %q", k, r.status, r.body)
+		}
+	}
+	if served == 0 {
+		t.Fatal("a process started with shard a down served none of b's keys")
+	}
+	proxies[0].Heal()
 }

@@ -1,0 +1,276 @@
+package shard
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+
+	"github.com/idem-dev/idem/etcdstore"
+)
+
+// Set is a shard set: the placement keys go by, the generation that orders
+// it among the sets a deployment goes through, and, while keys are handed
+// over from it, the placement it replaced.
+type Set struct {
+	Generation int64      `json:"generation"`
+	Placement  Placement  `json:"placement"`
+	Previous   *Placement `json:"previous,omitempty"`
+}
+
+// drainedValue is the name of the Value in which a shard says it was
+// drained for a generation: it holds no live record of a key that
+// generation's placement puts elsewhere.
+const drainedValue = "shard/drained"
+
+// mark is a shard's drain mark: the generation it was drained for, and
+// its epoch then (every token it handed out for keys placed elsewhere is
+// below epoch+1).
+type mark struct {
+	Generation int64 `json:"generation"`
+	Epoch      int64 `json:"epoch"`
+}
+
+// encode lays s out canonically: shard names sorted, so that two processes
+// that mean the same set write the same bytes.
+func (s Set) encode() []byte {
+	c := s
+	c.Placement = c.Placement.canonical()
+	if c.Previous != nil {
+		p := c.Previous.canonical()
+		c.Previous = &p
+	}
+	b, _ := json.Marshal(c) // plain values: cannot fail
+	return b
+}
+
+func (p Placement) canonical() Placement {
+	c := Placement{Shards: slices.Clone(p.Shards)}
+	sort.Strings(c.Shards)
+	if len(p.Pin) > 0 {
+		c.Pin = p.Pin
+	}
+	return c
+}
+
+func decodeSet(b []byte) (Set, error) {
+	var s Set
+	if err := json.Unmarshal(b, &s); err != nil {
+		return Set{}, fmt.Errorf("%w: shard set %q: %v", etcdstore.ErrCorrupt, b, err)
+	}
+	if s.Generation < 1 || len(s.Placement.Shards) == 0 {
+		return Set{}, fmt.Errorf("%w: shard set %q: no generation or no shards", etcdstore.ErrCorrupt, b)
+	}
+	return s, nil
+}
+
+func (s Set) same(o Set) bool { return bytes.Equal(s.encode(), o.encode()) }
+
+// names returns every shard p places keys on: its shards and its pins'.
+func (p Placement) names() []string {
+	out := slices.Clone(p.Shards)
+	for _, n := range p.Pin {
+		if !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// names returns every shard s names.
+func (s Set) names() []string {
+	out := s.Placement.names()
+	if s.Previous != nil {
+		for _, n := range s.Previous.names() {
+			if !slices.Contains(out, n) {
+				out = append(out, n)
+			}
+		}
+		sort.Strings(out)
+	}
+	return out
+}
+
+// arbiter is the shard on which a change over s is decided: the first
+// shard, by name, of s's placement that was in its previous placement too
+// (a shard that did not just arrive, so that a set that added a broken
+// shard can be rolled back), or of its placement when there is no
+// previous one. Every change over s is a compare-and-set there, so that
+// two processes can never put two different sets after s in force.
+func (s Set) arbiter() string {
+	cands := s.Placement.canonical().Shards
+	if s.Previous != nil {
+		var both []string
+		for _, n := range cands {
+			if slices.Contains(s.Previous.Shards, n) {
+				both = append(both, n)
+			}
+		}
+		if len(both) > 0 {
+			cands = both
+		}
+	}
+	return cands[0]
+}
+
+// next returns the set that puts p in force after s, or why it cannot be
+// installed yet: a change is safe once every shard s hands keys over from
+// was drained for s's generation (it holds no live record of a key placed
+// elsewhere), or at once when it takes s back (p is s's previous
+// placement: every live record is where one of the two placements puts
+// it). drained reports a shard's mark.
+func (s Set) next(gen int64, p Placement, drained func(string) (bool, error)) (Set, error) {
+	n := Set{Generation: gen, Placement: p, Previous: &s.Placement}
+	if s.Previous != nil && !p.equal(*s.Previous) {
+		for _, name := range s.Previous.names() {
+			ok, err := drained(name)
+			if err != nil {
+				return Set{}, fmt.Errorf("generation %d: shard %s: %w", s.Generation, name, err)
+			}
+			if !ok {
+				return Set{}, fmt.Errorf("%w: generation %d still hands keys over from shard %s: the change waits until it is drained", errPending, s.Generation, name)
+			}
+		}
+	}
+	if n.Previous.equal(p) {
+		n.Previous = nil
+	}
+	return n, nil
+}
+
+// errPending says a shard set asked for cannot be installed yet.
+var errPending = errors.New("not yet")
+
+func (p Placement) equal(o Placement) bool {
+	a, b := p.canonical(), o.canonical()
+	if !slices.Equal(a.Shards, b.Shards) || len(a.Pin) != len(b.Pin) {
+		return false
+	}
+	for k, v := range a.Pin {
+		if b.Pin[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// install puts want in force, or learns the set in force that is newer:
+// with a compare-and-set on the arbiter of the set in force (of want
+// itself when none is in force yet). It returns the set in force after
+// it, and errPending (wrapped) when want cannot be installed yet.
+func (s *Store) install(ctx context.Context, want Set) (Set, error) {
+	for try := 0; try < 8; try++ {
+		cur, known := s.current()
+		target := want
+		arb := want.arbiter()
+		if known {
+			if cur.Generation >= want.Generation {
+				return cur, nil
+			}
+			var err error
+			if target, err = cur.next(want.Generation, want.Placement, func(n string) (bool, error) { return s.drainedFor(ctx, n, cur.Generation) }); err != nil {
+				return cur, err
+			}
+			arb = cur.arbiter()
+		}
+		st := s.store(arb)
+		if st == nil {
+			return cur, fmt.Errorf("%w: the change is decided on shard %s, which does not answer", errPending, arb)
+		}
+		v := st.ShardSet()
+		if v.Revision != 0 {
+			there, err := decodeSet(v.Value)
+			if err != nil {
+				return cur, err
+			}
+			if !known || there.Generation > cur.Generation {
+				s.adopt(there)
+				continue // decide again against it
+			}
+		}
+		got, ok, err := st.SetValue(ctx, etcdstore.ShardSetValue, target.encode(), v.Revision)
+		if err != nil {
+			return cur, fmt.Errorf("shard %s: %w", arb, err)
+		}
+		if ok {
+			s.adopt(target)
+			s.log.Info("idem: shard set installed", "generation", target.Generation, "shard", arb)
+			return target, nil
+		}
+		if got.Revision != 0 {
+			there, err := decodeSet(got.Value)
+			if err != nil {
+				return cur, err
+			}
+			s.adopt(there)
+		}
+	}
+	cur, _ := s.current()
+	return cur, fmt.Errorf("%w: the shard set kept changing", etcdstore.ErrUnavailable)
+}
+
+// ensure makes shard name hold set before a guarded write there: a shard
+// still on an older set is given this one (a compare-and-set, so that
+// processes of that older set are refused there from then on); one on a
+// newer set makes this process adopt it (ErrSetChanged: route again).
+func (s *Store) ensure(ctx context.Context, name string, set Set) error {
+	st := s.store(name)
+	if st == nil {
+		return s.unreachable(name)
+	}
+	for try := 0; try < 8; try++ {
+		v := st.ShardSet()
+		if v.Revision != 0 {
+			there, err := decodeSet(v.Value)
+			if err != nil {
+				return fmt.Errorf("shard %s: %w", name, err)
+			}
+			switch {
+			case there.same(set):
+				return nil
+			case there.Generation > set.Generation:
+				s.adopt(there)
+				return fmt.Errorf("shard %s: %w", name, etcdstore.ErrSetChanged)
+			case there.Generation == set.Generation:
+				return fmt.Errorf("shard %s: %w: two shard sets of generation %d", name, etcdstore.ErrUnavailable, set.Generation)
+			}
+		}
+		if _, _, err := st.SetValue(ctx, etcdstore.ShardSetValue, set.encode(), v.Revision); err != nil {
+			return fmt.Errorf("shard %s: %w", name, err)
+		}
+	}
+	return fmt.Errorf("shard %s: %w: its shard set kept changing", name, etcdstore.ErrUnavailable)
+}
+
+// drainedFor reports whether shard name was drained for generation gen:
+// from this process's marks, or read from the shard.
+func (s *Store) drainedFor(ctx context.Context, name string, gen int64) (bool, error) {
+	if m, ok := s.markOf(name); ok && m.Generation == gen {
+		return true, nil
+	}
+	st := s.store(name)
+	if st == nil {
+		return false, s.unreachable(name)
+	}
+	v, err := st.Value(ctx, drainedValue)
+	if err != nil {
+		return false, err
+	}
+	m, ok := parseMark(v)
+	if ok {
+		s.noteMark(name, m)
+	}
+	return ok && m.Generation == gen, nil
+}
+
+func parseMark(v etcdstore.Value) (mark, bool) {
+	var m mark
+	if v.Revision == 0 || json.Unmarshal(v.Value, &m) != nil {
+		return mark{}, false
+	}
+	return m, true
+}
