@@ -165,6 +165,11 @@ func (s *Store) decide(ctx context.Context, c *Claim, sess *lease.Session, cfg *
 			if mayHaveLanded(err) {
 				left.uncertain = true
 			}
+			if left.uncertain && errors.Is(err, ErrNotSent) {
+				// This try never left, but an earlier one may have landed:
+				// the claim as a whole is not "not sent".
+				err = fmt.Errorf("an earlier try may have landed; the last was not sent (%v)", err)
+			}
 			if errors.Is(err, ErrCorrupt) || !retryable(ctx, err) || tries >= maxTries {
 				return nil, wrapEtcd("claim", c.key, err)
 			}

@@ -437,3 +437,47 @@ func TestPendingOutcomeSurvivesSessionLoss(t *testing.T) {
 		t.Fatalf("after the save landed: %q replayed=%v runs=%d err=%v; want %q replayed, one run", res.Body, res.Replayed, runs, err, "charged 1")
 	}
 }
+
+// The same when the claim's deadline passes while the save is being tried:
+// the claim stays registered here (the deadline makes it stale to other
+// processes, not to the one holding its outcome), and a retry through this
+// process conflicts instead of taking the key over and running it again.
+// (Found by the explorer, invariant 15: the deadline's timer unregistered
+// the claim before its save was handed to the background.)
+func TestPendingOutcomeSurvivesItsDeadline(t *testing.T) {
+	var cut atomic.Bool
+	prefix := testPrefix(t)
+	fail := failDoneWrites(&cut)
+	slow := func(method string, req any, invoke func() error) error {
+		err := fail(method, req, invoke)
+		if errors.Is(err, errLost) {
+			time.Sleep(300 * time.Millisecond) // a save that takes its time to fail: etcd far away
+		}
+		return err
+	}
+	s := newStore(t, hookedClient(t, slow), prefix, WithEndTimeout(3*time.Second))
+	ctx := testCtx(t)
+	key, params := Key{ID: "charge"}, []byte(`{"amount":1}`)
+	runs := 0
+	work := func(context.Context, *Claim) ([]byte, error) {
+		runs++
+		cut.Store(true) // the outcome cannot be saved from now on
+		return []byte(fmt.Sprintf("charged %d", runs)), nil
+	}
+	began := time.Now()
+	if res, err := s.Do(ctx, key, params, work, WithDeadline(500*time.Millisecond)); !errors.Is(err, ErrUnavailable) || string(res.Body) != "charged 1" {
+		t.Fatalf("Do = %q, %v; want the work's result and ErrUnavailable", res.Body, err)
+	}
+	if d := time.Since(began); d < 500*time.Millisecond {
+		t.Fatalf("Do returned after %v, before the deadline: the test does not test what it says", d)
+	}
+	if _, err := s.Do(ctx, key, params, work); !errors.Is(err, ErrConflict) || runs != 1 {
+		t.Fatalf("a retry past the deadline while the outcome is pending: %v, the work ran %d times; want ErrConflict and one run", err, runs)
+	}
+	cut.Store(false)
+	settle(t, s)
+	res, err := s.Do(ctx, key, params, work)
+	if err != nil || !res.Replayed || string(res.Body) != "charged 1" || runs != 1 {
+		t.Fatalf("after the save landed: %q replayed=%v runs=%d err=%v; want %q replayed, one run", res.Body, res.Replayed, runs, err, "charged 1")
+	}
+}

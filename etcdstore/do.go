@@ -123,6 +123,13 @@ func (s *Store) Run(ctx context.Context, key Key, fp Fingerprint, work RunWork, 
 		return Result{Outcome: *done.Outcome, Replayed: true, Token: done.Token}, nil
 	}
 	out, end, panicked := s.run(ctx, c, work, cfg.onError)
+	if end == EndSave {
+		// The outcome exists only here until it is saved: the claim stays
+		// registered, past its deadline or its session, while the save is
+		// tried (and retried in the background), so that this process
+		// never runs the key again meanwhile.
+		c.pending.Store(true)
+	}
 	// Save even when the caller has gone: the work is done either way.
 	endCtx, cancel := s.clock.WithTimeout(context.WithoutCancel(ctx), s.endTimeout)
 	defer cancel()
@@ -308,7 +315,7 @@ func (s *Store) reapOnce(ctx context.Context, k Key, fp Fingerprint, owner, atte
 			return false
 		}
 		s.reaped.Add(1)
-		s.log.Info("idem: abandoned a claim whose write had an unknown outcome", "key", k.Digest())
+		s.log.Info("idem: abandoned a claim whose write had an unknown outcome", "key", k.Digest(), "token", int64(rec.Token))
 		return true
 	case rec != nil && (rec.Revision > seen || rec.State != InFlight):
 		return true // written since, by another: no lost write can land on it

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idem-dev/idem/etcdstore/internal/send"
 	"github.com/idem-dev/idem/fencing"
 )
 
@@ -68,6 +69,12 @@ var (
 	// ErrMoved is returned (in a *MovedError) when a key was handed over to
 	// another shard of a shard set (package shard): claim it there.
 	ErrMoved = errors.New("idempotency key moved to another shard")
+
+	// ErrNotSent is wrapped by the error of a write that never left this
+	// process (its caller's context ended while it waited for its turn in
+	// a batch): it did not land, and is the only failure of a write that
+	// says so. Every other failure of a write may have landed.
+	ErrNotSent = send.ErrNotSent
 
 	// ErrSetChanged is returned by a claim, enqueue or Forward of a store
 	// WithEpochs when the shard set in its etcd (ShardSetValue) changed
