@@ -146,6 +146,8 @@ func (w *world) doWorker(a *actor, p *process) {
 			w.s.step(a)
 			ctx, cancel := w.callerCtx(a, p)
 			var token int64
+			attempt := w.nextAttempt()
+			from := w.latest()
 			res, err := p.store.Do(ctx, etcdstore.Key{ID: key}, params(key, odd), func(ctx context.Context, c *etcdstore.Claim) ([]byte, error) {
 				token = int64(c.Token())
 				start := lastStep(c.LastCheckpoint())
@@ -165,7 +167,7 @@ func (w *world) doWorker(a *actor, p *process) {
 					if ctx.Err() != nil && !deaf {
 						return nil, ctx.Err()
 					}
-					w.effect(key, st, token, a)
+					w.effect(key, st, token, a, !deaf)
 					if checkpoint && st < steps {
 						w.s.step(a)
 						if err := c.Checkpoint(ctx, []byte(strconv.Itoa(st))); err != nil {
@@ -177,8 +179,11 @@ func (w *world) doWorker(a *actor, p *process) {
 					return nil, errors.New("the work failed after its effects")
 				}
 				return body(key, token), nil
-			}, opts...)
+			}, append(opts, etcdstore.WithAttempt(attempt))...)
 			cancel()
+			if token == 0 { // never granted: the error is the claim's
+				w.notSent(key, attempt, true, from, err)
+			}
 			w.result(a, key, res.Body, res.Replayed, err)
 			w.notePending(p, key, err)
 			if err == nil || errors.Is(err, etcdstore.ErrMismatch) || !retryable(err) {
@@ -188,15 +193,47 @@ func (w *world) doWorker(a *actor, p *process) {
 	}
 }
 
+// notSent logs a claim that failed with ErrNotSent (it never left the
+// process: no record of attempt may be written after from, the world's
+// latest write when the call began: invariant 16), and returns the
+// attempt id to retry with: a fresh one then, as a client that was told
+// its request was not sent may use.
+func (w *world) notSent(key, attempt string, first bool, from int64, err error) string {
+	if !errors.Is(err, etcdstore.ErrNotSent) {
+		return attempt
+	}
+	if first {
+		// An earlier call with the attempt id may still land; a first one
+		// is the only writer of its attempt.
+		w.log(event{kind: evNotSent, key: key, attempt: attempt, token: from, err: err.Error()})
+	}
+	return w.nextAttempt()
+}
+
+// latest returns the world's latest write: a call that starts now writes
+// after it.
+func (w *world) latest() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.lastWrite
+}
+
 func retryable(err error) bool {
 	return errors.Is(err, etcdstore.ErrConflict) || errors.Is(err, etcdstore.ErrUnavailable) ||
 		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
 
-// effect applies a step's effect at the fenced sink.
-func (w *world) effect(key string, step int, token int64, a *actor) {
+// effect applies a step's effect at the fenced sink. heeds says the actor
+// checked, with no turn in between, that its claim was still held (its
+// context, or Claim.Err): the claim must then not have ended by what its
+// process knew (invariant 13).
+func (w *world) effect(key string, step int, token int64, a *actor, heeds bool) {
 	accepted := w.sink.apply(key, step, token, a.name)
-	w.log(event{kind: evEffect, key: key, step: step, token: token, accepted: accepted, actor: a.name})
+	proc := ""
+	if a.proc != nil {
+		proc = a.proc.name
+	}
+	w.log(event{kind: evEffect, key: key, step: step, token: token, accepted: accepted, actor: a.name, proc: proc, heeds: heeds})
 }
 
 // result logs what a caller got for key.
@@ -217,7 +254,8 @@ func (w *world) result(a *actor, key string, out []byte, replayed bool, err erro
 func (w *world) stepWorker(a *actor, p *process) {
 	key := storeKeys[w.rng.IntN(len(storeKeys))]
 	fp := fingerprint(key, false)
-	opts := []etcdstore.ClaimOption{etcdstore.WithAttempt(w.nextAttempt())}
+	attempt, first := w.nextAttempt(), true
+	var opts []etcdstore.ClaimOption
 	if w.rng.IntN(2) == 0 {
 		opts = append(opts, etcdstore.WithDeadline(time.Duration(5+w.rng.IntN(20))*time.Second))
 	}
@@ -235,8 +273,14 @@ func (w *world) stepWorker(a *actor, p *process) {
 		var done *etcdstore.Record
 		var err error
 		ctx, cancel := w.callerCtx(a, p)
-		c, done, err = p.store.Claim(ctx, etcdstore.Key{ID: key}, fp, opts...)
+		from := w.latest()
+		c, done, err = p.store.Claim(ctx, etcdstore.Key{ID: key}, fp, append(opts, etcdstore.WithAttempt(attempt))...)
 		cancel()
+		if next := w.notSent(key, attempt, first, from, err); next != attempt {
+			attempt, first = next, true
+		} else {
+			first = false
+		}
 		switch {
 		case done != nil:
 			w.result(a, key, done.Outcome.Body, true, nil)
@@ -284,7 +328,7 @@ func (w *world) run(a *actor, p *process, key string, c *etcdstore.Claim, via st
 		if c.Err() != nil && via != "api" && !deaf {
 			break // lost: its session ended or its deadline passed
 		}
-		w.effect(key, st, token, a)
+		w.effect(key, st, token, a, via != "api" && !deaf)
 		if st == steps {
 			break
 		}
@@ -382,8 +426,8 @@ func (w *world) attach(a *actor, c *etcdstore.Claim) (*etcdstore.Claim, *process
 func (w *world) apiWorker(a *actor) {
 	key := storeKeys[w.rng.IntN(len(storeKeys))]
 	fp := fingerprint(key, false)
-	opts := []etcdstore.ClaimOption{etcdstore.WithoutSession(), etcdstore.WithDeadline(time.Duration(5+w.rng.IntN(20)) * time.Second),
-		etcdstore.WithAttempt(w.nextAttempt())}
+	opts := []etcdstore.ClaimOption{etcdstore.WithoutSession(), etcdstore.WithDeadline(time.Duration(5+w.rng.IntN(20)) * time.Second)}
+	attempt, first := w.nextAttempt(), true
 	var c *etcdstore.Claim
 	var p *process
 	for try := 0; try < 4 && c == nil; try++ {
@@ -391,7 +435,13 @@ func (w *world) apiWorker(a *actor) {
 		p = w.procs[w.rng.IntN(len(w.procs))]
 		var done *etcdstore.Record
 		var err error
-		c, done, err = p.store.Claim(a.ctx, etcdstore.Key{ID: key}, fp, opts...)
+		from := w.latest()
+		c, done, err = p.store.Claim(a.ctx, etcdstore.Key{ID: key}, fp, append(opts, etcdstore.WithAttempt(attempt))...)
+		if next := w.notSent(key, attempt, first, from, err); next != attempt {
+			attempt, first = next, true
+		} else {
+			first = false
+		}
 		switch {
 		case done != nil:
 			w.result(a, key, done.Outcome.Body, true, nil)
@@ -551,7 +601,7 @@ func (w *world) bulkWorker(a *actor, p *process) {
 			token = int64(c.Token())
 			w.log(event{kind: evGrant, key: key, token: token, attempt: c.Attempt(), proc: p.name, actor: a.name, tookOver: c.TookOver(), via: "bulk"})
 			defer w.log(event{kind: evHoldEnd, key: key, token: token, actor: a.name})
-			w.effect(key, 1, token, a)
+			w.effect(key, 1, token, a, false)
 			return body(key, token), nil
 		})
 		cancel()

@@ -458,7 +458,7 @@ func (w *world) heal(fatal func(string, ...any)) {
 			if err := w.pump(false); err != nil {
 				fatal("pump: %v", err)
 			}
-			if len(w.stuck()) == 0 || !now.Before(healedAt.Add(bound)) {
+			if len(w.stuck()) == 0 && len(w.pendingWrites()) == 0 || !now.Before(healedAt.Add(bound)) {
 				break
 			}
 		}
@@ -496,8 +496,37 @@ func (w *world) heal(fatal func(string, ...any)) {
 		fatal("pump: %v", err)
 	}
 	w.observers.Wait()
-	if bad := append(drained, w.stuck()...); len(bad) > 0 {
+	if bad := append(append(drained, w.stuck()...), w.pendingWrites()...); len(bad) > 0 {
 		fatal("liveness: %d keys or jobs not settled %v after the faults stopped (bound %v):\n  %s", len(bad), w.s.Now().Sub(healedAt), bound, strings.Join(bad, "\n  "))
+	}
+	// What the rules call free can be claimed: tried, by an actor of a
+	// live process (invariant 13's last word, checked with the others).
+	for _, p := range w.procs {
+		if p.dead {
+			continue
+		}
+		probed := false
+		w.s.spawn("liveness/probe", p, false, func(a *actor) { w.probe(a, p); probed = true })
+		for i := 0; !probed; i++ {
+			if i > healSteps {
+				fatal("liveness: the probe did not end")
+			}
+			runnable := w.s.runnable()
+			if len(runnable) == 0 {
+				at, ok := w.s.next()
+				if !ok {
+					fatal("liveness: the probe waits for nothing")
+				}
+				w.s.advanceTo(at)
+				continue
+			}
+			a := runnable[i%len(runnable)]
+			if err := w.s.resume(a, true); err != nil {
+				fatal("%v", err)
+			}
+			w.afterTurn(a)
+		}
+		break
 	}
 }
 

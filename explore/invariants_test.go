@@ -55,26 +55,31 @@ import (
 type evKind int
 
 const (
-	evGrant      evKind = iota // a claim is held by a worker (or a proxied request)
-	evHoldEnd                  // the worker no longer holds it
-	evEffect                   // an effect reached the sink
-	evResult                   // what a caller got
-	evSessionEnd               // a process's session ended
-	evCrash                    // a process crashed
-	evClose                    // a process was closed
-	evTaskStart                // a background write started
-	evTaskDone                 // a background write finished
-	evClock                    // the simulated clock moved
-	evEpoch                    // the shard epoch was raised
-	evSnapshot                 // the prefix was saved
-	evRestore                  // and restored
-	evUnreadable               // an audit found a record it cannot read
-	evNotSaved                 // a Complete answered that its outcome was not saved
+	evGrant       evKind = iota // a claim is held by a worker (or a proxied request)
+	evHoldEnd                   // the worker no longer holds it
+	evEffect                    // an effect reached the sink
+	evResult                    // what a caller got
+	evSessionEnd                // a process's session ended
+	evCrash                     // a process crashed
+	evClose                     // a process was closed
+	evTaskStart                 // a background write started
+	evTaskDone                  // a background write finished
+	evClock                     // the simulated clock moved
+	evEpoch                     // the shard epoch was raised
+	evSnapshot                  // the prefix was saved
+	evRestore                   // and restored
+	evUnreadable                // an audit found a record it cannot read
+	evNotSaved                  // a Complete answered that its outcome was not saved
+	evSessionLost               // a process noticed its session was lost (it logged so)
+	evReaped                    // a process's reaper abandoned a claim (it logged so)
+	evNotSent                   // a claim failed with ErrNotSent: it never left the process
+	evProbe                     // liveness: a key free by the rules was claimed, or refused
 )
 
 var kindNames = map[evKind]string{evGrant: "grant", evHoldEnd: "hold-end", evEffect: "effect", evResult: "result",
 	evSessionEnd: "session-end", evCrash: "crash", evClose: "close", evTaskStart: "task", evTaskDone: "task-done", evClock: "clock",
-	evEpoch: "epoch", evSnapshot: "snapshot", evRestore: "restore", evUnreadable: "unreadable", evNotSaved: "not-saved"}
+	evEpoch: "epoch", evSnapshot: "snapshot", evRestore: "restore", evUnreadable: "unreadable", evNotSaved: "not-saved",
+	evSessionLost: "session-lost", evReaped: "reaped", evNotSent: "not-sent", evProbe: "probe"}
 
 type event struct {
 	seq  int
@@ -85,6 +90,7 @@ type event struct {
 	token                                       int64
 	step                                        int // effects: the step; grants: the inherited checkpoint
 	accepted, tookOver, replayed, mismatch      bool
+	heeds                                       bool // effects: the actor checked its claim just before
 	status                                      int
 	body, err                                   string
 	sent                                        time.Time // results: when the request that got this answer was sent
@@ -108,6 +114,7 @@ func (e event) String() string {
 	add("task", e.task)
 	add("step", e.step)
 	add("accepted", e.accepted)
+	add("heeds", e.heeds)
 	add("tookOver", e.tookOver)
 	add("status", e.status)
 	add("replayed", e.replayed)
@@ -629,6 +636,13 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 	}
 
 	bad = append(bad, w.checkJobs(hist, final, rolledBack, opStarts)...)
+	bad = append(bad, w.checkKnown(hist, func(key string, token int64) (claimInfo, bool) {
+		cw := claims[claimID{key, token}]
+		if cw == nil {
+			return claimInfo{}, false
+		}
+		return claimInfo{owner: cw.owner, deadline: cw.deadline}, true
+	}, rolledBack, func(proc string) time.Duration { return skewOf[procSlot(proc)] })...)
 	sort.Strings(bad)
 	return bad
 }

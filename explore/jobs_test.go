@@ -98,7 +98,11 @@ func (w *world) jobKind(a *actor) jobs.Kind {
 			if committed {
 				via = "job-commit"
 			}
-			w.log(event{kind: evEffect, key: key, step: n, token: int64(r.Token()), accepted: accepted, actor: name, via: via})
+			proc := ""
+			if a != nil && a.proc != nil {
+				proc = a.proc.name
+			}
+			w.log(event{kind: evEffect, key: key, step: n, token: int64(r.Token()), accepted: accepted, actor: name, via: via, proc: proc, heeds: !deaf && proc != ""})
 			return []byte(fmt.Sprintf("%s step %d by %d", key, n, r.Token())), nil
 		}
 	}

@@ -288,13 +288,31 @@ func (l *ledgerLog) WithGroup(string) slog.Handler            { return l }
 func (l *ledgerLog) Handle(_ context.Context, r slog.Record) error {
 	msg := strings.TrimPrefix(r.Message, "idem: ")
 	var attrs []string
+	var owner, key string
+	var token int64
 	r.Attrs(func(a slog.Attr) bool {
 		attrs = append(attrs, a.String())
-		if a.Key == "pending_final_writes" && a.Value.Int64() > 0 {
-			l.w.ledger.hit("path:session lost with a final write pending")
+		switch a.Key {
+		case "pending_final_writes":
+			if a.Value.Int64() > 0 {
+				l.w.ledger.hit("path:session lost with a final write pending")
+			}
+		case "owner":
+			owner = a.Value.String()
+		case "key":
+			key = a.Value.String()
+		case "token":
+			token = a.Value.Int64()
 		}
 		return true
 	})
+	// What a process knows and does, as events the invariants check.
+	switch {
+	case strings.HasPrefix(msg, "idem session lost"):
+		l.w.log(event{kind: evSessionLost, proc: l.p.name, owner: owner})
+	case msg == "abandoned a claim whose write had an unknown outcome":
+		l.w.log(event{kind: evReaped, proc: l.p.name, key: l.w.keyOfDigest(key), token: token})
+	}
 	if r.Level >= slog.LevelInfo {
 		l.w.ledger.hit("log:" + msg)
 	}

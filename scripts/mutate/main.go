@@ -77,6 +77,12 @@ var mutants = []mutant{
 	{"reaper (issue 29): a pending final write does not survive session loss", "etcdstore/store.go",
 		"			case c.pending.Load():\n				kept++\n",
 		""},
+	{"reaper (issue 29): a finished work's outcome is not kept past its claim's deadline while it is saved", "etcdstore/do.go",
+		"		c.pending.Store(true)\n	}\n	// Save even when",
+		"		_ = 0\n	}\n	// Save even when"},
+	{"recognition: a claim whose earlier try may have landed says its last try was not sent", "etcdstore/acquire.go",
+		"			if left.uncertain && errors.Is(err, ErrNotSent) {",
+		"			if false && left.uncertain && errors.Is(err, ErrNotSent) {"},
 	// Group commit.
 	{"batching: a batch's lost reply is reported as not applied", "etcdstore/internal/send/send.go",
 		"		for _, m := range batch {\n			answer(m, nil, err)\n		}",

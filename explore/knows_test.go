@@ -1,0 +1,260 @@
+package explore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/idem-dev/idem/clock"
+	"github.com/idem-dev/idem/etcdstore"
+)
+
+// What a process knows, and what it must then not do: invariants 13-16,
+// checked on the events its log and its actors report. They find a store
+// that does the right thing too late (a claim that outlives what its
+// process knows ended it) or to the wrong claim (a reaper that abandons a
+// claim someone holds), which fencing would otherwise hide:
+//
+//  13. An actor that checks its claim before each effect (a heeding one)
+//     never acts once its process knows the claim ended: after it logged
+//     the loss of the claim's session, past the claim's deadline, or past
+//     its record's expiry, by the process's own clock.
+//  14. A process's reaper never abandons a claim an actor holds (before
+//     its deadline).
+//  15. A process never takes over a key whose outcome it still holds,
+//     pending in the background, of a claim still held when its work
+//     ended.
+//  16. A claim that failed with ErrNotSent did not land: no record of its
+//     attempt is written after the call began.
+//
+// And liveness's last word: every key that the rules say is free (past
+// its deadline, its session gone, abandoned) can be claimed.
+
+// keyOfDigest returns the key of the world whose digest is d (the store
+// logs keys as digests), or d.
+func (w *world) keyOfDigest(d string) string {
+	for _, k := range w.keys() {
+		if storeKey(k).Digest() == d {
+			return k
+		}
+	}
+	return d
+}
+
+// claimInfo is what history says of one claim (key and token).
+type claimInfo struct {
+	owner    string
+	deadline time.Time
+}
+
+func (w *world) checkKnown(hist map[string][]version, claims func(key string, token int64) (claimInfo, bool), rolledBack map[string]bool, skew func(proc string) time.Duration) []string {
+	var bad []string
+	fail := func(format string, args ...any) { bad = append(bad, fmt.Sprintf(format, args...)) }
+
+	lost := map[string]int{} // "proc owner" -> first seq the process logged the session lost
+	type hold struct {
+		grant, until int
+		proc         string
+	}
+	inTime := map[string]bool{}    // "key token" -> its work ended while the claim was held
+	holds := map[string][]*hold{}  // "key token" -> holds by actors
+	open := map[string]*hold{}     // "actor key" -> the hold under way
+	pending := map[string]string{} // final-write task -> process, while it runs
+	for _, e := range w.events {
+		switch e.kind {
+		case evSessionLost:
+			if _, ok := lost[e.proc+" "+e.owner]; !ok {
+				lost[e.proc+" "+e.owner] = e.seq
+			}
+		case evGrant:
+			h := &hold{grant: e.seq, proc: e.proc}
+			holds[fmt.Sprintf("%s %d", e.key, e.token)] = append(holds[fmt.Sprintf("%s %d", e.key, e.token)], h)
+			open[e.actor+" "+e.key] = h
+			// 15. A takeover in the process that holds the outcome of a
+			// claim still held when its work ended (an outcome that came
+			// past the claim's deadline, or after its session was lost,
+			// came too late to keep the key).
+			if e.tookOver && e.proc != "" {
+				k := "complete " + storeKey(e.key).String() + " "
+				for task, proc := range pending {
+					if proc != e.proc || !strings.HasPrefix(task, k) {
+						continue
+					}
+					var token int64
+					fmt.Sscan(strings.TrimPrefix(task, k), &token)
+					if inTime[fmt.Sprintf("%s %d", e.key, token)] {
+						fail("%s: %s took the key over (token %d) at %d while the same process still held its outcome, pending: %s", e.key, e.proc, e.token, e.seq, task)
+					}
+				}
+			}
+		case evHoldEnd:
+			if h := open[e.actor+" "+e.key]; h != nil && h.until == 0 {
+				h.until = e.seq
+				// Did the work end while its claim was still held?
+				id := fmt.Sprintf("%s %d", e.key, e.token)
+				if ci, ok := claims(e.key, e.token); ok && h.proc != "" {
+					_, gone := lost[h.proc+" "+ci.owner]
+					late := !ci.deadline.IsZero() && !e.at.Add(skew(h.proc)).Before(ci.deadline)
+					inTime[id] = !gone && !late
+				}
+			}
+		case evTaskStart:
+			pending[e.task] = e.proc
+		case evTaskDone:
+			delete(pending, e.task)
+		case evCrash:
+			for task, proc := range pending {
+				if proc == e.proc {
+					delete(pending, task) // gone with its process
+				}
+			}
+		}
+	}
+
+	for _, e := range w.events {
+		switch {
+		case e.kind == evEffect && e.heeds && e.proc != "" && !rolledBack[e.key]:
+			// 13.
+			ci, ok := claims(e.key, e.token)
+			if !ok {
+				continue
+			}
+			if at, ok := lost[e.proc+" "+ci.owner]; ok && at < e.seq {
+				fail("%s step %d: %s acted under token %d at %d, after %s logged the loss of the claim's session %s at %d", e.key, e.step, e.actor, e.token, e.seq, e.proc, ci.owner, at)
+			}
+			now := e.at.Add(skew(e.proc))
+			if !ci.deadline.IsZero() && !now.Before(ci.deadline) {
+				fail("%s step %d: %s acted under token %d at %d (clock %v), past the claim's deadline %v", e.key, e.step, e.actor, e.token, e.seq, now.Format("15:04:05.000"), ci.deadline.Format("15:04:05.000"))
+			}
+			var last *version // the claim's last write before the effect
+			for i := range hist[e.key] {
+				v := &hist[e.key][i]
+				at, ok := w.timeOf(v.rev)
+				if !ok || at.After(e.at) {
+					break
+				}
+				if !v.deleted && int64(v.rec.Token) == e.token {
+					last = v
+				}
+			}
+			if last != nil && last.rec.State == etcdstore.InFlight && !now.Before(last.rec.Expires) {
+				fail("%s step %d: %s acted under token %d at %d (clock %v), past its record's expiry %v", e.key, e.step, e.actor, e.token, e.seq, now.Format("15:04:05.000"), last.rec.Expires.Format("15:04:05.000"))
+			}
+		case e.kind == evReaped:
+			// 14. (A claim past its deadline is no longer held by the rules:
+			// anyone may take it over, the reaper too.)
+			if ci, ok := claims(e.key, e.token); ok && !ci.deadline.IsZero() && !e.at.Add(skew(e.proc)).Before(ci.deadline) {
+				continue
+			}
+			for _, h := range holds[fmt.Sprintf("%s %d", e.key, e.token)] {
+				if h.grant < e.seq && (h.until == 0 || h.until > e.seq) {
+					fail("%s: %s's reaper abandoned the claim of token %d at %d, held by an actor since %d", e.key, e.proc, e.token, e.seq, h.grant)
+				}
+			}
+		case e.kind == evNotSent:
+			// 16.
+			for _, v := range hist[e.key] {
+				if v.rev > e.token && !v.deleted && etcdstore.SameAttempt(v.rec.Attempt, e.attempt) {
+					fail("%s: a claim was told it was not sent (%s), yet a record of its attempt %s exists (revision %d)", e.key, e.err, e.attempt, v.rev)
+					break
+				}
+			}
+		case e.kind == evProbe && e.err != "":
+			fail("liveness: %s is free by the rules (%s), and a claim of it was refused: %s", e.key, e.body, e.err)
+		}
+	}
+	return bad
+}
+
+// probe claims every key whose record the rules say is free (in flight past
+// its deadline, under a session that ended, or abandoned) and gives it up
+// at once: what the rules promise, tried. It runs as an actor of p, once
+// the world settled.
+func (w *world) probe(a *actor, p *process) {
+	ctx := a.ctx
+	live := w.liveOwners()
+	for _, key := range w.keys() {
+		if strings.HasPrefix(key, jobTenant+"/") {
+			continue // jobs have their own drain
+		}
+		rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		rec, err := w.decoder.Get(rctx, storeKey(key))
+		cancel()
+		if err != nil || rec.State != etcdstore.InFlight {
+			continue
+		}
+		why := ""
+		now := p.clock.Now()
+		switch {
+		case rec.Owner == "":
+			why = "abandoned"
+		case !rec.Deadline.IsZero() && !now.Before(rec.Deadline):
+			why = "past its deadline"
+		case rec.Owner != "~deadline" && live[rec.Owner] == "":
+			why = "its session ended"
+		default:
+			continue
+		}
+		var c *etcdstore.Claim
+		for try := 0; try < 30; try++ {
+			c, _, err = p.store.Claim(ctx, storeKey(key), rec.Fingerprint, etcdstore.WithAttempt(w.nextAttempt()))
+			if err == nil || !errors.Is(err, etcdstore.ErrUnavailable) {
+				break
+			}
+			clock.Sleep(p.clock, ctx, time.Second) // its session being replaced, say
+		}
+		switch {
+		case err != nil && (errors.Is(err, etcdstore.ErrConflict) || errors.Is(err, etcdstore.ErrUnavailable)):
+			w.log(event{kind: evProbe, key: key, body: why, err: err.Error()})
+		case c != nil:
+			w.ledger.hit("path:liveness probe claimed a free key")
+			w.log(event{kind: evGrant, key: key, token: int64(c.Token()), attempt: c.Attempt(), proc: p.name, actor: a.name, tookOver: c.TookOver(), via: "probe"})
+			w.log(event{kind: evHoldEnd, key: key, token: int64(c.Token()), actor: a.name})
+			c.Abandon(ctx)
+		}
+	}
+}
+
+// liveOwners returns the sessions alive in etcd, by owner id.
+func (w *world) liveOwners() map[string]string {
+	live := map[string]string{}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, ls := range w.leases {
+		if ls.owner != "" {
+			live[ls.owner] = fmt.Sprintf("lease %x", int64(ls.id))
+		}
+	}
+	return live
+}
+
+// pendingWrites lists the final writes that live processes still retry in
+// the background: once faults stop, each lands or is fenced out.
+func (w *world) pendingWrites() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	pending := map[string]string{}
+	for _, e := range w.events {
+		switch e.kind {
+		case evTaskStart:
+			pending[e.task] = e.proc
+		case evTaskDone:
+			delete(pending, e.task)
+		}
+	}
+	dead := map[string]bool{}
+	for _, e := range w.events {
+		if e.kind == evCrash || e.kind == evClose {
+			dead[e.proc] = true
+		}
+	}
+	var out []string
+	for task, proc := range pending {
+		if !dead[proc] {
+			out = append(out, fmt.Sprintf("%s still retries its final write %s", proc, task))
+		}
+	}
+	return out
+}
