@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -630,5 +631,76 @@ func TestCancelAJobWhoseWorkerDied(t *testing.T) {
 	j, err := q.Cancel(ctx, "r-1", "its kind was retired")
 	if err != nil || j.State != Cancelled {
 		t.Fatalf("Cancel after its worker died = %+v, %v; want cancelled", j, err)
+	}
+}
+
+// Defect 6 of 0.5's review: a last step whose etcd ops were committed with
+// its checkpoint was failed and run again (its ops committed again) when
+// the job's end no longer fitted the record once its outcome was added.
+// Over a range of output sizes (one of which lands in that window), the
+// step's effect is committed at most once, and a job whose effect exists
+// ended with the step finished.
+func TestLastStepWithOpsIsNeverRunAgain(t *testing.T) {
+	ctx := testCtx(t)
+	prefix := testPrefix(t)
+	st := newStore(t, prefix, etcdstore.WithMaxRecordSize(4096))
+	q := newQueue(t, st)
+	size := 0
+	k := Kind{Name: "commit", MaxAttempts: 3, Backoff: time.Millisecond, Steps: []Step{
+		{Name: "first", Run: func(ctx context.Context, r *Run) ([]byte, error) { return []byte("ok"), nil }},
+		{Name: "last", OnError: Fail, Run: func(ctx context.Context, r *Run) ([]byte, error) {
+			r.Commit(clientv3.OpPut("/effects"+prefix+r.Key().ID, "done"))
+			return bytes.Repeat([]byte{'x'}, size), nil
+		}},
+	}}
+	w := newWorker(t, q, []Kind{k}, Concurrency(0))
+	cli := cluster.MustClient(t)
+	cut := 0
+	for size = 2900; size < 3000; size++ {
+		id := fmt.Sprintf("c-%d", size)
+		q.Submit(ctx, id, "commit", nil)
+		j, err := w.Run(ctx, id)
+		if err != nil {
+			t.Fatalf("size %d: %v", size, err)
+		}
+		eff, err := cli.Get(ctx, "/effects"+prefix+id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case len(eff.Kvs) == 1 && eff.Kvs[0].Version != 1:
+			t.Fatalf("size %d: the last step's effect was committed %d times", size, eff.Kvs[0].Version)
+		case len(eff.Kvs) == 1 && (j.State != Succeeded || !j.Steps[1].Finished):
+			t.Fatalf("size %d: its effect is committed, and the job is %s with its last step finished %v", size, j.State, j.Steps[1].Finished)
+		case len(eff.Kvs) == 0 && j.State != Failed:
+			t.Fatalf("size %d: no effect, and the job is %s; want failed (the step's checkpoint refused)", size, j.State)
+		}
+		if len(j.Truncated) > 0 {
+			cut++
+		}
+	}
+	if cut == 0 {
+		t.Fatal("no size landed in the window where the end had to be cut: the test tests nothing")
+	}
+}
+
+// Defect 9: a job that failed near the record's limit lost its whole state
+// (the store saved "the outcome could not be saved" in its place). Its end
+// is cut to fit instead, and says so.
+func TestFailedJobNearTheLimitKeepsItsState(t *testing.T) {
+	ctx := testCtx(t)
+	q := newQueue(t, newStore(t, testPrefix(t), etcdstore.WithMaxRecordSize(4096)))
+	k := Kind{Name: "near", Steps: []Step{
+		{Name: "fill", Run: func(ctx context.Context, r *Run) ([]byte, error) { return make([]byte, 1800), nil }},
+		{Name: "fail", OnError: Fail, Run: func(ctx context.Context, r *Run) ([]byte, error) {
+			return nil, errors.New(strings.Repeat("y", 3000))
+		}},
+	}}
+	w := newWorker(t, q, []Kind{k}, Concurrency(0))
+	q.Submit(ctx, "f-1", "near", []byte(`{"order":42}`))
+	j, err := w.Run(ctx, "f-1")
+	if err != nil || j.State != Failed || j.Kind != "near" || string(j.Params) != `{"order":42}` || len(j.Steps) != 2 || !j.Steps[0].Finished ||
+		!strings.Contains(j.Err, "step fail: yyy") || len(j.Truncated) == 0 {
+		t.Fatalf("job %+v, %v; want failed with its kind, params, steps and (cut) error, saying what was cut", j, err)
 	}
 }

@@ -300,7 +300,8 @@ func (q *Queue) Cancel(ctx context.Context, id, reason string) (*Job, error) {
 	}
 	return q.operate(ctx, "cancel", id, nil, func(c *etcdstore.Claim, st *state) (etcdstore.Outcome, etcdstore.End, error) {
 		st.Outcome, st.Parked, st.NotBefore = Cancelled, false, 0
-		return etcdstore.Outcome{Body: st.encode(), Err: "cancelled: " + reason}, etcdstore.EndSave, nil
+		out, _ := fit(st, "cancelled: "+reason, q.store.MaxRecordSize(), true)
+		return out, etcdstore.EndSave, nil
 	})
 }
 

@@ -32,7 +32,11 @@ type Schedule struct {
 	// seconds), counted from the Unix epoch: the same instants on every
 	// scheduler.
 	Every time.Duration
-	// Location is the time zone of Cron (default UTC).
+	// Location is the time zone of Cron (default UTC). Where it has
+	// daylight saving, an occurrence is the first instant at which the
+	// zone's wall clock reads its time or later: a wall time that happens
+	// twice runs once (at its first instant), one skipped runs when the
+	// clock jumps past it.
 	Location *time.Location
 	// Kind is the kind of the occurrences' jobs.
 	Kind string
@@ -52,6 +56,14 @@ type Schedule struct {
 	// MaxCatchUp bounds how many missed occurrences CatchUpAll runs: the
 	// latest ones (default 10).
 	MaxCatchUp int
+	// MaxSkew is how far apart the schedulers' clocks may be (default 5
+	// minutes). A scheduler counts an occurrence as missed only once it is
+	// late by more than Lateness plus MaxSkew on its own clock, so one whose
+	// clock runs ahead never skips, for the fleet, an occurrence the others
+	// would submit on time; a new schedule's cursor starts MaxSkew back. An
+	// occurrence a fast scheduler submits before its time is held back
+	// until then (RunAt) on each worker's clock.
+	MaxSkew time.Duration
 
 	spec cron.Schedule
 }
@@ -123,9 +135,12 @@ func (s *Schedule) validate(retention time.Duration) error {
 		case cron.ConstantDelaySchedule:
 			return fmt.Errorf("%w: schedule %s: cron %q: @every counts from when a scheduler starts; use Every", ErrInvalid, s.Name, s.Cron)
 		case *cron.SpecSchedule:
-			if sp.Location == time.Local {
-				sp.Location = s.Location
+			if sp.Location != time.Local {
+				// CRON_TZ= in the expression: its zone wins over Location.
+				s.Location = sp.Location
 			}
+			sp.Location = time.UTC // read on the wall clock, below
+			spec = zoned{spec: sp, loc: s.Location}
 		}
 		// A spec that names no real date ("0 0 30 2 *") never comes.
 		if spec.Next(time.Now()).IsZero() {
@@ -138,8 +153,11 @@ func (s *Schedule) validate(retention time.Duration) error {
 	if s.CatchUp < CatchUpLatest || s.CatchUp > CatchUpNone {
 		return fmt.Errorf("%w: schedule %s: unknown CatchUp %d", ErrInvalid, s.Name, s.CatchUp)
 	}
-	if s.Lateness < 0 || s.MaxCatchUp < 0 {
-		return fmt.Errorf("%w: schedule %s: negative Lateness or MaxCatchUp", ErrInvalid, s.Name)
+	if s.Lateness < 0 || s.MaxCatchUp < 0 || s.MaxSkew < 0 {
+		return fmt.Errorf("%w: schedule %s: negative Lateness, MaxCatchUp or MaxSkew", ErrInvalid, s.Name)
+	}
+	if s.MaxSkew == 0 {
+		s.MaxSkew = 5 * time.Minute
 	}
 	if s.Lateness == 0 {
 		s.Lateness = time.Minute
@@ -147,8 +165,8 @@ func (s *Schedule) validate(retention time.Duration) error {
 			s.Lateness = min(s.Lateness, s.Every)
 		}
 	}
-	if s.Lateness >= retention/2 {
-		return fmt.Errorf("%w: schedule %s: Lateness %v must be under half the store's retention (%v)", ErrInvalid, s.Name, s.Lateness, retention)
+	if s.Lateness+s.MaxSkew >= retention/2 {
+		return fmt.Errorf("%w: schedule %s: Lateness %v plus MaxSkew %v must be under half the store's retention (%v)", ErrInvalid, s.Name, s.Lateness, s.MaxSkew, retention)
 	}
 	if s.MaxCatchUp == 0 {
 		s.MaxCatchUp = 10
@@ -259,7 +277,9 @@ func (s *Scheduler) tick(ctx context.Context, sc *Schedule) (time.Time, error) {
 	}
 	submit, last, skipped := sc.plan(cur.Last, now, s.q.store.Retention())
 	for _, t := range submit {
-		_, err := s.q.Submit(ctx, OccurrenceID(sc.Name, t), sc.Kind, sc.params(t))
+		// Held back until its time on the workers' clocks: this scheduler's
+		// may run ahead.
+		_, err := s.q.Submit(ctx, OccurrenceID(sc.Name, t), sc.Kind, sc.params(t), RunAt(t))
 		switch {
 		case errors.Is(err, etcdstore.ErrMismatch):
 			s.q.log.Error("idem: schedule: another scheduler submitted this occurrence with other params; keeping its job", "schedule", sc.Name, "occurrence", t, "err", err)
@@ -299,7 +319,7 @@ func (sc *Schedule) plan(from, now time.Time, retention time.Duration) (submit [
 	var missed []time.Time
 	for t := sc.spec.Next(from); !t.IsZero() && !t.After(now); t = sc.spec.Next(t) {
 		last = t
-		if t.Before(now.Add(-sc.Lateness)) {
+		if t.Before(now.Add(-sc.Lateness - sc.MaxSkew)) {
 			missed = append(missed, t)
 			if len(missed) > sc.MaxCatchUp {
 				missed = missed[1:]
@@ -345,8 +365,9 @@ type cursorValue struct {
 // (etcdstore.Value): s/<tenant>/<schedule>.
 func cursorName(tenant, schedule string) string { return "s/" + tenant + "/" + schedule }
 
-// cursor reads sc's cursor, creating it at now when the schedule is new
-// (so a new schedule starts with its next occurrence, not its past).
+// cursor reads sc's cursor, creating it MaxSkew before now when the
+// schedule is new (so a new schedule starts with its next occurrences, not
+// its past).
 func (s *Scheduler) cursor(ctx context.Context, sc *Schedule, now time.Time) (cursorValue, error) {
 	name := cursorName(s.q.tenant, sc.Name)
 	v, err := s.q.store.Value(ctx, name)
@@ -360,7 +381,8 @@ func (s *Scheduler) cursor(ctx context.Context, sc *Schedule, now time.Time) (cu
 		}
 		return cv, nil
 	}
-	cv = cursorValue{Last: now.UTC().Truncate(time.Second), Kind: sc.Kind, Spec: sc.specString()}
+	// MaxSkew back: this scheduler's clock may run ahead of the others'.
+	cv = cursorValue{Last: now.Add(-sc.MaxSkew).UTC().Truncate(time.Second), Kind: sc.Kind, Spec: sc.specString()}
 	b, _ := json.Marshal(cv)
 	cur, ok, err := s.q.store.SetValue(ctx, name, b, 0)
 	if err != nil || ok {

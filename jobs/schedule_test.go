@@ -75,7 +75,7 @@ func TestScheduleEachOccurrenceOnce(t *testing.T) {
 	}}}}
 	wq := newQueue(t, newStore(t, prefix))
 	newWorker(t, wq, []Kind{k}, Concurrency(2))
-	sc := Schedule{Name: "hourly-report", Every: time.Minute, Kind: "report", Lateness: 30 * time.Second}
+	sc := Schedule{Name: "hourly-report", Every: time.Minute, Kind: "report", Lateness: 30 * time.Second, MaxSkew: 10 * time.Second}
 	for _, skew := range []time.Duration{0, 7 * time.Second, -5 * time.Second} {
 		q := newQueue(t, newStore(t, prefix))
 		q.setClock(master.view(skew))
@@ -150,7 +150,7 @@ func TestCatchUpPolicies(t *testing.T) {
 		{CatchUpAll, 3, at(7, 8, 9, 10), 6},
 		{CatchUpAll, 0, at(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), 0},
 	} {
-		sc := Schedule{Name: "s", Every: time.Minute, Kind: "k", Lateness: 30 * time.Second, CatchUp: tc.catchUp, MaxCatchUp: tc.max}
+		sc := Schedule{Name: "s", Every: time.Minute, Kind: "k", Lateness: 30 * time.Second, MaxSkew: time.Second, CatchUp: tc.catchUp, MaxCatchUp: tc.max}
 		if err := sc.validate(24 * time.Hour); err != nil {
 			t.Fatal(err)
 		}
@@ -222,7 +222,7 @@ func TestSchedulerCatchesUpFromTheCursor(t *testing.T) {
 	master := newFakeClock(base.Add(10 * time.Second))
 	q := newQueue(t, newStore(t, prefix))
 	q.setClock(master.view(0))
-	sc := Schedule{Name: "sync", Every: time.Minute, Kind: "sync", Lateness: 20 * time.Second, CatchUp: CatchUpAll, MaxCatchUp: 2}
+	sc := Schedule{Name: "sync", Every: time.Minute, Kind: "sync", Lateness: 20 * time.Second, MaxSkew: time.Second, CatchUp: CatchUpAll, MaxCatchUp: 2}
 	s, err := NewScheduler(q, []Schedule{sc})
 	if err != nil {
 		t.Fatal(err)
@@ -252,5 +252,134 @@ func TestSchedulerCatchesUpFromTheCursor(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("jobs %v; want %v", got, want)
+	}
+}
+
+// Defect 7 of 0.5's review: a cron schedule in a zone with daylight saving
+// ran the repeated hour twice and the skipped one never. The rule: an
+// occurrence is the first instant the zone's wall clock reads its time or
+// later.
+func TestCronAcrossDaylightSaving(t *testing.T) {
+	paris, err := time.LoadLocation("Europe/Paris")
+	if err != nil {
+		t.Fatal(err)
+	}
+	utc := func(s string) time.Time {
+		v, err := time.Parse(time.RFC3339, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	for _, tc := range []struct {
+		cron     string
+		from, to string
+		want     []string
+	}{
+		// Clocks go forward at 02:00 on 2027-03-28: 02:30 never happens;
+		// it runs at 03:00 CEST, when the clock jumps past it.
+		{"30 2 * * *", "2027-03-26T12:00:00Z", "2027-03-29T12:00:00Z",
+			[]string{"2027-03-27T01:30:00Z", "2027-03-28T01:00:00Z", "2027-03-29T00:30:00Z"}},
+		// Clocks go back at 03:00 on 2027-10-31: 02:30 happens twice; it
+		// runs once, at the first.
+		{"30 2 * * *", "2027-10-29T12:00:00Z", "2027-11-01T12:00:00Z",
+			[]string{"2027-10-30T00:30:00Z", "2027-10-31T00:30:00Z", "2027-11-01T01:30:00Z"}},
+		// Every hour at :30 across the repeated hour: 02:30 once.
+		{"30 * * * *", "2027-10-30T23:00:00Z", "2027-10-31T03:00:00Z",
+			[]string{"2027-10-30T23:30:00Z", "2027-10-31T00:30:00Z", "2027-10-31T02:30:00Z"}},
+		// Every 20 minutes across the skipped hour: 02:00, 02:20, 02:40
+		// all come at 03:00, once.
+		{"*/20 * * * *", "2027-03-28T00:30:00Z", "2027-03-28T01:30:00Z",
+			[]string{"2027-03-28T00:40:00Z", "2027-03-28T01:00:00Z", "2027-03-28T01:20:00Z"}},
+	} {
+		sc := Schedule{Name: "s", Cron: tc.cron, Location: paris, Kind: "k", CatchUp: CatchUpAll, MaxCatchUp: 100}
+		if err := sc.validate(30 * 24 * time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		got, _, skipped := sc.plan(utc(tc.from), utc(tc.to), 30*24*time.Hour)
+		var ids []string
+		for _, g := range got {
+			ids = append(ids, g.UTC().Format(time.RFC3339))
+		}
+		if !slices.Equal(ids, tc.want) || skipped != 0 {
+			t.Errorf("%q from %s to %s: %v (skipped %d); want %v", tc.cron, tc.from, tc.to, ids, skipped, tc.want)
+		}
+	}
+}
+
+// Defect 8: a scheduler whose clock ran ahead by more than Lateness took
+// occurrences the others would have submitted on time for missed, and
+// moved the shared cursor past them: the fleet skipped them. Within
+// MaxSkew, it submits them (early, held back to their time) instead.
+func TestFastSchedulerSkipsNothing(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	sc := Schedule{Name: "s", Every: time.Minute, Kind: "k", Lateness: 30 * time.Second, MaxSkew: 3 * time.Minute, CatchUp: CatchUpNone}
+	if err := sc.validate(24 * time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	// The cursor is at 00:00; real time is 00:01:05, and this scheduler's
+	// clock is two minutes ahead.
+	fast := t0.Add(time.Minute + 5*time.Second + 2*time.Minute)
+	got, last, skipped := sc.plan(t0, fast, 24*time.Hour)
+	want := []time.Time{t0.Add(time.Minute), t0.Add(2 * time.Minute), t0.Add(3 * time.Minute)}
+	if !slices.Equal(got, want) || skipped != 0 || !last.Equal(t0.Add(3*time.Minute)) {
+		t.Fatalf("a scheduler 2 min ahead: submit %v, skip %d, last %v; want %v, none skipped", got, skipped, last, want)
+	}
+	// Beyond Lateness plus MaxSkew an occurrence is missed, by any clock.
+	got, _, skipped = sc.plan(t0, t0.Add(10*time.Minute+5*time.Second), 24*time.Hour)
+	if skipped != 6 || len(got) != 4 {
+		t.Fatalf("10 min later: submit %v, skip %d; want 4 submitted (within 3 min 30 s) and 6 skipped", got, skipped)
+	}
+}
+
+// Three schedulers, one of them two minutes ahead (more than Lateness):
+// every occurrence from the schedule's start is submitted once, none is
+// skipped, and the early ones run at their time by the workers' clock.
+func TestFastSchedulerInAFleet(t *testing.T) {
+	prefix := testPrefix(t)
+	base := time.Date(2026, 12, 2, 3, 0, 30, 0, time.UTC)
+	master := newFakeClock(base)
+	var mu sync.Mutex
+	ran := map[string]time.Time{}
+	k := Kind{Name: "report", Steps: []Step{{Name: "send", Run: func(ctx context.Context, r *Run) ([]byte, error) {
+		mu.Lock()
+		ran[r.Key().ID] = master.view(0).Now()
+		mu.Unlock()
+		return nil, nil
+	}}}}
+	wq := newQueue(t, newStore(t, prefix))
+	wq.setClock(master.view(0))
+	newWorker(t, wq, []Kind{k}, Concurrency(2))
+	sc := Schedule{Name: "r", Every: time.Minute, Kind: "report", Lateness: 30 * time.Second, MaxSkew: 3 * time.Minute}
+	for _, skew := range []time.Duration{2 * time.Minute, 0, -5 * time.Second} { // the fast one first: it makes the cursor
+		q := newQueue(t, newStore(t, prefix))
+		q.setClock(master.view(skew))
+		s, err := NewScheduler(q, []Schedule{sc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		if skew > 0 {
+			waitCursor(t, wq, sc.Name)
+		}
+	}
+	var want []string
+	for i := 1; i <= 4; i++ {
+		at := base.Truncate(time.Minute).Add(time.Duration(i) * time.Minute)
+		want = append(want, OccurrenceID(sc.Name, at))
+		for _, d := range []time.Duration{-6 * time.Second, 0, 6 * time.Second, 20 * time.Second} {
+			master.set(at.Add(d))
+		}
+		if j := waitJob(t, wq, want[len(want)-1]); j.State != Succeeded {
+			t.Fatalf("occurrence %s: %+v", want[len(want)-1], j)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i, id := range want {
+		at := base.Truncate(time.Minute).Add(time.Duration(i+1) * time.Minute)
+		if r, ok := ran[id]; !ok || r.Before(at) {
+			t.Fatalf("occurrence %s ran at %v (ran: %v); want once, not before its time", id, r, ok)
+		}
 	}
 }

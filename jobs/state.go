@@ -46,6 +46,9 @@ type state struct {
 	Errors []attemptError `json:"errors,omitempty"`
 	// Outcome is set when the job ended: succeeded, failed or cancelled.
 	Outcome State `json:"outcome,omitempty"`
+	// Truncated says what was cut for the job's end to fit the record's
+	// limit ("error", "errors", "failure", "output:<step>").
+	Truncated []string `json:"truncated,omitempty"`
 }
 
 type doneStep struct {
@@ -177,6 +180,10 @@ type Job struct {
 	Err string
 	// Errors are the last errors of failed attempts, oldest first.
 	Errors []AttemptError
+	// Truncated says what was cut for the job's end to fit its record
+	// ("error", "errors", "failure", "output:<step>"): the record's size
+	// limit (etcdstore.WithMaxRecordSize) is too small for this job.
+	Truncated []string
 	// NotBefore is when a Scheduled job's next attempt may start.
 	NotBefore time.Time
 	// Owner is the session of the worker running it (Running).
@@ -244,13 +251,14 @@ func FromRecord(rec *etcdstore.Record, now time.Time) (*Job, error) {
 		return nil, fmt.Errorf("job %s: %w", rec.Key, err)
 	}
 	j := &Job{
-		Key:     rec.Key,
-		Kind:    st.Kind,
-		Params:  st.Params,
-		Token:   rec.Token,
-		Created: rec.Created,
-		Expires: rec.Expires,
-		Err:     st.lastError(),
+		Key:       rec.Key,
+		Kind:      st.Kind,
+		Params:    st.Params,
+		Token:     rec.Token,
+		Created:   rec.Created,
+		Expires:   rec.Expires,
+		Err:       st.lastError(),
+		Truncated: st.Truncated,
 	}
 	for _, e := range st.Errors {
 		j.Errors = append(j.Errors, AttemptError{Attempt: e.Attempt, Token: fencing.Token(e.Token), Step: e.Step, Err: e.Err, At: time.UnixMilli(e.At)})
@@ -264,6 +272,9 @@ func FromRecord(rec *etcdstore.Record, now time.Time) (*Job, error) {
 		}
 		if j.State == "" {
 			j.State = Failed // a done record without an outcome: an error the store saved for the job
+		}
+		if j.State == Succeeded {
+			j.Err = "" // earlier attempts' errors stay in Errors
 		}
 	case rec.Owner != "":
 		j.State, j.Owner = Running, rec.Owner

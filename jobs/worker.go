@@ -232,6 +232,7 @@ func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind) (etcd
 	if st.Compensating {
 		return w.compensate(ctx, c, st, k, n)
 	}
+	lastOps := 0 // the etcd ops the last step committed with its checkpoint
 	for i := range k.Steps {
 		step := &k.Steps[i]
 		if st.finished(step.Name) != nil {
@@ -246,8 +247,11 @@ func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind) (etcd
 			return w.stepFailed(ctx, c, st, k, step, n, err)
 		}
 		st.Done = append(st.Done, doneStep{Name: step.Name, Token: int64(c.Token()), At: w.q.clock.Now().UnixMilli(), Output: out})
-		if i == len(k.Steps)-1 && len(r.ops) == 0 {
-			break // the job's end saves it
+		if i == len(k.Steps)-1 {
+			lastOps = len(r.ops)
+			if lastOps == 0 {
+				break // the job's end saves it
+			}
 		}
 		if err := checkpoint(ctx, w.q.clock, c, st.encode(), r.ops); err != nil {
 			st.Done = st.Done[:len(st.Done)-1]
@@ -260,17 +264,38 @@ func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind) (etcd
 		}
 	}
 	st.Outcome = Succeeded
-	body := st.encode()
-	if last := &k.Steps[len(k.Steps)-1]; len(body) > w.q.store.MaxRecordSize() {
+	last := &k.Steps[len(k.Steps)-1]
+	committed := lastOps > 0 // its ops are in etcd: it is finished, whatever its size
+	saved := *st
+	out, ok := fit(st, "", w.q.store.MaxRecordSize(), committed)
+	if !ok && !committed {
 		// The last step's output outgrew the record: a failure of that
 		// step, as its checkpoint's refusal would be.
+		*st = saved
 		st.Outcome = ""
 		st.Done = st.Done[:len(st.Done)-1]
 		return w.stepFailed(ctx, c, st, k, last, n, fmt.Errorf("its checkpoint was refused: %w: the job's state would be %d bytes, limit %d",
-			etcdstore.ErrTooLarge, len(body), w.q.store.MaxRecordSize()))
+			etcdstore.ErrTooLarge, len(saved.encode()), w.q.store.MaxRecordSize()))
+	}
+	if len(st.Truncated) > 0 {
+		w.log.Warn("idem: a job's end was cut to fit the record", "job", c.Key().Digest(), "cut", st.Truncated)
 	}
 	w.log.Debug("idem: job succeeded", "job", c.Key().Digest(), "attempt", n, "token", c.Token())
-	return etcdstore.Outcome{Body: body}, etcdstore.EndSave
+	return out, etcdstore.EndSave
+}
+
+// end saves a job that ended (failed, compensated, or too large to keep)
+// within the record's limit: see fit. A state that cannot fit even so
+// (its parameters alone fill the record) ends with its error alone.
+func (w *Worker) end(c *etcdstore.Claim, st *state, errText string) (etcdstore.Outcome, etcdstore.End) {
+	out, ok := fit(st, errText, w.q.store.MaxRecordSize(), true)
+	if len(st.Truncated) > 0 {
+		w.log.Warn("idem: a job's end was cut to fit the record", "job", c.Key().Digest(), "cut", st.Truncated)
+	}
+	if !ok {
+		w.log.Error("idem: a job's end does not fit the record even cut", "job", c.Key().Digest())
+	}
+	return out, etcdstore.EndSave
 }
 
 // callStep runs a step, turning a panic into its error: the step may have
@@ -304,7 +329,7 @@ func (w *Worker) stepFailed(ctx context.Context, c *etcdstore.Claim, st *state, 
 	case Fail:
 		st.Outcome = Failed
 		w.log.Info("idem: job failed", "job", c.Key().Digest(), "step", step.Name, "err", err)
-		return etcdstore.Outcome{Body: st.encode(), Err: fmt.Sprintf("step %s: %v", step.Name, err)}, etcdstore.EndSave
+		return w.end(c, st, fmt.Sprintf("step %s: %v", step.Name, err))
 	case Compensate:
 		st.Compensating, st.Failure = true, fmt.Sprintf("step %s: %v", step.Name, err)
 		if err := checkpoint(ctx, w.q.clock, c, st.encode(), nil); err != nil {
@@ -346,7 +371,7 @@ func (w *Worker) compensate(ctx context.Context, c *etcdstore.Claim, st *state, 
 	}
 	st.Outcome = Failed
 	w.log.Info("idem: job failed and compensated", "job", c.Key().Digest(), "failure", st.Failure)
-	return etcdstore.Outcome{Body: st.encode(), Err: st.Failure}, etcdstore.EndSave
+	return w.end(c, st, st.Failure)
 }
 
 func (k *Kind) step(name string) *Step {
@@ -402,7 +427,7 @@ func (w *Worker) keep(ctx context.Context, c *etcdstore.Claim, st *state) (etcds
 	st.Outcome, st.Parked, st.NotBefore = Failed, false, 0
 	msg := fmt.Sprintf("the job's state is too large to save (%v); last error: %s", err, st.lastError())
 	w.log.Error("idem: job failed: its state outgrew the record", "job", c.Key().Digest(), "err", err)
-	return etcdstore.Outcome{Body: st.encode(), Err: msg}, etcdstore.EndSave
+	return w.end(c, st, msg)
 }
 
 // interrupted ends an attempt whose context ended: its claim was lost

@@ -23,6 +23,7 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"syscall"
+	_ "time/tzdata" // schedules' zones, in images without a zone database
 )
 
 func main() {

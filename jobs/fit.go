@@ -1,0 +1,49 @@
+package jobs
+
+import (
+	"fmt"
+
+	"github.com/idem-dev/idem/etcdstore"
+)
+
+// fit returns a job's end, its state and its error text, within max bytes
+// (the store's record limit), cutting what can be cut, in this order, and
+// saying what it cut in the state (Truncated): the error text, to its first
+// kilobyte; the attempt errors but the last; the last one's text; the
+// failure's text; with outputs set, the finished steps' outputs, oldest
+// first. The kind, the parameters and the finished steps' names and tokens
+// are never cut: without them the job could run a finished step again, or
+// not at all. ok is false when even that does not fit.
+func fit(st *state, errText string, max int, outputs bool) (out etcdstore.Outcome, ok bool) {
+	size := func() int { return len(st.encode()) + len(errText) }
+	cut := func(what string) { st.Truncated = append(st.Truncated, what) }
+	if size() <= max {
+		return etcdstore.Outcome{Body: st.encode(), Err: errText}, true
+	}
+	if len(errText) > maxErrorLen {
+		errText = errText[:maxErrorLen] + "..."
+		cut("error")
+	}
+	if size() > max && len(st.Errors) > 1 {
+		st.Errors = st.Errors[len(st.Errors)-1:]
+		cut("errors")
+	}
+	if size() > max && len(st.Errors) == 1 && len(st.Errors[0].Err) > 64 {
+		st.Errors[0].Err = st.Errors[0].Err[:64] + "..."
+		cut("errors")
+	}
+	if size() > max && len(st.Failure) > 64 {
+		st.Failure = st.Failure[:64] + "..."
+		cut("failure")
+	}
+	for i := 0; outputs && size() > max && i < len(st.Done); i++ {
+		if st.Done[i].Output != nil {
+			st.Done[i].Output = nil
+			cut(fmt.Sprintf("output:%s", st.Done[i].Name))
+		}
+	}
+	if size() > max && len(errText) > 64 {
+		errText = errText[:64] + "..."
+	}
+	return etcdstore.Outcome{Body: st.encode(), Err: errText}, size() <= max
+}
