@@ -113,6 +113,27 @@ func (w *world) checkKnown(hist map[string][]version, claims func(key string, to
 		}
 	}
 
+	// lastWrite is the last write of claim (key, token) at or before at.
+	lastWrite := func(key string, token int64, at time.Time) *version {
+		var last *version
+		for i := range hist[key] {
+			v := &hist[key][i]
+			t, ok := w.timeOf(v.rev)
+			if !ok || t.After(at) {
+				break
+			}
+			if !v.deleted && int64(v.rec.Token) == token {
+				last = v
+			}
+		}
+		return last
+	}
+	sessionEnded := map[string]int{} // owner -> seq its session ended in etcd
+	for _, e := range w.events {
+		if _, ok := sessionEnded[e.owner]; !ok && e.kind == evSessionEnd && e.owner != "" {
+			sessionEnded[e.owner] = e.seq
+		}
+	}
 	for _, e := range w.events {
 		switch {
 		case e.kind == evEffect && e.heeds && e.proc != "" && !rolledBack[e.key]:
@@ -128,24 +149,24 @@ func (w *world) checkKnown(hist map[string][]version, claims func(key string, to
 			if !ci.deadline.IsZero() && !now.Before(ci.deadline) {
 				fail("%s step %d: %s acted under token %d at %d (clock %v), past the claim's deadline %v", e.key, e.step, e.actor, e.token, e.seq, now.Format("15:04:05.000"), ci.deadline.Format("15:04:05.000"))
 			}
-			var last *version // the claim's last write before the effect
-			for i := range hist[e.key] {
-				v := &hist[e.key][i]
-				at, ok := w.timeOf(v.rev)
-				if !ok || at.After(e.at) {
-					break
-				}
-				if !v.deleted && int64(v.rec.Token) == e.token {
-					last = v
-				}
-			}
+			last := lastWrite(e.key, e.token, e.at)
 			if last != nil && last.rec.State == etcdstore.InFlight && !now.Before(last.rec.Expires) {
 				fail("%s step %d: %s acted under token %d at %d (clock %v), past its record's expiry %v", e.key, e.step, e.actor, e.token, e.seq, now.Format("15:04:05.000"), last.rec.Expires.Format("15:04:05.000"))
 			}
 		case e.kind == evReaped:
-			// 14. (A claim past its deadline is no longer held by the rules:
-			// anyone may take it over, the reaper too.)
-			if ci, ok := claims(e.key, e.token); ok && !ci.deadline.IsZero() && !e.at.Add(skew(e.proc)).Before(ci.deadline) {
+			// 14. (A claim past its deadline or its record's expiry, or
+			// whose session ended, is no longer held by the rules: anyone
+			// may take it over, the reaper too.)
+			now := e.at.Add(skew(e.proc))
+			if ci, ok := claims(e.key, e.token); ok {
+				if !ci.deadline.IsZero() && !now.Before(ci.deadline) {
+					continue
+				}
+				if at, ok := sessionEnded[ci.owner]; ok && at < e.seq {
+					continue
+				}
+			}
+			if last := lastWrite(e.key, e.token, e.at); last != nil && !now.Before(last.rec.Expires) {
 				continue
 			}
 			for _, h := range holds[fmt.Sprintf("%s %d", e.key, e.token)] {
