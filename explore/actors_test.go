@@ -99,6 +99,10 @@ func (w *world) spawnActor(n int) {
 	case 6:
 		w.s.spawn(name+"/grpc", nil, false, func(a *actor) { w.grpcClient(a) })
 	case 5:
+		if w.cfg.shards {
+			w.s.spawn(name+"/do", p, false, func(a *actor) { w.doWorker(a, p) }) // jobs run on one cluster's store
+			break
+		}
 		w.s.spawn(name+"/job", p, false, func(a *actor) { w.jobWorker(a, p) })
 	case 0, 4:
 		w.s.spawn(name+"/do", p, false, func(a *actor) { w.doWorker(a, p) })
@@ -148,7 +152,7 @@ func (w *world) doWorker(a *actor, p *process) {
 			var token int64
 			attempt := w.nextAttempt()
 			from := w.latest()
-			res, err := p.store.Do(ctx, etcdstore.Key{ID: key}, params(key, odd), func(ctx context.Context, c *etcdstore.Claim) ([]byte, error) {
+			res, err := p.keys.Do(ctx, etcdstore.Key{ID: key}, params(key, odd), func(ctx context.Context, c *etcdstore.Claim) ([]byte, error) {
 				token = int64(c.Token())
 				start := lastStep(c.LastCheckpoint())
 				w.log(event{kind: evGrant, key: key, token: token, attempt: c.Attempt(), proc: p.name, actor: a.name, tookOver: c.TookOver(), step: start, via: "do"})
@@ -274,7 +278,7 @@ func (w *world) stepWorker(a *actor, p *process) {
 		var err error
 		ctx, cancel := w.callerCtx(a, p)
 		from := w.latest()
-		c, done, err = p.store.Claim(ctx, etcdstore.Key{ID: key}, fp, append(opts, etcdstore.WithAttempt(attempt))...)
+		c, done, err = p.keys.Claim(ctx, etcdstore.Key{ID: key}, fp, append(opts, etcdstore.WithAttempt(attempt))...)
 		cancel()
 		if next := w.notSent(key, attempt, first, from, err); next != attempt {
 			attempt, first = next, true
@@ -368,7 +372,7 @@ func (w *world) run(a *actor, p *process, key string, c *etcdstore.Claim, via st
 		// the handle no longer attaches, but the record may show this very
 		// claim's outcome saved.
 		ctx, cancel := w.callerCtx(a, p)
-		rec, gerr := p.store.Get(ctx, etcdstore.Key{ID: key})
+		rec, gerr := p.keys.Get(ctx, etcdstore.Key{ID: key})
 		cancel()
 		switch {
 		case gerr != nil && !errors.Is(gerr, etcdstore.ErrNotFound):
@@ -415,7 +419,7 @@ func (w *world) write(a *actor, p *process, c *etcdstore.Claim, via string, op f
 // API does for every call after the claim.
 func (w *world) attach(a *actor, c *etcdstore.Claim) (*etcdstore.Claim, *process, error) {
 	q := w.procs[w.rng.IntN(len(w.procs))]
-	h, err := q.store.Attach(a.ctx, c.Handle())
+	h, err := q.keys.Attach(a.ctx, c.Handle())
 	return h, q, err
 }
 
@@ -436,7 +440,7 @@ func (w *world) apiWorker(a *actor) {
 		var done *etcdstore.Record
 		var err error
 		from := w.latest()
-		c, done, err = p.store.Claim(a.ctx, etcdstore.Key{ID: key}, fp, append(opts, etcdstore.WithAttempt(attempt))...)
+		c, done, err = p.keys.Claim(a.ctx, etcdstore.Key{ID: key}, fp, append(opts, etcdstore.WithAttempt(attempt))...)
 		if next := w.notSent(key, attempt, first, from, err); next != attempt {
 			attempt, first = next, true
 		} else {
@@ -515,7 +519,7 @@ func (w *world) observe(p *process) {
 	w.s.spawn(fmt.Sprintf("o%d/wait", w.seq), p, false, func(a *actor) {
 		ctx, cancel := p.clock.WithTimeout(a.ctx, time.Duration(1+w.rng.IntN(10))*time.Second)
 		defer cancel()
-		rec, err := p.store.Wait(ctx, etcdstore.Key{ID: key})
+		rec, err := p.keys.Wait(ctx, etcdstore.Key{ID: key})
 		if err != nil || rec.State != etcdstore.Done {
 			return
 		}
@@ -597,7 +601,7 @@ func (w *world) bulkWorker(a *actor, p *process) {
 		w.s.step(a)
 		ctx, cancel := w.callerCtx(a, p)
 		var token int64
-		res, err := p.store.Do(ctx, etcdstore.Key{ID: key}, params(key, false), func(ctx context.Context, c *etcdstore.Claim) ([]byte, error) {
+		res, err := p.keys.Do(ctx, etcdstore.Key{ID: key}, params(key, false), func(ctx context.Context, c *etcdstore.Claim) ([]byte, error) {
 			token = int64(c.Token())
 			w.log(event{kind: evGrant, key: key, token: token, attempt: c.Attempt(), proc: p.name, actor: a.name, tookOver: c.TookOver(), via: "bulk"})
 			defer w.log(event{kind: evHoldEnd, key: key, token: token, actor: a.name})

@@ -153,6 +153,19 @@ var expected = []string{
 	"state:in flight without a session",
 	"state:done",
 	"state:expired and claimed again",
+	"config:shards",
+	"path:shard added",
+	"path:shard retired",
+	"path:shard change taken back",
+	"path:shard file rolled back on a process",
+	"path:shard cut off",
+	"path:one shard snapshotted",
+	"path:key handed over (Moved)",
+	"path:key claimed on another shard",
+	"log:shard set installed",
+	"log:shard drained",
+	"log:the shard set asked for is not in force",
+	"path:liveness probe claimed a free key",
 }
 
 // compactBehind compacts the shared etcd every few seconds, up to the
@@ -294,7 +307,7 @@ func runSchedule(seed uint64) (st stats, led *ledger, err error) {
 	}
 	final := map[string]*etcdstore.Record{}
 	for _, key := range w.keys() {
-		if rec, err := w.decoder.Get(ctx, storeKey(key)); err == nil {
+		if rec, err := w.liveRecord(ctx, storeKey(key)); err == nil {
 			final[key] = rec
 		}
 	}
@@ -547,7 +560,7 @@ func (w *world) stuck() []string {
 	var bad []string
 	now := w.s.Now()
 	for _, key := range w.keys() {
-		rec, err := w.decoder.Get(ctx, storeKey(key))
+		rec, err := w.liveRecord(ctx, storeKey(key))
 		switch {
 		case errors.Is(err, etcdstore.ErrNotFound):
 		case err != nil:
@@ -622,7 +635,7 @@ func (w *world) account(st *stats, final map[string]*etcdstore.Record) {
 		m = m.Add(x)
 	}
 	for _, p := range w.procs {
-		m = m.Add(p.store.Metrics())
+		m = m.Add(p.keys.Metrics())
 	}
 	l := w.ledger
 	l.add("path:batch refused and split", int(m.Batch.Split))
@@ -703,7 +716,14 @@ func (w *world) nemesis(st *stats) error {
 		w.note("nemesis: every watch breaks")
 		return w.pump(true)
 	case 8, 9:
-		if w.cfg.epochs {
+		if w.cfg.shards && !p.dead && !p.closing {
+			if w.s.rng.IntN(2) == 0 {
+				return w.shardChange()
+			}
+			w.cutShard(p)
+			return nil
+		}
+		if w.cfg.epochs || w.cfg.shards {
 			return w.raiseEpoch(p)
 		}
 		return w.audit()
@@ -725,8 +745,12 @@ func (w *world) nemesis(st *stats) error {
 // endSession revokes p's session lease, as its expiry would after the
 // process was cut off: the process learns it at its next renewal.
 func (w *world) endSession(p *process) error {
-	o := p.store.Owner()
-	if o == "" || p.dead {
+	owners := w.ownersOf(p)
+	if len(owners) == 0 || p.dead {
+		return nil
+	}
+	o := owners[w.s.rng.IntN(len(owners))]
+	if o == "" {
 		return nil
 	}
 	w.mu.Lock()
@@ -755,7 +779,9 @@ func (w *world) endSession(p *process) error {
 // writes are lost, and its session lease expires a TTL after its last
 // renewal. A new incarnation takes its place.
 func (w *world) crash(p *process) error {
-	w.log(event{kind: evCrash, proc: p.name, owner: p.store.Owner()})
+	for _, o := range w.ownersOf(p) {
+		w.log(event{kind: evCrash, proc: p.name, owner: o})
+	}
 	p.dead = true
 	return w.retire(p)
 }
@@ -765,12 +791,14 @@ func (w *world) crash(p *process) error {
 // other actors run meanwhile. Once it has returned, the process is gone.
 func (w *world) shutdown(p *process) {
 	p.closing = true
-	w.log(event{kind: evClose, proc: p.name, owner: p.store.Owner()})
+	for _, o := range w.ownersOf(p) {
+		w.log(event{kind: evClose, proc: p.name, owner: o, task: w.shardOfOwner(p, o)})
+	}
 	if len(w.s.live(func(a *actor) bool { return a.proc == p && a.bg && isFinalWrite(a.name) })) > 0 {
 		w.ledger.hit("path:graceful close with a final write pending")
 	}
 	w.s.spawn(p.name+"/close", p, false, func(*actor) {
-		if err := p.store.Close(); err != nil {
+		if err := p.keys.Close(); err != nil {
 			w.note("%s: close: %v", p.name, err)
 		}
 	})
@@ -796,7 +824,11 @@ func (w *world) raiseEpoch(p *process) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	e, err := w.decoder.BumpEpoch(ctx, 1)
+	adm := w.decoder
+	if w.cfg.shards {
+		adm = w.admins()[shardNames[w.s.rng.IntN(len(shardNames))]]
+	}
+	e, err := adm.BumpEpoch(ctx, 1)
 	if err != nil {
 		return err
 	}
@@ -812,15 +844,27 @@ func (w *world) raiseEpoch(p *process) error {
 func (w *world) audit() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	adm, err := etcdstore.NewAdmin(w.admin, etcdstore.WithPrefix(w.prefix))
-	if err != nil {
-		return err
-	}
 	w.ledger.hit("path:audit")
-	_, err = adm.List(ctx, "", etcdstore.ListOptions{Limit: etcdstore.MaxListLimit})
-	if errors.Is(err, etcdstore.ErrCorrupt) {
-		w.log(event{kind: evUnreadable, body: err.Error()})
-		return nil
+	prefixes := []string{w.prefix}
+	if w.cfg.shards {
+		prefixes = nil
+		for _, n := range shardNames {
+			prefixes = append(prefixes, w.shardPrefix(n))
+		}
 	}
-	return err
+	for _, prefix := range prefixes {
+		adm, err := etcdstore.NewAdmin(w.admin, etcdstore.WithPrefix(prefix))
+		if err != nil {
+			return err
+		}
+		_, err = adm.List(ctx, "", etcdstore.ListOptions{Limit: etcdstore.MaxListLimit})
+		if errors.Is(err, etcdstore.ErrCorrupt) {
+			w.log(event{kind: evUnreadable, body: err.Error()})
+			continue
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }

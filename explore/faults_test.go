@@ -149,7 +149,15 @@ func (w *world) inject(p *process) grpc.UnaryClientInterceptor {
 			w.note("%s: call %s (ctx %v)", who2(a, p), name, context.Cause(ctx))
 		}
 		kind, fire := faultKind(-1), false
-		if p.outage > 0 {
+		if w.cutOff(p, req) {
+			// One shard cut off from the process: its calls to that
+			// shard fail or lose their reply.
+			kind, fire = fkFail, true
+			if w.rng.IntN(2) == 0 {
+				kind = fkLost
+			}
+		}
+		if !fire && p.outage > 0 {
 			// A connection outage: every call fails or loses its reply.
 			p.outage--
 			kind, fire = fkFail, true
@@ -295,7 +303,8 @@ func (w *world) observeCall(p *process, method string, req, reply any, err error
 		w.syncLast()
 		w.leaseGone(clientv3.LeaseID(r.ID), "revoked by "+p.name)
 	case *pb.PutRequest:
-		if owner, ok := strings.CutPrefix(string(r.Key), w.prefix+"o/"); ok && r.Lease != 0 {
+		rest, _ := w.storeRest(string(r.Key))
+		if owner, ok := strings.CutPrefix(rest, "o/"); ok && r.Lease != 0 {
 			w.mu.Lock()
 			if ls := w.leases[clientv3.LeaseID(r.Lease)]; ls != nil {
 				ls.owner = owner
@@ -315,6 +324,12 @@ func (w *world) trackLease(id clientv3.LeaseID, ttl time.Duration) {
 		}()
 	}
 	w.mu.Lock()
+	if w.leases == nil {
+		// The world is closed: a call that left before it answered now.
+		w.mu.Unlock()
+		cancel()
+		return
+	}
 	w.leases[id] = ls
 	w.mu.Unlock()
 	w.armLease(ls)

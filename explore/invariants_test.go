@@ -150,6 +150,7 @@ type version struct {
 	rev     int64
 	deleted bool
 	rec     *etcdstore.Record
+	shard   string // in a shard world, where it was written
 }
 
 // history returns every write of records under the schedule's prefix
@@ -165,31 +166,51 @@ func (w *world) history(ctx context.Context) (map[string][]version, error) {
 		return nil, err
 	}
 	out := make(map[string][]version)
-	records := w.prefix + "k/default/"
-	jobRecords := w.prefix + "k/" + jobTenant + "/"
-	dicts := w.prefix + "z/"
+	// In a shard world, a key's history is merged across the shards: the
+	// record it has is the one last written on the shard that holds it
+	// (Moved records say where it is not, and a delete on a shard that no
+	// longer holds it deletes nothing of the key's).
+	holder := map[string]string{}
 	for _, ev := range w.feed.since(w.start+1, end.Header.Revision) {
 		k := string(ev.Kv.Key)
-		if strings.HasPrefix(k, dicts) && ev.Type == mvccpb.DELETE && strings.Count(k[len(dicts):], "/") == 1 {
+		shardName, _, _ := w.shardOf(k)
+		rest, ok := w.storeRest(k)
+		if !ok {
+			continue
+		}
+		if d, ok := strings.CutPrefix(rest, "z/"); ok && ev.Type == mvccpb.DELETE && strings.Count(d, "/") == 1 {
 			w.ledger.hit("path:dictionary copy deleted with its lease")
 		}
-		id, ok := strings.CutPrefix(k, records)
+		id, ok := strings.CutPrefix(rest, "k/default/")
 		if !ok {
-			if id, ok = strings.CutPrefix(k, jobRecords); !ok {
+			if id, ok = strings.CutPrefix(rest, "k/"+jobTenant+"/"); !ok {
 				continue
 			}
 			id = jobKey(id)
 		}
-		v := version{rev: ev.Kv.ModRevision, deleted: ev.Type == mvccpb.DELETE}
+		v := version{rev: ev.Kv.ModRevision, deleted: ev.Type == mvccpb.DELETE, shard: shardName}
 		if !v.deleted {
-			rec, err := w.decoder.DecodeRecord(ev.Kv)
+			rec, err := w.decodeRecord(ev.Kv)
 			if err != nil {
 				return nil, fmt.Errorf("key %s at revision %d: %w", id, ev.Kv.ModRevision, err)
+			}
+			if rec.State == etcdstore.Moved {
+				w.ledger.hit("path:key handed over (Moved)")
+				if holder[id] == shardName {
+					holder[id] = "" // it left this shard: nobody holds a record of it
+				}
+				continue
 			}
 			v.rec = rec
 			if len(ev.Kv.Value) > 2 && ev.Kv.Value[0] == 3 && ev.Kv.Value[2] != 0 {
 				w.ledger.hit("path:record compressed against a dictionary")
 			}
+			if h, ok := holder[id]; ok && h != shardName {
+				w.ledger.hit("path:key claimed on another shard")
+			}
+			holder[id] = shardName
+		} else if h, ok := holder[id]; w.cfg.shards && (!ok || h != shardName) {
+			continue // a Moved record's end, or a record of a shard that no longer holds the key
 		}
 		out[id] = append(out[id], v)
 	}
@@ -217,12 +238,12 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 		for _, v := range hist[key] {
 			at, _ := w.timeOf(v.rev)
 			if v.rec == nil {
-				fmt.Printf("hist %s rev %d at %s deleted\n", key, v.rev, at.Format("01-02 15:04:05.000"))
+				fmt.Printf("hist %s rev %d at %s deleted (shard %q)\n", key, v.rev, at.Format("01-02 15:04:05.000"), v.shard)
 				continue
 			}
 			r := v.rec
-			fmt.Printf("hist %s rev %d at %s token %d %v owner %q deadline %s expires %s checkpoint %q fence %v\n", key, v.rev, at.Format("01-02 15:04:05.000"),
-				r.Token, r.State, r.Owner, r.Deadline.Format("01-02 15:04:05.000"), r.Expires.Format("01-02 15:04:05.000"), r.Checkpoint, r.Fence)
+			fmt.Printf("hist %s rev %d at %s token %d %v owner %q deadline %s expires %s checkpoint %q fence %v shard %q\n", key, v.rev, at.Format("01-02 15:04:05.000"),
+				r.Token, r.State, r.Owner, r.Deadline.Format("01-02 15:04:05.000"), r.Expires.Format("01-02 15:04:05.000"), r.Checkpoint, r.Fence, v.shard)
 		}
 	}
 	rolledBack := map[string]bool{}
@@ -609,6 +630,9 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 			}
 			at := c.at
 			for task, p := range started {
+				if c.task != "" && !strings.HasSuffix(task, " on shard "+c.task) {
+					continue // another shard's store, closed after this one
+				}
 				if p == proc {
 					fail("%s revoked its session at %d, %v into its close, with a final write still pending: %s", proc, e.seq, e.at.Sub(at), task)
 				}

@@ -172,6 +172,9 @@ func (w *world) jobWorker(a *actor, p *process) {
 // actor of the first process: once faults stop, a job always ends. It
 // reports what did not.
 func (w *world) drainJobs(a *actor) []string {
+	if w.cfg.shards {
+		return nil // no jobs in a shard world
+	}
 	var bad []string
 	p := w.procs[0]
 	q, err := jobs.New(p.store)

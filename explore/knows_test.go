@@ -182,6 +182,8 @@ func (w *world) checkKnown(hist map[string][]version, claims func(key string, to
 					break
 				}
 			}
+		case e.kind == evProbe && e.body == "unreachable":
+			fail("liveness: once faults stopped, %s", e.err)
 		case e.kind == evProbe && e.err != "":
 			fail("liveness: %s is free by the rules (%s), and a claim of it was refused: %s", e.key, e.body, e.err)
 		}
@@ -195,13 +197,16 @@ func (w *world) checkKnown(hist map[string][]version, claims func(key string, to
 // the world settled.
 func (w *world) probe(a *actor, p *process) {
 	ctx := a.ctx
+	for _, bad := range w.keysReachable(a) {
+		w.log(event{kind: evProbe, body: "unreachable", err: bad})
+	}
 	live := w.liveOwners()
 	for _, key := range w.keys() {
 		if strings.HasPrefix(key, jobTenant+"/") {
 			continue // jobs have their own drain
 		}
 		rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		rec, err := w.decoder.Get(rctx, storeKey(key))
+		rec, err := w.liveRecord(rctx, storeKey(key))
 		cancel()
 		if err != nil || rec.State != etcdstore.InFlight {
 			continue
@@ -220,7 +225,7 @@ func (w *world) probe(a *actor, p *process) {
 		}
 		var c *etcdstore.Claim
 		for try := 0; try < 30; try++ {
-			c, _, err = p.store.Claim(ctx, storeKey(key), rec.Fingerprint, etcdstore.WithAttempt(w.nextAttempt()))
+			c, _, err = p.keys.Claim(ctx, storeKey(key), rec.Fingerprint, etcdstore.WithAttempt(w.nextAttempt()))
 			if err == nil || !errors.Is(err, etcdstore.ErrUnavailable) {
 				break
 			}

@@ -23,6 +23,9 @@ type restore struct {
 	kvs      []*mvccpb.KeyValue
 	leases   map[clientv3.LeaseID]time.Duration // the leases the keys were on, and their TTLs then
 	done     bool
+	// scope is the prefix snapshotted and restored: the world's, or, in
+	// a shard world, now and then one shard's (one cluster of the set).
+	scope string
 }
 
 // snapshotOrRestore takes a snapshot of the world's prefix, or restores
@@ -49,16 +52,25 @@ func (w *world) snapshotOrRestore() error {
 		w.mu.Lock()
 		rev := w.lastWrite
 		w.mu.Unlock()
-		resp, err := w.admin.Get(ctx, w.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev))
+		scope := w.prefix
+		if w.cfg.shards && w.s.rng.IntN(2) == 0 {
+			scope = w.shardPrefix(shardNames[w.s.rng.IntN(len(shardNames))])
+			w.ledger.hit("path:one shard snapshotted")
+		}
+		resp, err := w.admin.Get(ctx, scope, clientv3.WithPrefix(), clientv3.WithRev(rev))
 		if err != nil {
 			return err
 		}
-		// The jobs' effects are in the same etcd: they come back as they were too.
-		effects, err := w.admin.Get(ctx, w.effectsPrefix(), clientv3.WithPrefix(), clientv3.WithRev(rev))
-		if err != nil {
-			return err
+		kvs := resp.Kvs
+		if scope == w.prefix {
+			// The jobs' effects are in the same etcd: they come back as they were too.
+			effects, err := w.admin.Get(ctx, w.effectsPrefix(), clientv3.WithPrefix(), clientv3.WithRev(rev))
+			if err != nil {
+				return err
+			}
+			kvs = append(kvs, effects.Kvs...)
 		}
-		r := restore{rev: rev, at: w.s.Now(), kvs: append(resp.Kvs, effects.Kvs...), leases: map[clientv3.LeaseID]time.Duration{}}
+		r := restore{rev: rev, at: w.s.Now(), kvs: kvs, leases: map[clientv3.LeaseID]time.Duration{}, scope: scope}
 		w.mu.Lock()
 		for _, kv := range resp.Kvs {
 			if ls := w.leases[clientv3.LeaseID(kv.Lease)]; kv.Lease != 0 && ls != nil {
@@ -77,10 +89,12 @@ func (w *world) snapshotOrRestore() error {
 	w.mu.Unlock()
 	for _, p := range w.procs {
 		if !p.dead {
-			w.log(event{kind: evCrash, proc: p.name, owner: p.store.Owner(), body: "stopped for the restore"})
+			for _, o := range w.ownersOf(p) {
+				w.log(event{kind: evCrash, proc: p.name, owner: o, body: "stopped for the restore"})
+			}
 			p.dead = true
 			w.mu.Lock()
-			w.metrics = append(w.metrics, p.store.Metrics())
+			w.metrics = append(w.metrics, p.keys.Metrics())
 			w.mu.Unlock()
 			if err := w.killActors(p); err != nil {
 				return err
@@ -90,12 +104,23 @@ func (w *world) snapshotOrRestore() error {
 		}
 	}
 	// Leases: those of the snapshot come back (a gone one as a new lease
-	// with the TTL it had), the others are gone.
+	// with the TTL it had), the others of the cluster are gone (with one
+	// shard restored, those that keys of that shard are on).
 	mapped := map[clientv3.LeaseID]clientv3.LeaseID{}
+	ours := map[clientv3.LeaseID]bool{}
+	if r.scope != w.prefix {
+		now, err := w.admin.Get(ctx, r.scope, clientv3.WithPrefix())
+		if err != nil {
+			return err
+		}
+		for _, kv := range now.Kvs {
+			ours[clientv3.LeaseID(kv.Lease)] = true
+		}
+	}
 	w.mu.Lock()
 	var gone []clientv3.LeaseID
 	for id := range w.leases {
-		if _, ok := r.leases[id]; !ok {
+		if _, ok := r.leases[id]; !ok && (r.scope == w.prefix || ours[id]) {
 			gone = append(gone, id)
 		}
 	}
@@ -128,7 +153,11 @@ func (w *world) snapshotOrRestore() error {
 		snap[string(kv.Key)] = kv
 	}
 	unchanged := map[string]bool{}
-	for _, prefix := range []string{w.prefix, w.effectsPrefix()} {
+	scopes := []string{r.scope}
+	if r.scope == w.prefix {
+		scopes = append(scopes, w.effectsPrefix())
+	}
+	for _, prefix := range scopes {
 		now, err := w.admin.Get(ctx, prefix, clientv3.WithPrefix())
 		if err != nil {
 			return err
@@ -150,7 +179,7 @@ func (w *world) snapshotOrRestore() error {
 			continue
 		}
 		val := string(kv.Value)
-		if strings.HasPrefix(string(kv.Key), w.prefix+"l/") {
+		if rest, _ := w.storeRest(string(kv.Key)); strings.HasPrefix(rest, "l/") {
 			// A bucket key names its lease.
 			if old, err := strconv.ParseInt(val, 16, 64); err == nil {
 				if n, ok := mapped[clientv3.LeaseID(old)]; ok {
@@ -165,7 +194,8 @@ func (w *world) snapshotOrRestore() error {
 				continue // its lease was not tracked: it expired before the snapshot
 			}
 			opts = append(opts, clientv3.WithLease(n))
-			if owner, ok := strings.CutPrefix(string(kv.Key), w.prefix+"o/"); ok {
+			rest, _ := w.storeRest(string(kv.Key))
+			if owner, ok := strings.CutPrefix(rest, "o/"); ok {
 				owners[n] = owner
 			}
 		}
@@ -180,7 +210,7 @@ func (w *world) snapshotOrRestore() error {
 		}
 	}
 	w.mu.Unlock()
-	e, err := w.decoder.BumpEpoch(ctx, etcdstore.DefaultRestoreEpochBump)
+	e, err := w.bumpRestored(ctx, r.scope)
 	if err != nil {
 		return err
 	}
@@ -189,7 +219,7 @@ func (w *world) snapshotOrRestore() error {
 	r.to, r.done = w.lastWrite, true
 	w.mu.Unlock()
 	w.ledger.hit("path:restore")
-	w.log(event{kind: evRestore, body: fmt.Sprintf("to revision %d, epoch now %d", r.rev, e)})
+	w.log(event{kind: evRestore, body: fmt.Sprintf("%s to revision %d, epoch now %d", strings.TrimPrefix(r.scope, w.prefix), r.rev, e)})
 	for i, p := range w.procs {
 		n, err := w.newProcess(p.slot, p.gen+1)
 		if err != nil {
@@ -198,4 +228,36 @@ func (w *world) snapshotOrRestore() error {
 		w.procs[i] = n
 	}
 	return nil
+}
+
+// bumpRestored raises the epoch of what scope restored as idem serve (or
+// idem snapshot bump-epoch) does after a restore: by 1024 without shards;
+// in a shard world, each restored shard's to 1024 above the greatest epoch
+// of the set, as it stands (a key may have moved onto the restored shard
+// from one of a greater epoch since the snapshot).
+func (w *world) bumpRestored(ctx context.Context, scope string) (int64, error) {
+	if !w.cfg.shards {
+		return w.decoder.BumpEpoch(ctx, etcdstore.DefaultRestoreEpochBump)
+	}
+	epochs := map[string]int64{}
+	high := int64(0)
+	for n, adm := range w.admins() {
+		e, err := adm.BumpEpoch(ctx, 1) // the smallest raise reads it too
+		if err != nil {
+			return 0, err
+		}
+		epochs[n], high = e, max(high, e)
+	}
+	var last int64
+	for n, adm := range w.admins() {
+		if scope != w.prefix && scope != w.shardPrefix(n) {
+			continue
+		}
+		e, err := adm.BumpEpoch(ctx, high+etcdstore.DefaultRestoreEpochBump-epochs[n])
+		if err != nil {
+			return 0, err
+		}
+		last = e
+	}
+	return last, nil
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/idem-dev/idem/fencing"
 	"github.com/idem-dev/idem/idemgrpc"
 	"github.com/idem-dev/idem/idemhttp"
+	"github.com/idem-dev/idem/shard"
 )
 
 // The etcd every schedule runs on: one member, shared; each schedule has
@@ -70,6 +71,7 @@ type config struct {
 	skew      []time.Duration
 	epochs    bool
 	restores  bool // the nemesis may snapshot and restore the prefix
+	shards    bool // a shard world: a shard set over sub-prefixes, its placement changed by the nemesis
 }
 
 var worlds atomic.Int64
@@ -110,8 +112,12 @@ type world struct {
 
 	observers sync.WaitGroup
 
-	feed     *feed     // every event of the world's prefix: the watches' source and the history
-	restores []restore // the nemesis's snapshots and restores
+	feed     *feed       // every event of the world's prefix: the watches' source and the history
+	restores []restore   // the nemesis's snapshots and restores
+	plans    []plan      // a shard world's shard files, in the order the nemesis wrote them
+	slotPlan map[int]int // the shard file each process slot runs with
+
+	shardDecoders map[string]*etcdstore.Admin // per shard, for the history
 }
 
 // process is one idem process incarnation: an etcd client with the fault
@@ -122,7 +128,12 @@ type process struct {
 	cli       *clientv3.Client
 	watcher   *simWatcher
 	clock     *simClock
-	store     *etcdstore.Store
+	store     *etcdstore.Store // nil in a shard world
+	keys      keyStore         // what actors use: store, or set
+	set       *shard.Store     // in a shard world: the process's shard set
+	plan      int              // in a shard world: the shard file it was started with (w.plans)
+	cut       string           // in a shard world: a shard cut off from the process
+	cutCalls  int              // for this many more of its keyed calls
 	retention time.Duration
 	proxy     http.Handler
 	unary     grpc.UnaryServerInterceptor // idemgrpc's, on the process's store
@@ -140,6 +151,8 @@ func newWorld(seed uint64) (*world, error) {
 		prefix: fmt.Sprintf("/explore/%d-%d/", seed, worlds.Add(1)), // a replay of the seed may run meanwhile
 		ledger: newLedger(),
 		leases: make(map[clientv3.LeaseID]*leaseState),
+
+		shardDecoders: map[string]*etcdstore.Admin{},
 	}
 	w.faults = faults{
 		activation: []float64{0, 0.1, 0.25, 0.25, 0.5}[w.rng.IntN(5)],
@@ -199,6 +212,9 @@ func (w *world) pickConfig() {
 	}
 	w.cfg.epochs = w.rng.IntN(4) == 0
 	w.cfg.restores = w.rng.IntN(8) == 0
+	if w.cfg.shards = w.rng.IntN(4) == 0; w.cfg.shards {
+		w.pickShards()
+	}
 	if mixed {
 		w.ledger.hit("config:mixed retentions")
 	}
@@ -236,18 +252,27 @@ func (w *world) newProcess(slot, gen int) (*process, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, err := etcdstore.New(ctx, cli, opts...)
+	if w.cfg.shards {
+		set, err := w.newShardSet(ctx, p, opts)
+		if err != nil {
+			cli.Close()
+			return nil, err
+		}
+		p.set, p.keys = set, set
+	} else {
+		st, err := etcdstore.New(ctx, cli, opts...)
+		if err != nil {
+			cli.Close()
+			return nil, err
+		}
+		p.store, p.keys = st, st
+	}
+	p.owner = p.keys.Owner()
+	mw, err := idemhttp.New(idemhttp.Config{Store: p.keys, OnUnknownOutcome: etcdstore.EndSave, Logger: slog.New(&ledgerLog{w: w, p: p})})
 	if err != nil {
-		cli.Close()
 		return nil, err
 	}
-	p.store = st
-	p.owner = st.Owner()
-	mw, err := idemhttp.New(idemhttp.Config{Store: st, OnUnknownOutcome: etcdstore.EndSave, Logger: slog.New(&ledgerLog{w: w, p: p})})
-	if err != nil {
-		return nil, err
-	}
-	icp, err := idemgrpc.New(idemgrpc.Config{Store: st})
+	icp, err := idemgrpc.New(idemgrpc.Config{Store: p.keys})
 	if err != nil {
 		return nil, err
 	}
@@ -451,7 +476,7 @@ func (w *world) killActors(p *process) error {
 // incarnation.
 func (w *world) retire(p *process) error {
 	w.mu.Lock()
-	w.metrics = append(w.metrics, p.store.Metrics())
+	w.metrics = append(w.metrics, p.keys.Metrics())
 	w.mu.Unlock()
 	if err := w.killActors(p); err != nil {
 		return err
@@ -470,7 +495,7 @@ func (w *world) retire(p *process) error {
 // explorer did not end it).
 func (w *world) observeSessions() {
 	for _, p := range w.procs {
-		if o := p.store.Owner(); o != p.owner {
+		if o := p.keys.Owner(); o != p.owner {
 			p.owner = o
 		}
 	}

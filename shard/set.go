@@ -19,6 +19,12 @@ type Set struct {
 	Generation int64      `json:"generation"`
 	Placement  Placement  `json:"placement"`
 	Previous   *Placement `json:"previous,omitempty"`
+	// Floor is an epoch every shard's is raised above before it claims
+	// under this set: the greatest epoch of the shards when it was
+	// installed. A key whose record ended on one shard and that is
+	// claimed again, sets later, on another (never handed over: nobody
+	// asked for it meanwhile) so still gets greater tokens.
+	Floor int64 `json:"floor,omitempty"`
 }
 
 // drainedValue is the name of the Value in which a shard says it was
@@ -167,6 +173,7 @@ func (s *Store) install(ctx context.Context, want Set) (Set, error) {
 		cur, known := s.current()
 		target := want
 		arb := want.arbiter()
+		names := want.names()
 		if known {
 			if cur.Generation >= want.Generation {
 				return cur, nil
@@ -175,7 +182,25 @@ func (s *Store) install(ctx context.Context, want Set) (Set, error) {
 			if target, err = cur.next(want.Generation, want.Placement, func(n string) (bool, error) { return s.drainedFor(ctx, n, cur.Generation) }); err != nil {
 				return cur, err
 			}
-			arb = cur.arbiter()
+			arb, names = cur.arbiter(), cur.names()
+			target.Floor = cur.Floor
+		}
+		// The floor: the greatest epoch of the shards the set in force
+		// (or, first, this one) names.
+		for _, n := range names {
+			st := s.store(n)
+			if st == nil && !known {
+				// The first set: keys stay where it puts them until a
+				// change, whose floor reads every shard.
+				continue
+			}
+			if st == nil {
+				return cur, fmt.Errorf("%w: shard %s does not answer, and its epoch is needed for the change", errPending, n)
+			}
+			if _, err := st.LoadShardSet(ctx); err != nil {
+				return cur, fmt.Errorf("shard %s: %w", n, err)
+			}
+			target.Floor = max(target.Floor, st.Epoch())
 		}
 		st := s.store(arb)
 		if st == nil {
@@ -231,6 +256,11 @@ func (s *Store) ensure(ctx context.Context, name string, set Set) error {
 			}
 			switch {
 			case there.same(set):
+				if st.Epoch() <= set.Floor {
+					if _, err := st.RaiseEpoch(ctx, set.Floor); err != nil {
+						return fmt.Errorf("shard %s: %w", name, err)
+					}
+				}
 				return nil
 			case there.Generation > set.Generation:
 				s.adopt(there)
