@@ -26,8 +26,9 @@ const (
 	DefaultMaxWait         = 60 * time.Second
 )
 
-// headerRoom is the part of a record kept for a response's headers.
-const headerRoom = 64 << 10
+// headerRoom is the part of a record of size max kept for a response's
+// headers: 64 KiB, or a quarter of a smaller record.
+func headerRoom(max int) int { return min(64<<10, max/4) }
 
 // Config configures a Middleware. Store is required; every other field has a
 // default.
@@ -128,12 +129,13 @@ func New(cfg Config) (*Middleware, error) {
 	if cfg.MaxRequestBody <= 0 {
 		cfg.MaxRequestBody = DefaultMaxRequestBody
 	}
+	room := cfg.Store.MaxRecordSize() - headerRoom(cfg.Store.MaxRecordSize())
 	if cfg.MaxResponseBody <= 0 {
-		cfg.MaxResponseBody = min(DefaultMaxResponseBody, cfg.Store.MaxRecordSize()-headerRoom)
+		cfg.MaxResponseBody = min(DefaultMaxResponseBody, room)
 	}
-	if cfg.MaxResponseBody > cfg.Store.MaxRecordSize()-headerRoom {
+	if cfg.MaxResponseBody > room {
 		return nil, fmt.Errorf("idemhttp: MaxResponseBody %d leaves no room for headers in the store's %d-byte records (at most %d)",
-			cfg.MaxResponseBody, cfg.Store.MaxRecordSize(), cfg.Store.MaxRecordSize()-headerRoom)
+			cfg.MaxResponseBody, cfg.Store.MaxRecordSize(), room)
 	}
 	if cfg.MaxWait <= 0 {
 		cfg.MaxWait = DefaultMaxWait

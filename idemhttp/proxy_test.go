@@ -557,3 +557,22 @@ func TestNewRefusesResponseCapOverTheStoreLimit(t *testing.T) {
 		t.Fatal("a 2 MiB response cap over a 1 MiB store limit was accepted")
 	}
 }
+
+// A store whose records are smaller than the 64 KiB kept for headers in a
+// 1 MiB one (etcdstore.WithMaxRecordSize(4096)) still saves and replays a
+// response that fits: the room kept for headers is a quarter of such a
+// record. (Until 0.5 the limit came out negative, and every response was
+// "too large to replay". Found by the explorer's worlds of small records.)
+func TestSmallRecordsStillReplay(t *testing.T) {
+	up := newUpstream(t)
+	store := newStore(t, "", etcdstore.WithMaxRecordSize(4096))
+	front := newFront(t, Config{Store: store}, up, ProxyOptions{})
+	first := do(t, "POST", front.URL+"/big?n=1500", "k", `{}`)
+	again := do(t, "POST", front.URL+"/big?n=1500", "k", `{}`)
+	if first.status != 200 || again.status != 200 || again.body != first.body || again.header.Get(HeaderReplayed) != "true" {
+		t.Fatalf("first %d, replay %d %q; want the 1,500-byte response replayed", first.status, again.status, again.body[:min(80, len(again.body))])
+	}
+	if _, err := New(Config{Store: store, MaxResponseBody: 4000}); err == nil {
+		t.Fatal("a MaxResponseBody that leaves no room for headers in 4 KiB records was accepted")
+	}
+}
