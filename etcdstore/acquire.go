@@ -152,7 +152,7 @@ func (s *Store) decide(ctx context.Context, c *Claim, sess *lease.Session, cfg *
 		if s.epochs {
 			rec.Epoch = epoch
 			var guards []cond
-			guards, setRev = s.guards(epoch)
+			guards, setRev = s.guards(epoch, cfg.setRev)
 			cmps = append(cmps, guards...)
 		}
 		res, err := s.writeRecord(ctx, c.key, checkOwner, cmps, rec, 0)

@@ -72,7 +72,7 @@ func (s *Store) Enqueue(ctx context.Context, key Key, fp Fingerprint, data []byt
 		if s.epochs {
 			rec.Epoch = epoch
 			var guards []cond
-			guards, setRev = s.guards(epoch)
+			guards, setRev = s.guards(epoch, 0)
 			cmps = append(cmps, guards...)
 		}
 		res, err := s.writeRecord(ctx, key, "", cmps, rec, 0)

@@ -71,8 +71,11 @@ func (s *Store) setCond(rev int64) cond {
 
 // guards are the compares of a claim, enqueue or move of a shard: its
 // epoch and its shard set, as last seen.
-func (s *Store) guards(epoch int64) ([]cond, int64) {
-	rev := s.ShardSet().Revision
+func (s *Store) guards(epoch, setRev int64) ([]cond, int64) {
+	rev := setRev
+	if rev == 0 {
+		rev = s.ShardSet().Revision
+	}
 	return []cond{s.epochCond(epoch), s.setCond(rev)}, rev
 }
 
@@ -182,12 +185,19 @@ func (s *Store) RaiseEpoch(ctx context.Context, above int64) (int64, error) {
 // refuses to claim it. A Moved record naming to is returned as it is; one
 // naming another shard (written under an older shard set) is replaced. The
 // write is guarded by the shard's epoch and shard set (ShardSetValue):
-// ErrSetChanged says the set changed since this store read it.
+// ErrSetChanged says the set changed since this store read it (or since
+// the revision UnderShardSet names).
 // The returned record says which: State Moved (go to MovedTo; its Epoch is
 // this shard's at the move), or a live record of this shard.
-func (s *Store) Forward(ctx context.Context, key Key, to string) (*Record, error) {
+func (s *Store) Forward(ctx context.Context, key Key, to string, opts ...ClaimOption) (*Record, error) {
 	if err := key.Validate(); err != nil {
 		return nil, fmt.Errorf("forward: %w", err)
+	}
+	var cfg claimConfig
+	for _, o := range opts {
+		if err := o.applyRun(&cfg); err != nil {
+			return nil, fmt.Errorf("forward %s: %w", key, err)
+		}
 	}
 	if to == "" {
 		return nil, fmt.Errorf("forward %s: %w: no shard named", key, ErrInvalidArgument)
@@ -221,7 +231,7 @@ func (s *Store) Forward(ctx context.Context, key Key, to string) (*Record, error
 		}
 		e := s.epoch.Load()
 		rec := &Record{State: Moved, MovedTo: to, Epoch: e, Created: now, Expires: now.Add(s.retention)}
-		guards, setRev := s.guards(e)
+		guards, setRev := s.guards(e, cfg.setRev)
 		res, err := s.writeRecord(ctx, key, "", append(cmps, guards...), rec, 0)
 		if err != nil {
 			if errors.Is(err, ErrCorrupt) || !retryable(ctx, err) || !s.backoff(ctx, try) {

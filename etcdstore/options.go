@@ -378,9 +378,25 @@ type claimConfig struct {
 	wait      bool
 	onError   End
 	noSession bool
-	fence     bool // write the claim abandoned (reap)
-	existing  bool // WithoutCreate
-	overMoved bool // ReplaceMoved
+	fence     bool  // write the claim abandoned (reap)
+	existing  bool  // WithoutCreate
+	overMoved bool  // ReplaceMoved
+	setRev    int64 // UnderShardSet (0: the store's own)
+}
+
+// UnderShardSet guards a claim (or Forward) with the shard set recorded at
+// revision rev (ShardSetValue, as ShardSet returned it), instead of the one
+// the store last read: package shard routes a key by a set, and the claim
+// must be refused if that is no longer the set in force, even when the
+// store has learnt of a newer one meanwhile.
+func UnderShardSet(rev int64) ClaimOption {
+	return claimOption(func(c *claimConfig) error {
+		if rev <= 0 {
+			return fmt.Errorf("%w: shard set revision %d", ErrInvalidArgument, rev)
+		}
+		c.setRev = rev
+		return nil
+	})
 }
 
 // WithoutCreate makes a claim take only a key that has a live record in

@@ -34,7 +34,7 @@ func (s *Store) drain(ctx context.Context) {
 
 // drainOne looks at shard name once, and marks it drained when it is.
 func (s *Store) drainOne(ctx context.Context, name string, set Set) error {
-	if err := s.ensure(ctx, name, set); err != nil {
+	if _, err := s.ensure(ctx, name, set); err != nil {
 		return err
 	}
 	st := s.store(name)

@@ -45,21 +45,24 @@ func (s *Store) route(ctx context.Context, key etcdstore.Key) (target, error) {
 		if m, ok := s.markOf(old); ok && m.Generation == set.Generation {
 			above = m.Epoch
 		} else {
-			if err := s.ensure(ctx, old, set); err != nil {
+			rev, err := s.ensure(ctx, old, set)
+			if err != nil {
 				return target{}, err
 			}
-			rec, err := s.store(old).Forward(ctx, key, home)
+			under := etcdstore.UnderShardSet(rev)
+			rec, err := s.store(old).Forward(ctx, key, home, under)
 			if err != nil {
 				return target{}, fmt.Errorf("hand %s over from shard %s: %w", key, old, err)
 			}
 			if rec.State != etcdstore.Moved {
 				// It lives there: claimed under the previous placement.
-				return target{name: old, st: s.store(old), old: true, opts: []etcdstore.ClaimOption{etcdstore.WithoutCreate()}}, nil
+				return target{name: old, st: s.store(old), old: true, opts: []etcdstore.ClaimOption{under, etcdstore.WithoutCreate()}}, nil
 			}
 			above = rec.Epoch
 		}
 	}
-	if err := s.ensure(ctx, home, set); err != nil {
+	rev, err := s.ensure(ctx, home, set)
+	if err != nil {
 		return target{}, err
 	}
 	st := s.store(home)
@@ -68,7 +71,7 @@ func (s *Store) route(ctx context.Context, key etcdstore.Key) (target, error) {
 			return target{}, fmt.Errorf("shard %s: %w", home, err)
 		}
 	}
-	return target{name: home, st: st, opts: []etcdstore.ClaimOption{etcdstore.ReplaceMoved()}}, nil
+	return target{name: home, st: st, opts: []etcdstore.ClaimOption{etcdstore.UnderShardSet(rev), etcdstore.ReplaceMoved()}}, nil
 }
 
 // do runs op on the shard that may claim key, routing again when the set

@@ -241,39 +241,42 @@ func (s *Store) install(ctx context.Context, want Set) (Set, error) {
 // ensure makes shard name hold set before a guarded write there: a shard
 // still on an older set is given this one (a compare-and-set, so that
 // processes of that older set are refused there from then on); one on a
-// newer set makes this process adopt it (ErrSetChanged: route again).
-func (s *Store) ensure(ctx context.Context, name string, set Set) error {
+// newer set makes this process adopt it (ErrSetChanged: route again). It
+// returns the revision of set's record on the shard, for the guarded
+// write to compare (etcdstore.UnderShardSet): the store may learn of a
+// newer set meanwhile, and the write must then be refused.
+func (s *Store) ensure(ctx context.Context, name string, set Set) (int64, error) {
 	st := s.store(name)
 	if st == nil {
-		return s.unreachable(name)
+		return 0, s.unreachable(name)
 	}
 	for try := 0; try < 8; try++ {
 		v := st.ShardSet()
 		if v.Revision != 0 {
 			there, err := decodeSet(v.Value)
 			if err != nil {
-				return fmt.Errorf("shard %s: %w", name, err)
+				return 0, fmt.Errorf("shard %s: %w", name, err)
 			}
 			switch {
 			case there.same(set):
 				if st.Epoch() <= set.Floor {
 					if _, err := st.RaiseEpoch(ctx, set.Floor); err != nil {
-						return fmt.Errorf("shard %s: %w", name, err)
+						return 0, fmt.Errorf("shard %s: %w", name, err)
 					}
 				}
-				return nil
+				return v.Revision, nil
 			case there.Generation > set.Generation:
 				s.adopt(there)
-				return fmt.Errorf("shard %s: %w", name, etcdstore.ErrSetChanged)
+				return 0, fmt.Errorf("shard %s: %w", name, etcdstore.ErrSetChanged)
 			case there.Generation == set.Generation:
-				return fmt.Errorf("shard %s: %w: two shard sets of generation %d", name, etcdstore.ErrUnavailable, set.Generation)
+				return 0, fmt.Errorf("shard %s: %w: two shard sets of generation %d", name, etcdstore.ErrUnavailable, set.Generation)
 			}
 		}
 		if _, _, err := st.SetValue(ctx, etcdstore.ShardSetValue, set.encode(), v.Revision); err != nil {
-			return fmt.Errorf("shard %s: %w", name, err)
+			return 0, fmt.Errorf("shard %s: %w", name, err)
 		}
 	}
-	return fmt.Errorf("shard %s: %w: its shard set kept changing", name, etcdstore.ErrUnavailable)
+	return 0, fmt.Errorf("shard %s: %w: its shard set kept changing", name, etcdstore.ErrUnavailable)
 }
 
 // drainedFor reports whether shard name was drained for generation gen:
