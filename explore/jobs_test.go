@@ -1,6 +1,7 @@
 package explore
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -44,6 +45,11 @@ type jobsConfig struct {
 	policy   jobs.OnError  // what step 2's failure means
 	deadline time.Duration // the kind's attempt deadline, or 0
 	maxTries int
+	// tight: records are held to 4 KiB (etcdstore.WithMaxRecordSize), and
+	// the last step commits an effect too, with an output of a size that
+	// may or may not leave room for the job's end.
+	tight bool
+	size  int // the last step's output, in a tight world
 }
 
 func (w *world) pickJobs() {
@@ -51,6 +57,8 @@ func (w *world) pickJobs() {
 		failRate: []float64{0, 0.15, 0.35}[w.rng.IntN(3)],
 		policy:   []jobs.OnError{jobs.Retry, jobs.Retry, jobs.Fail, jobs.Compensate}[w.rng.IntN(4)],
 		maxTries: 2 + w.rng.IntN(3),
+		tight:    w.rng.IntN(4) == 0,
+		size:     2200 + w.rng.IntN(1000),
 	}
 	if w.rng.IntN(3) == 0 {
 		w.jobs.deadline = time.Duration(5+w.rng.IntN(20)) * time.Second
@@ -103,12 +111,25 @@ func (w *world) jobKind(a *actor) jobs.Kind {
 				proc = a.proc.name
 			}
 			w.log(event{kind: evEffect, key: key, step: n, token: int64(r.Token()), accepted: accepted, actor: name, via: via, proc: proc, heeds: !deaf && proc != ""})
-			return []byte(fmt.Sprintf("%s step %d by %d", key, n, r.Token())), nil
+			out := []byte(fmt.Sprintf("%s step %d by %d", key, n, r.Token()))
+			if n == 3 && w.jobs.tight {
+				out = append(out, bytes.Repeat([]byte{'.'}, w.jobs.size)...)
+			}
+			return out, nil
 		}
 	}
 	atSink := func(n int) func(r *jobs.Run) (bool, bool) {
 		return func(r *jobs.Run) (bool, bool) {
 			return w.sink.apply(jobKey(r.Key().ID), n, int64(r.Token()), name), false
+		}
+	}
+	// The last step acts at the sink; in a tight world it also commits an
+	// effect, and its output fills most of the record (see jobsConfig).
+	last := atSink(3)
+	if w.jobs.tight {
+		last = func(r *jobs.Run) (bool, bool) {
+			r.Commit(clientv3.OpPut(w.effectKey(r.Key().ID, "s3"), fmt.Sprint(r.Token())))
+			return w.sink.apply(jobKey(r.Key().ID), 3, int64(r.Token()), name), true
 		}
 	}
 	committed := func(r *jobs.Run) (bool, bool) {
@@ -130,7 +151,7 @@ func (w *world) jobKind(a *actor) jobs.Kind {
 				return nil
 			}},
 			{Name: "s2", Run: step(2, committed), OnError: w.jobs.policy},
-			{Name: "s3", Run: step(3, atSink(3))},
+			{Name: "s3", Run: step(3, last)},
 		},
 	}
 }
@@ -301,6 +322,7 @@ func (w *world) checkJobs(hist map[string][]version, final map[string]*etcdstore
 			done func(*jobs.Job) bool
 		}{
 			{"s2", func(j *jobs.Job) bool { return stepOf(j, "s2").Finished }},
+			{"s3", func(j *jobs.Job) bool { return w.jobs.tight && stepOf(j, "s3").Finished }},
 			{"undo-s1", func(j *jobs.Job) bool { return stepOf(j, "s1").Compensated }},
 		} {
 			resp, err := w.admin.Get(ctx, w.effectKey(id, c.what))

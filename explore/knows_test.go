@@ -84,7 +84,10 @@ func (w *world) checkKnown(hist map[string][]version, claims func(key string, to
 					}
 					var token int64
 					fmt.Sscan(strings.TrimPrefix(task, k), &token)
-					if inTime[fmt.Sprintf("%s %d", e.key, token)] {
+					// Only a takeover of that very claim's record: one that
+					// another process took over already fenced the pending
+					// outcome out, and taking that one over is its right.
+					if inTime[fmt.Sprintf("%s %d", e.key, token)] && replacedToken(hist[e.key], e.token) == token {
 						fail("%s: %s took the key over (token %d) at %d while the same process still held its outcome, pending: %s", e.key, e.proc, e.token, e.seq, task)
 					}
 				}
@@ -208,6 +211,12 @@ func (w *world) probe(a *actor, p *process) {
 		rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		rec, err := w.liveRecord(rctx, storeKey(key))
 		cancel()
+		if errors.Is(err, etcdstore.ErrNotFound) && w.cfg.shards {
+			// Free: a new operation can be claimed, wherever the set in
+			// force puts it (and given up again, leaving it free).
+			w.probeFree(a, p, key)
+			continue
+		}
 		if err != nil || rec.State != etcdstore.InFlight {
 			continue
 		}
@@ -283,4 +292,43 @@ func (w *world) pendingWrites() []string {
 		}
 	}
 	return out
+}
+
+// probeFree claims key, which has no live record anywhere, as a new
+// operation, and releases it: in a shard world, on the shard the set in
+// force puts it on, whatever Moved records older sets left.
+func (w *world) probeFree(a *actor, p *process, key string) {
+	fp := fingerprint(key, false)
+	var c *etcdstore.Claim
+	var err error
+	for try := 0; try < 30; try++ {
+		c, _, err = p.keys.Claim(a.ctx, storeKey(key), fp, etcdstore.WithAttempt(w.nextAttempt()))
+		if err == nil || !errors.Is(err, etcdstore.ErrUnavailable) {
+			break
+		}
+		clock.Sleep(p.clock, a.ctx, time.Second)
+	}
+	switch {
+	case err != nil && !errors.Is(err, etcdstore.ErrMismatch) && !errors.Is(err, etcdstore.ErrConflict):
+		w.log(event{kind: evProbe, key: key, body: "no record", err: err.Error()})
+	case c != nil:
+		w.ledger.hit("path:liveness probe claimed a free key")
+		w.log(event{kind: evGrant, key: key, token: int64(c.Token()), attempt: c.Attempt(), proc: p.name, actor: a.name, via: "probe"})
+		w.log(event{kind: evHoldEnd, key: key, token: int64(c.Token()), actor: a.name})
+		c.Release(a.ctx)
+	}
+}
+
+// replacedToken returns the token of the record the claim of token
+// replaced (its key's version before the claim's first write), or 0.
+func replacedToken(vs []version, token int64) int64 {
+	for i, v := range vs {
+		if !v.deleted && int64(v.rec.Token) == token {
+			if i > 0 && !vs[i-1].deleted {
+				return int64(vs[i-1].rec.Token)
+			}
+			return 0
+		}
+	}
+	return 0
 }

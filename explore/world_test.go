@@ -115,6 +115,7 @@ type world struct {
 	feed     *feed       // every event of the world's prefix: the watches' source and the history
 	restores []restore   // the nemesis's snapshots and restores
 	plans    []plan      // a shard world's shard files, in the order the nemesis wrote them
+	sched    *schedWorld // a schedule world's schedule, nil in others
 	slotPlan map[int]int // the shard file each process slot runs with
 
 	shardDecoders map[string]*etcdstore.Admin // per shard, for the history
@@ -146,7 +147,6 @@ type process struct {
 func newWorld(seed uint64) (*world, error) {
 	w := &world{
 		seed:   seed,
-		s:      newSched(seed, time.Unix(1_800_000_000, 0)),
 		rng:    rand.New(rand.NewPCG(seed^0x5bd1e995, seed)),
 		prefix: fmt.Sprintf("/explore/%d-%d/", seed, worlds.Add(1)), // a replay of the seed may run meanwhile
 		ledger: newLedger(),
@@ -154,6 +154,7 @@ func newWorld(seed uint64) (*world, error) {
 
 		shardDecoders: map[string]*etcdstore.Admin{},
 	}
+	w.s = newSched(seed, w.pickSchedule(w.rng))
 	w.faults = faults{
 		activation: []float64{0, 0.1, 0.25, 0.25, 0.5}[w.rng.IntN(5)],
 		fire:       []float64{0.1, 0.25, 0.5}[w.rng.IntN(3)],
@@ -250,6 +251,9 @@ func (w *world) newProcess(slot, gen int) (*process, error) {
 	if w.cfg.epochs {
 		opts = append(opts, etcdstore.WithEpochs())
 	}
+	if w.jobs.tight {
+		opts = append(opts, etcdstore.WithMaxRecordSize(4096))
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if w.cfg.shards {
@@ -268,6 +272,7 @@ func (w *world) newProcess(slot, gen int) (*process, error) {
 		p.store, p.keys = st, st
 	}
 	p.owner = p.keys.Owner()
+	w.startScheduler(p)
 	mw, err := idemhttp.New(idemhttp.Config{Store: p.keys, OnUnknownOutcome: etcdstore.EndSave, Logger: slog.New(&ledgerLog{w: w, p: p})})
 	if err != nil {
 		return nil, err
@@ -333,6 +338,15 @@ func (l *ledgerLog) Handle(_ context.Context, r slog.Record) error {
 	})
 	// What a process knows and does, as events the invariants check.
 	switch {
+	case msg == "schedule: skipped missed occurrences" && l.w.sched != nil:
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "skipped" {
+				l.w.sched.skipped += int(a.Value.Int64())
+			}
+			return true
+		})
+	case msg == "schedule: skipping an occurrence that cannot be submitted" && l.w.sched != nil:
+		l.w.sched.skipped++
 	case strings.HasPrefix(msg, "idem session lost"):
 		l.w.log(event{kind: evSessionLost, proc: l.p.name, owner: owner})
 	case msg == "abandoned a claim whose write had an unknown outcome":

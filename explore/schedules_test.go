@@ -1,0 +1,250 @@
+package explore
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+
+	"github.com/idem-dev/idem/jobs"
+)
+
+// Schedule worlds: every process runs a scheduler of one schedule (a
+// scheduler per data centre), on its own clock, skewed by up to 3 s while
+// the schedule tolerates 1 s of lateness, through crashes, closes and
+// pauses. In some worlds the schedule is a cron expression in
+// Europe/Paris and the world's time starts just before a change of
+// daylight saving time. The oracle, written apart from the scheduler's own
+// rule: the occurrences between the schedule's first cursor and its last
+// are each submitted once, or counted as skipped in a scheduler's log.
+
+// schedWorld is a world's schedule.
+type schedWorld struct {
+	spec     jobs.Schedule
+	dst      bool // cron in Europe/Paris, across a change of daylight saving
+	skipped  int  // occurrences the schedulers logged as skipped
+	stopped  bool // the schedulers were stopped for the checks
+	lastSeen time.Time
+}
+
+var paris = func() *time.Location {
+	loc, err := time.LoadLocation("Europe/Paris")
+	if err != nil {
+		panic(err)
+	}
+	return loc
+}()
+
+// dstStarts are instants just before Paris changes its clocks in 2027:
+// forward at 01:00Z on 28 March, back at 01:00Z on 31 October.
+var dstStarts = []time.Time{
+	time.Date(2027, 3, 28, 0, 20, 0, 0, time.UTC),
+	time.Date(2027, 10, 30, 23, 50, 0, 0, time.UTC),
+}
+
+// pickSchedule draws whether the world runs a schedule, and which; it
+// returns the time the world starts at.
+func (w *world) pickSchedule(rng interface{ IntN(int) int }) time.Time {
+	start := time.Unix(1_800_000_000, 0)
+	if rng.IntN(4) != 0 {
+		return start
+	}
+	w.sched = &schedWorld{spec: jobs.Schedule{Name: "tick", Kind: "explore", Every: 20 * time.Second,
+		Lateness: time.Second, MaxSkew: 5 * time.Second, CatchUp: jobs.CatchUp(rng.IntN(3)), MaxCatchUp: 5}}
+	if rng.IntN(2) == 0 {
+		w.sched.dst = true
+		w.sched.spec.Every = 0
+		w.sched.spec.Cron = []string{"*/20 * * * *", "30 2 * * *", "*/5 2 * * *"}[rng.IntN(3)]
+		w.sched.spec.Location = paris
+		start = dstStarts[rng.IntN(len(dstStarts))]
+	}
+	return start
+}
+
+// startScheduler runs p's scheduler, on p's store and clock, for as long
+// as p lives.
+func (w *world) startScheduler(p *process) {
+	if w.sched == nil || p.store == nil {
+		return
+	}
+	q, err := jobs.New(p.store, jobs.WithLogger(slog.New(&ledgerLog{w: w, p: p})))
+	if err != nil {
+		panic(err)
+	}
+	if _, err := jobs.NewScheduler(q, []jobs.Schedule{w.sched.spec}); err != nil {
+		panic(err)
+	}
+	// The scheduler stops with the process: its work is the process's
+	// background work, killed or closed with it.
+}
+
+// checkSchedule compares the occurrences submitted (jobs in the history)
+// with those of the schedule between its first cursor and its last, by a
+// rule computed apart from the scheduler's: each one once, or counted as
+// skipped.
+func (w *world) checkSchedule(hist map[string][]version) []string {
+	if w.sched == nil {
+		return nil
+	}
+	ctx := context.Background()
+	// The occurrences the shared cursor passed over: each write that
+	// moved it forward, from L1 to L2, passed over those in (L1, L2]. (A
+	// restore may take it back, or away: it is made again from then on.)
+	cursor := w.prefix + "j/s/" + jobTenant + "/" + w.sched.spec.Name
+	type span struct{ from, to time.Time }
+	var spans []span
+	var cur time.Time
+	for _, ev := range w.feed.since(w.start+1, w.lastWrite+1) {
+		if string(ev.Kv.Key) != cursor {
+			continue
+		}
+		if ev.Type == mvccpb.DELETE {
+			cur = time.Time{}
+			continue
+		}
+		var cv struct {
+			Last time.Time `json:"last"`
+		}
+		if json.Unmarshal(ev.Kv.Value, &cv) != nil {
+			continue
+		}
+		if !cur.IsZero() && cv.Last.After(cur) {
+			spans = append(spans, span{cur, cv.Last})
+		}
+		cur = cv.Last
+	}
+	_ = ctx
+	got := map[time.Time]int{}
+	prefix := jobTenant + "/" + w.sched.spec.Name + "@"
+	for key, vs := range hist {
+		id, ok := strings.CutPrefix(key, prefix)
+		if !ok || len(vs) == 0 {
+			continue
+		}
+		t, err := time.Parse("2006-01-02T15:04:05Z", id)
+		if err != nil {
+			continue
+		}
+		got[t]++
+	}
+	if len(spans) == 0 {
+		return nil
+	}
+	w.ledger.hit("path:schedule ran")
+	var bad []string
+	missing, wanted := 0, 0
+	inSpan := func(t time.Time) bool {
+		for _, sp := range spans {
+			if t.After(sp.from) && !t.After(sp.to) {
+				return true
+			}
+		}
+		return false
+	}
+	seen := map[time.Time]bool{}
+	for _, sp := range spans {
+		for _, t := range expectedOccurrences(w.sched, sp.from, sp.to) {
+			if seen[t] {
+				continue
+			}
+			seen[t] = true
+			wanted++
+			if got[t] == 0 {
+				missing++
+			}
+		}
+	}
+	for t := range seen {
+		delete(got, t)
+	}
+	var extra []string
+	for t := range got {
+		if inSpan(t) {
+			extra = append(extra, t.Format(time.RFC3339))
+		}
+	}
+	sort.Strings(extra)
+	if len(extra) > 0 {
+		bad = append(bad, fmt.Sprintf("schedule %s: occurrences no rule has: %v", w.sched.spec.Name, extra))
+	}
+	if missing > w.sched.skipped {
+		bad = append(bad, fmt.Sprintf("schedule %s: %d of the %d occurrences its cursor passed over never submitted, %d counted as skipped",
+			w.sched.spec.Name, missing, wanted, w.sched.skipped))
+	}
+	if w.sched.dst {
+		w.ledger.hit("path:schedule across daylight saving")
+	}
+	return bad
+}
+
+// expectedOccurrences lists the occurrences in (first, last], computed
+// minute by minute: for a cron schedule, each wall time of Paris that its
+// fields name, at the first instant at which Paris's wall clock reads it or
+// later; for an interval, the multiples of it since the epoch.
+func expectedOccurrences(sw *schedWorld, first, last time.Time) []time.Time {
+	var out []time.Time
+	if !sw.dst {
+		n := int64(sw.spec.Every / time.Second)
+		for s := (first.Unix()/n + 1) * n; s <= last.Unix(); s += n {
+			out = append(out, time.Unix(s, 0).UTC())
+		}
+		return out
+	}
+	match := func(h, m int) bool {
+		switch sw.spec.Cron {
+		case "*/20 * * * *":
+			return m%20 == 0
+		case "30 2 * * *":
+			return h == 2 && m == 30
+		case "*/5 2 * * *":
+			return h == 2 && m%5 == 0
+		}
+		panic("unknown cron " + sw.spec.Cron)
+	}
+	seen := map[time.Time]bool{}
+	for d := first.Add(-48 * time.Hour); !d.After(last.Add(48 * time.Hour)); d = d.Add(24 * time.Hour) {
+		y, mo, da := d.In(paris).Date()
+		for h := 0; h < 24; h++ {
+			for m := 0; m < 60; m++ {
+				if !match(h, m) {
+					continue
+				}
+				wall := time.Date(y, mo, da, h, m, 0, 0, time.UTC)
+				if seen[wall] {
+					continue
+				}
+				seen[wall] = true
+				// The first instant whose Paris wall clock reads wall or
+				// later, by scanning minutes.
+				at := wall.Add(-3 * time.Hour) // before it: Paris is ahead of UTC
+				for wallOf(at).Before(wall) {
+					at = at.Add(time.Minute)
+				}
+				if at.After(first) && !at.After(last) {
+					out = append(out, at.UTC())
+				}
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Before(out[j]) })
+	// Two wall times the clock jumped over land on one instant: one
+	// occurrence.
+	var uniq []time.Time
+	for i, t := range out {
+		if i == 0 || !t.Equal(out[i-1]) {
+			uniq = append(uniq, t)
+		}
+	}
+	return uniq
+}
+
+// wallOf is t's Paris wall clock reading, as a UTC value.
+func wallOf(t time.Time) time.Time {
+	p := t.In(paris)
+	return time.Date(p.Year(), p.Month(), p.Day(), p.Hour(), p.Minute(), p.Second(), 0, time.UTC)
+}
