@@ -263,6 +263,23 @@ func (s *Store) Forward(ctx context.Context, key Key, to string, opts ...ClaimOp
 // already above the old shard's).
 const DefaultRestoreEpochBump = 1024
 
+// Epoch reads the shard epoch under the Admin's prefix (0: none).
+func (a *Admin) Epoch(ctx context.Context) (int64, error) {
+	ctx, cancel := a.bound(ctx)
+	defer cancel()
+	var resp *clientv3.GetResponse
+	if err := a.retry(ctx, func(ctx context.Context) (err error) {
+		resp, err = a.client.Get(ctx, a.ks.prefix+"epoch")
+		return err
+	}); err != nil {
+		return 0, fmt.Errorf("read the shard epoch: %w: %w", ErrUnavailable, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return 0, nil
+	}
+	return parseEpoch(resp.Kvs[0].Value)
+}
+
 // BumpEpoch raises the shard epoch under the Admin's prefix by by (at
 // least 1), creating it if there is none, and returns it: run it once
 // after etcd is restored from a snapshot, before any idem process serves

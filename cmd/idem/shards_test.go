@@ -125,4 +125,14 @@ func TestServeShards(t *testing.T) {
 		t.Fatal("a process started with shard a down served none of b's keys")
 	}
 	proxies[0].Heal()
+
+	// After a restore of shard b alone, its epoch goes above the set's.
+	if out, err := runCmd(t, "snapshot", "bump-epoch", "--shards-file", file); exitCode(err) != 2 {
+		t.Fatalf("bump-epoch --shards-file without --shard: %v %q; want exit 2", err, out)
+	}
+	out, err = runCmd(t, "snapshot", "bump-epoch", "--shards-file", file, "--shard", "b", "--by", "5")
+	var from, to, high int64
+	if _, serr := fmt.Sscanf(out, "shard epoch of shard b raised from %d to %d (the set's greatest was %d)", &from, &to, &high); err != nil || serr != nil || to != high+5 || to <= from {
+		t.Fatalf("bump-epoch --shards-file --shard b --by 5: %v %q; want b raised to 5 above the set's greatest epoch", err, out)
+	}
 }

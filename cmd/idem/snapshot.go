@@ -206,6 +206,8 @@ func snapshotBumpEpoch(ctx context.Context, args []string, stdout, stderr io.Wri
 	var e etcdFlags
 	e.register(fs, []string{socketURL("idem-data")})
 	by := fs.Int64("by", etcdstore.DefaultRestoreEpochBump, "raise the epoch by this much: more than the epoch was raised between the snapshot and the restore (keys moved in from other shards raise it by one each time)")
+	shardsFile := fs.String("shards-file", "", "with --shard: the shard set the restored shard belongs to; its epoch is raised --by above the greatest epoch of the set")
+	shardName := fs.String("shard", "", "with --shards-file: the shard restored")
 	timeout := fs.Duration("command-timeout", time.Minute, "timeout of the command")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -215,6 +217,11 @@ func snapshotBumpEpoch(ctx context.Context, args []string, stdout, stderr io.Wri
 		return usageError{fmt.Errorf("snapshot bump-epoch takes no arguments, got %q", fs.Args())}
 	case *by < 1:
 		return usageError{fmt.Errorf("--by %d: must be at least 1", *by)}
+	case (*shardsFile == "") != (*shardName == ""):
+		return usageError{fmt.Errorf("--shards-file and --shard go together")}
+	}
+	if *shardsFile != "" {
+		return bumpShardEpoch(ctx, e, *shardsFile, *shardName, *by, *timeout, stdout)
 	}
 	if _, err := e.config(); err != nil {
 		return usageError{err}
@@ -238,5 +245,55 @@ func snapshotBumpEpoch(ctx context.Context, args []string, stdout, stderr io.Wri
 		return fmt.Errorf("snapshot bump-epoch: %w", err)
 	}
 	fmt.Fprintf(stdout, "shard epoch of %s raised by %d to %d\n", e.prefix, *by, epoch)
+	return nil
+}
+
+// bumpShardEpoch raises the epoch of shard name of the set in file to by
+// above the greatest epoch of the set's shards as they stand: a key may
+// have moved onto the restored shard, since its snapshot, from a shard of
+// a greater epoch, and its tokens there must keep growing.
+func bumpShardEpoch(ctx context.Context, base etcdFlags, file, name string, by int64, timeout time.Duration, stdout io.Writer) error {
+	flags, names, cfg, err := readShards(file, base)
+	if err != nil {
+		return usageError{err}
+	}
+	if !slices.Contains(names, name) {
+		return usageError{fmt.Errorf("--shard %q: not a shard of %s (%v)", name, file, names)}
+	}
+	clis, errs := shardClients(flags, &cfg)
+	defer func() {
+		for _, c := range clis {
+			c.Close()
+		}
+	}()
+	for _, n := range names {
+		if errs[n] != nil {
+			return fmt.Errorf("shard %s: %w", n, errs[n])
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	high, own := int64(0), int64(0)
+	admins := map[string]*etcdstore.Admin{}
+	for i, n := range names {
+		adm, err := etcdstore.NewAdmin(cfg.Shards[i].Client, etcdstore.WithPrefix(base.prefix))
+		if err != nil {
+			return usageError{err}
+		}
+		admins[n] = adm
+		e, err := adm.Epoch(ctx)
+		if err != nil {
+			return fmt.Errorf("shard %s: %w", n, err)
+		}
+		high = max(high, e)
+		if n == name {
+			own = e
+		}
+	}
+	epoch, err := admins[name].BumpEpoch(ctx, high+by-own)
+	if err != nil {
+		return fmt.Errorf("snapshot bump-epoch: shard %s: %w", name, err)
+	}
+	fmt.Fprintf(stdout, "shard epoch of shard %s raised from %d to %d (the set's greatest was %d)\n", name, own, epoch, high)
 	return nil
 }
