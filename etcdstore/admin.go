@@ -136,6 +136,46 @@ func (a *Admin) Evict(ctx context.Context, key Key) error {
 	return err
 }
 
+// EvictIf deletes key's record if it is still the one written at revision
+// rev (Record.Revision), and reports whether key has no record now: false
+// when a record was written since (it is left alone). Package shard's
+// drain deletes, this way, the expired records of keys handed over, so
+// that no takeover read before can land after it.
+func (a *Admin) EvictIf(ctx context.Context, key Key, rev int64) (bool, error) {
+	gone, _, err := a.evictIf(ctx, key, rev)
+	return gone, err
+}
+
+func (a *Admin) evictIf(ctx context.Context, key Key, rev int64) (gone bool, at int64, err error) {
+	if err := key.Validate(); err != nil {
+		return false, 0, fmt.Errorf("evict: %w", err)
+	}
+	if rev <= 0 {
+		return false, 0, fmt.Errorf("evict %s: %w: revision %d", key, ErrInvalidArgument, rev)
+	}
+	ctx, cancel := a.bound(ctx)
+	defer cancel()
+	k := a.ks.record(key)
+	// Safe to retry: after a try whose outcome is unknown, the record is
+	// either gone (that try deleted it) or still at rev.
+	err = a.retry(ctx, func(ctx context.Context) error {
+		resp, err := a.client.Txn(ctx).
+			If(clientv3.Compare(clientv3.ModRevision(k), "=", rev)).
+			Then(clientv3.OpDelete(k)).
+			Else(clientv3.OpGet(k, clientv3.WithCountOnly())).Commit()
+		if err != nil {
+			return err
+		}
+		gone = resp.Succeeded || resp.Responses[0].GetResponseRange().Count == 0
+		at = resp.Header.Revision
+		return nil
+	})
+	if err != nil {
+		return false, 0, unavailable("evict", key, err)
+	}
+	return gone, at, nil
+}
+
 // evict deletes key's record and returns a revision at or after the
 // deletion.
 func (a *Admin) evict(ctx context.Context, key Key) (int64, error) {
@@ -189,6 +229,9 @@ type ListOptions struct {
 	// process whose clock is behind this one's by up to Skew still sees
 	// them live.
 	Skew time.Duration
+	// Expired keeps records whose retention passed too, until they are
+	// deleted (Skew is then ignored).
+	Expired bool
 }
 
 // MaxListLimit is the largest page List returns.
@@ -255,7 +298,7 @@ func (a *Admin) List(ctx context.Context, tenant string, o ListOptions) ([]*Reco
 				corrupt++
 				continue
 			}
-			if rec.expired(now.Add(-o.Skew)) || o.State != "" && rec.State != o.State || o.Live && rec.State == Moved {
+			if !o.Expired && rec.expired(now.Add(-o.Skew)) || o.State != "" && rec.State != o.State || o.Live && rec.State == Moved {
 				continue
 			}
 			out = append(out, rec)

@@ -39,6 +39,12 @@ type Claim struct {
 	// only in this process, which keeps the claim registered, whatever
 	// happens to its session or deadline, until the write is settled.
 	pending atomic.Bool
+	// inRun is set for a claim whose work Run calls: until that work has
+	// returned and the claim has ended, a lost session cancels it but does
+	// not unregister it, so a retry here is not mistaken for a takeover of
+	// a dead owner while this process may still be acting, or holds the
+	// outcome it is about to save.
+	inRun bool
 
 	mu         sync.Mutex
 	timer      func() bool // stops the timer that cancels ctx with ErrDeadline at the deadline
@@ -272,6 +278,7 @@ func (s *Store) claimUntraced(ctx context.Context, key Key, fp Fingerprint, cfg 
 		owner = deadlineOwner
 	}
 	c := s.newClaim(key, fp, cfg.attempt, owner)
+	c.inRun = cfg.run
 	if err := s.register(c); err != nil {
 		c.cancel(ErrClaimEnded)
 		return nil, nil, fmt.Errorf("claim %s: %w", key, err)

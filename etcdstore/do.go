@@ -115,6 +115,7 @@ func (s *Store) Run(ctx context.Context, key Key, fp Fingerprint, work RunWork, 
 			return Result{}, fmt.Errorf("run %s: %w", key, err)
 		}
 	}
+	cfg.run = true
 	c, done, err := s.claim(ctx, key, fp, &cfg)
 	if err != nil {
 		return Result{}, err

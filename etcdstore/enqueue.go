@@ -43,6 +43,7 @@ func (s *Store) Enqueue(ctx context.Context, key Key, fp Fingerprint, data []byt
 	var cur *Record // the record as last read; nil: absent or not read
 	known := false
 	tries := 0
+	var landed landing
 	for round := 0; round < 8; round++ {
 		now := s.now()
 		cmps := []cond{created(ekey, pb.Compare_EQUAL, 0)}
@@ -85,6 +86,7 @@ func (s *Store) Enqueue(ctx context.Context, key Key, fp Fingerprint, data []byt
 			return nil, wrapEtcd("enqueue", key, err)
 		}
 		if err != nil {
+			err = landed.failed(err)
 			if errors.Is(err, ErrCorrupt) || !retryable(ctx, err) || tries >= maxTries {
 				return nil, wrapEtcd("enqueue", key, err)
 			}

@@ -212,6 +212,7 @@ func (s *Store) Forward(ctx context.Context, key Key, to string, opts ...ClaimOp
 	if err != nil {
 		return nil, err
 	}
+	var landed landing
 	for try := 0; try < 8; try++ {
 		now := s.now()
 		var cmps []cond
@@ -234,11 +235,12 @@ func (s *Store) Forward(ctx context.Context, key Key, to string, opts ...ClaimOp
 		guards, setRev := s.guards(e, cfg.setRev)
 		res, err := s.writeRecord(ctx, key, "", append(cmps, guards...), rec, 0)
 		if err != nil {
+			err = landed.failed(err)
 			if errors.Is(err, ErrCorrupt) || !retryable(ctx, err) || !s.backoff(ctx, try) {
 				return nil, wrapEtcd("forward", key, err)
 			}
 			if cur, _, err = s.get(ctx, key); err != nil { // the outcome is unknown: look
-				return nil, err
+				return nil, landed.failed(err)
 			}
 			continue
 		}

@@ -382,6 +382,7 @@ type claimConfig struct {
 	existing  bool  // WithoutCreate
 	overMoved bool  // ReplaceMoved
 	setRev    int64 // UnderShardSet (0: the store's own)
+	run       bool  // made by Run, which calls the work and ends the claim
 }
 
 // UnderShardSet guards a claim (or Forward) with the shard set recorded at

@@ -232,6 +232,15 @@ func (s *Store) Evict(ctx context.Context, key Key) error {
 	return err
 }
 
+// EvictIf is Admin.EvictIf, and drops the record from this store's cache.
+func (s *Store) EvictIf(ctx context.Context, key Key, rev int64) (bool, error) {
+	gone, at, err := s.Admin.evictIf(ctx, key, rev)
+	if gone && s.cache != nil {
+		s.cache.Invalidate(s.ks.record(key), at)
+	}
+	return gone, err
+}
+
 // readFirst reports whether the next claim should look for a record before
 // writing.
 func (s *Store) readFirst() bool {
@@ -379,9 +388,10 @@ func (s *Store) session() (*lease.Session, error) {
 // superviseSession waits for the session to end, cancels the claims made
 // under it, and replaces it, until the store closes.
 //
-// A claim whose work has finished and whose final write is still pending
-// (finishLater) is neither cancelled nor forgotten: this process holds its
-// outcome, so the claim stays registered across the new session, and a
+// A claim whose work Run still runs is cancelled but not forgotten until
+// Run has ended it; one whose work has finished and whose final write is
+// still pending (finishLater) is neither cancelled nor forgotten: this
+// process holds its outcome, so the claim stays registered across the new session, and a
 // retry here is answered as in flight (ErrConflict) until the write has
 // landed or been fenced out, instead of taking the key over from the dead
 // session and running the work again.
@@ -403,6 +413,11 @@ func (s *Store) superviseSession(ctx context.Context, sess *lease.Session) {
 			case c.owner != sess.Owner():
 			case c.pending.Load():
 				kept++
+			case c.inRun:
+				// Its work is told, but the claim stays registered until
+				// Run has ended it: the work may still act, and its
+				// outcome may yet be saved.
+				lost = append(lost, c)
 			default:
 				lost = append(lost, c)
 				delete(s.running, rk)

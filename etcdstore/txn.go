@@ -3,6 +3,7 @@ package etcdstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -231,6 +232,24 @@ func etcdCode(err error) codes.Code {
 // not fetch: the Else branch ran) says it did not.
 func mayHaveLanded(err error) bool {
 	return send.MayHaveLanded(err) && !errors.Is(err, ErrCorrupt) && !errors.As(err, new(notApplied))
+}
+
+// landing follows the tries of one write: once a try may have landed, the
+// write as a whole may have, and a later try that was never sent
+// (ErrNotSent) no longer speaks for it. Every loop that retries a write
+// passes each try's error through it.
+type landing struct{ maybe bool }
+
+// failed notes a try's error and returns the error the write reports.
+func (l *landing) failed(err error) error {
+	switch {
+	case mayHaveLanded(err):
+		l.maybe = true
+	case l.maybe && errors.Is(err, ErrNotSent):
+		// This try never left, but an earlier one may have landed.
+		return fmt.Errorf("an earlier try may have landed; the last was not sent (%v)", err)
+	}
+	return err
 }
 
 // backoff sleeps, on the store's clock, before retry try (0-based), or

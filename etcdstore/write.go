@@ -125,6 +125,7 @@ func (c *Claim) write(ctx context.Context, op string, final bool, extra []client
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	ekey := s.ks.record(c.key)
+	var landed landing
 	for try := 0; ; try++ {
 		cmps := []cond{modified(ekey, c.rev)}
 		var want *Record // the record this write puts; nil: a delete
@@ -137,6 +138,7 @@ func (c *Claim) write(ctx context.Context, op string, final bool, extra []client
 			res, err = s.writeRecord(ctx, c.key, "", cmps, want, c.token, extra...)
 		}
 		if err != nil {
+			err = landed.failed(err)
 			if errors.Is(err, ErrCorrupt) || !retryable(ctx, err) || try >= maxTries-1 || !s.backoff(ctx, try) {
 				return wrapEtcd(op, c.key, err) // the claim stays held
 			}
