@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/idem-dev/idem/etcdstore"
 )
@@ -46,4 +47,22 @@ func fit(st *state, errText string, max int, outputs bool) (out etcdstore.Outcom
 		errText = errText[:64] + "..."
 	}
 	return etcdstore.Outcome{Body: st.encode(), Err: errText}, size() <= max
+}
+
+// fits reports whether the end fit would make of st fits max bytes, and
+// its size once cut, without changing st.
+func fits(st *state, errText string, max int) (int, bool) {
+	c := st.clone()
+	out, ok := fit(c, errText, max, true)
+	return len(out.Body) + len(out.Err), ok
+}
+
+// clone returns a copy of st that shares nothing fit changes.
+func (st *state) clone() *state {
+	c := *st
+	c.Steps = slices.Clone(st.Steps)
+	c.Done = slices.Clone(st.Done)
+	c.Errors = slices.Clone(st.Errors)
+	c.Truncated = slices.Clone(st.Truncated)
+	return &c
 }

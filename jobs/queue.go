@@ -290,7 +290,9 @@ func (q *Queue) Retry(ctx context.Context, id string) (*Job, error) {
 // Cancel ends a job that no live worker runs (queued, scheduled or parked)
 // as cancelled, with reason saved: its remaining steps never run, its
 // finished ones stay done (Cancel runs no compensation). A running job is
-// an error wrapping ErrRunning; an ended one, ErrFinal.
+// an error wrapping ErrRunning; an ended one, ErrFinal; a job whose
+// cancelled end cannot fit the record (see fit), an error wrapping
+// etcdstore.ErrTooLarge, and the job is left as it was.
 func (q *Queue) Cancel(ctx context.Context, id, reason string) (*Job, error) {
 	if reason == "" {
 		reason = "cancelled"
@@ -299,8 +301,15 @@ func (q *Queue) Cancel(ctx context.Context, id, reason string) (*Job, error) {
 		reason = reason[:maxErrorLen] + "..."
 	}
 	return q.operate(ctx, "cancel", id, nil, func(c *etcdstore.Claim, st *state) (etcdstore.Outcome, etcdstore.End, error) {
-		st.Outcome, st.Parked, st.NotBefore = Cancelled, false, 0
-		out, _ := fit(st, "cancelled: "+reason, q.store.MaxRecordSize(), true)
+		end := st.clone()
+		end.Outcome, end.Parked, end.NotBefore = Cancelled, false, 0
+		out, ok := fit(end, "cancelled: "+reason, q.store.MaxRecordSize(), true)
+		if !ok {
+			// Saved anyway, the store would put "too large" in the job's
+			// place, losing its kind, parameters and finished steps.
+			return etcdstore.Outcome{}, etcdstore.EndAbandon, fmt.Errorf("%w: the cancelled job's end would be %d bytes, limit %d",
+				etcdstore.ErrTooLarge, len(out.Body)+len(out.Err), q.store.MaxRecordSize())
+		}
 		return out, etcdstore.EndSave, nil
 	})
 }

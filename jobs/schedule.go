@@ -275,7 +275,7 @@ func (s *Scheduler) tick(ctx context.Context, sc *Schedule) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, err
 	}
-	submit, last, skipped := sc.plan(cur.Last, now, s.q.store.Retention())
+	submit, last, skipped, latest := sc.plan(cur.Last, now, s.q.store.Retention())
 	for _, t := range submit {
 		// Held back until its time on the workers' clocks: this scheduler's
 		// may run ahead.
@@ -291,7 +291,7 @@ func (s *Scheduler) tick(ctx context.Context, sc *Schedule) (time.Time, error) {
 		}
 	}
 	if skipped > 0 {
-		s.q.log.Warn("idem: schedule: skipped missed occurrences", "schedule", sc.Name, "skipped", skipped, "catch_up", sc.CatchUp.String())
+		s.q.log.Warn("idem: schedule: skipped missed occurrences", "schedule", sc.Name, "skipped", skipped, "latest", latest, "catch_up", sc.CatchUp.String())
 	}
 	if last.After(cur.Last) {
 		if err := s.advance(ctx, sc, last); err != nil {
@@ -307,12 +307,13 @@ func (s *Scheduler) tick(ctx context.Context, sc *Schedule) (time.Time, error) {
 
 // plan returns the occurrences after from, up to now, to submit, the latest
 // occurrence up to now, and how many missed ones it skips.
-func (sc *Schedule) plan(from, now time.Time, retention time.Duration) (submit []time.Time, last time.Time, skipped int) {
+func (sc *Schedule) plan(from, now time.Time, retention time.Duration) (submit []time.Time, last time.Time, skipped int, latestSkipped time.Time) {
 	oldest := now.Add(-retention / 2)
 	if from.Before(oldest) {
 		// Older ones may be forgotten: never submitted again.
 		for t := sc.spec.Next(from); !t.IsZero() && t.Before(oldest) && skipped < 1_000_000; t = sc.spec.Next(t) {
 			skipped++
+			latestSkipped = t
 		}
 		from = oldest
 	}
@@ -322,6 +323,7 @@ func (sc *Schedule) plan(from, now time.Time, retention time.Duration) (submit [
 		if t.Before(now.Add(-sc.Lateness - sc.MaxSkew)) {
 			missed = append(missed, t)
 			if len(missed) > sc.MaxCatchUp {
+				latestSkipped = missed[0]
 				missed = missed[1:]
 				skipped++
 			}
@@ -333,12 +335,16 @@ func (sc *Schedule) plan(from, now time.Time, retention time.Duration) (submit [
 	case len(missed) == 0:
 	case sc.CatchUp == CatchUpNone:
 		skipped += len(missed)
+		latestSkipped = missed[len(missed)-1]
 		missed = nil
 	case sc.CatchUp == CatchUpLatest:
 		skipped += len(missed) - 1
+		if len(missed) > 1 {
+			latestSkipped = missed[len(missed)-2]
+		}
 		missed = missed[len(missed)-1:]
 	}
-	return append(missed, submit...), last, skipped
+	return append(missed, submit...), last, skipped, latestSkipped
 }
 
 func maxTime(ts ...time.Time) time.Time {

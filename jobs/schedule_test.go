@@ -154,7 +154,7 @@ func TestCatchUpPolicies(t *testing.T) {
 		if err := sc.validate(24 * time.Hour); err != nil {
 			t.Fatal(err)
 		}
-		got, last, skipped := sc.plan(t0, now, 24*time.Hour)
+		got, last, skipped, _ := sc.plan(t0, now, 24*time.Hour)
 		if !slices.Equal(got, tc.want) || skipped != tc.skipped || !last.Equal(t0.Add(10*time.Minute)) {
 			t.Errorf("%v (max %d): submit %v, skip %d, last %v; want %v, %d", tc.catchUp, tc.max, got, skipped, last, tc.want, tc.skipped)
 		}
@@ -164,7 +164,7 @@ func TestCatchUpPolicies(t *testing.T) {
 	if err := sc.validate(time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	got, _, _ := sc.plan(t0.Add(-24*time.Hour), t0, time.Hour)
+	got, _, _, _ := sc.plan(t0.Add(-24*time.Hour), t0, time.Hour)
 	if len(got) != 30 || !got[0].Equal(t0.Add(-29*time.Minute)) {
 		t.Fatalf("catching up a day with a 1 h retention submitted %d, from %v; want the last 30 minutes", len(got), got[0])
 	}
@@ -179,7 +179,7 @@ func TestCronOccurrences(t *testing.T) {
 		t.Fatal(err)
 	}
 	from := time.Date(2026, 9, 15, 0, 0, 0, 0, time.UTC)
-	got, _, _ := sc.plan(from, time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC), 365*24*time.Hour)
+	got, _, _, _ := sc.plan(from, time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC), 365*24*time.Hour)
 	var ids []string
 	for _, g := range got {
 		ids = append(ids, OccurrenceID(sc.Name, g))
@@ -296,7 +296,7 @@ func TestCronAcrossDaylightSaving(t *testing.T) {
 		if err := sc.validate(30 * 24 * time.Hour); err != nil {
 			t.Fatal(err)
 		}
-		got, _, skipped := sc.plan(utc(tc.from), utc(tc.to), 30*24*time.Hour)
+		got, _, skipped, _ := sc.plan(utc(tc.from), utc(tc.to), 30*24*time.Hour)
 		var ids []string
 		for _, g := range got {
 			ids = append(ids, g.UTC().Format(time.RFC3339))
@@ -320,13 +320,13 @@ func TestFastSchedulerSkipsNothing(t *testing.T) {
 	// The cursor is at 00:00; real time is 00:01:05, and this scheduler's
 	// clock is two minutes ahead.
 	fast := t0.Add(time.Minute + 5*time.Second + 2*time.Minute)
-	got, last, skipped := sc.plan(t0, fast, 24*time.Hour)
+	got, last, skipped, _ := sc.plan(t0, fast, 24*time.Hour)
 	want := []time.Time{t0.Add(time.Minute), t0.Add(2 * time.Minute), t0.Add(3 * time.Minute)}
 	if !slices.Equal(got, want) || skipped != 0 || !last.Equal(t0.Add(3*time.Minute)) {
 		t.Fatalf("a scheduler 2 min ahead: submit %v, skip %d, last %v; want %v, none skipped", got, skipped, last, want)
 	}
 	// Beyond Lateness plus MaxSkew an occurrence is missed, by any clock.
-	got, _, skipped = sc.plan(t0, t0.Add(10*time.Minute+5*time.Second), 24*time.Hour)
+	got, _, skipped, _ = sc.plan(t0, t0.Add(10*time.Minute+5*time.Second), 24*time.Hour)
 	if skipped != 6 || len(got) != 4 {
 		t.Fatalf("10 min later: submit %v, skip %d; want 4 submitted (within 3 min 30 s) and 6 skipped", got, skipped)
 	}

@@ -252,6 +252,15 @@ func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind) (etcd
 			if lastOps == 0 {
 				break // the job's end saves it
 			}
+			// Its ops commit with this checkpoint, and then the step is
+			// never run again: the job's end must fit before they do.
+			end := st.clone()
+			end.Outcome = Succeeded
+			if size, ok := fits(end, "", w.q.store.MaxRecordSize()); !ok {
+				st.Done = st.Done[:len(st.Done)-1]
+				return w.stepFailed(ctx, c, st, k, step, n, fmt.Errorf("its checkpoint was refused: %w: the job's end would be %d bytes, limit %d",
+					etcdstore.ErrTooLarge, size, w.q.store.MaxRecordSize()))
+			}
 		}
 		if err := checkpoint(ctx, w.q.clock, c, st.encode(), r.ops); err != nil {
 			st.Done = st.Done[:len(st.Done)-1]
