@@ -71,6 +71,14 @@ func (a *Admin) Sets(ctx context.Context) (map[string]SetStatus, error) {
 	return out, nil
 }
 
+// SetOf reads what shard name records of the shard set.
+func (a *Admin) SetOf(ctx context.Context, name string) (SetStatus, error) {
+	if a.admins[name] == nil {
+		return SetStatus{}, fmt.Errorf("shard %s: %w: not configured", name, etcdstore.ErrInvalidArgument)
+	}
+	return a.setOf(ctx, name)
+}
+
 func (a *Admin) setOf(ctx context.Context, name string) (SetStatus, error) {
 	adm := a.admins[name]
 	v, err := adm.Value(ctx, etcdstore.ShardSetValue)
@@ -99,7 +107,7 @@ func (a *Admin) inForce(ctx context.Context) (Set, map[string]bool, error) {
 	sets, err := a.Sets(ctx)
 	best, found := a.want, false
 	for _, st := range sets {
-		if st.Set.Generation > 0 && (!found || st.Set.Generation > best.Generation) {
+		if st.Set.Generation > 0 && (!found || st.Set.after(best)) {
 			best, found = st.Set, true
 		}
 	}

@@ -37,8 +37,8 @@ func (s *Store) route(ctx context.Context, key etcdstore.Key) (target, error) {
 	}
 	home := set.Placement.place(key)
 	old := home
-	if set.Previous != nil {
-		old = set.Previous.place(key)
+	if p := set.handing(); p != nil {
+		old = p.place(key)
 	}
 	above := int64(-1) // the epoch the home's must exceed
 	if old != home {
@@ -144,8 +144,8 @@ func runOpts(t target) []etcdstore.RunOption {
 func locate(ctx context.Context, key etcdstore.Key, set Set, drained func(string) bool, shard func(string) (getter, error)) (string, *etcdstore.Record, error) {
 	home := set.Placement.place(key)
 	names := []string{home}
-	if set.Previous != nil {
-		if old := set.Previous.place(key); old != home && !drained(old) {
+	if p := set.handing(); p != nil {
+		if old := p.place(key); old != home && !drained(old) {
 			names = []string{old, home}
 		}
 	}

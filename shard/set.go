@@ -25,6 +25,36 @@ type Set struct {
 	// claimed again, sets later, on another (never handed over: nobody
 	// asked for it meanwhile) so still gets greater tokens.
 	Floor int64 `json:"floor,omitempty"`
+	// Settled is set once every shard of Previous was drained: the
+	// hand-over is over, no process asks the old shards again, and the
+	// next change needs none of them (a retired shard may be removed from
+	// the configuration). Previous stays, for the arbiter. A settled set
+	// comes after the same set unsettled, and its Floor is above every
+	// drain mark's epoch.
+	Settled bool `json:"settled,omitempty"`
+}
+
+// handing returns the placement keys are handed over from, or nil when
+// none is (no previous placement, or the hand-over is settled).
+func (s Set) handing() *Placement {
+	if s.Settled {
+		return nil
+	}
+	return s.Previous
+}
+
+// after reports whether s comes after o: a newer generation, or o itself
+// settled.
+func (s Set) after(o Set) bool {
+	if s.Generation != o.Generation {
+		return s.Generation > o.Generation
+	}
+	if !s.Settled || o.Settled {
+		return false
+	}
+	u := s
+	u.Settled, u.Floor = false, o.Floor
+	return u.same(o)
 }
 
 // drainedValue is the name of the Value in which a shard says it was
@@ -87,11 +117,12 @@ func (p Placement) names() []string {
 	return out
 }
 
-// names returns every shard s names.
+// names returns every shard s names (the previous placement's only while
+// keys are handed over from it).
 func (s Set) names() []string {
 	out := s.Placement.names()
-	if s.Previous != nil {
-		for _, n := range s.Previous.names() {
+	if p := s.handing(); p != nil {
+		for _, n := range p.names() {
 			if !slices.Contains(out, n) {
 				out = append(out, n)
 			}
@@ -131,8 +162,8 @@ func (s Set) arbiter() string {
 // it). drained reports a shard's mark.
 func (s Set) next(gen int64, p Placement, drained func(string) (bool, error)) (Set, error) {
 	n := Set{Generation: gen, Placement: p, Previous: &s.Placement}
-	if s.Previous != nil && !p.equal(*s.Previous) {
-		for _, name := range s.Previous.names() {
+	if h := s.handing(); h != nil && !p.equal(*h) {
+		for _, name := range h.names() {
 			ok, err := drained(name)
 			if err != nil {
 				return Set{}, fmt.Errorf("generation %d: shard %s: %w", s.Generation, name, err)
@@ -168,6 +199,11 @@ func (p Placement) equal(o Placement) bool {
 // with a compare-and-set on the arbiter of the set in force (of want
 // itself when none is in force yet). It returns the set in force after
 // it, and errPending (wrapped) when want cannot be installed yet.
+//
+// A first set (no set in force known) is installed only when every
+// configured shard answers and records none: a shard that does not answer
+// may hold the set in force, and placing keys afresh without it would
+// claim again keys it holds.
 func (s *Store) install(ctx context.Context, want Set) (Set, error) {
 	for try := 0; try < 8; try++ {
 		cur, known := s.current()
@@ -184,16 +220,34 @@ func (s *Store) install(ctx context.Context, want Set) (Set, error) {
 			}
 			arb, names = cur.arbiter(), cur.names()
 			target.Floor = cur.Floor
+		} else {
+			found := false
+			for _, n := range s.names {
+				st := s.store(n)
+				if st == nil {
+					return cur, fmt.Errorf("%w: no shard set in force is known, and shard %s does not answer: a first set is installed only when every shard answers and records none", errPending, n)
+				}
+				v, err := st.LoadShardSet(ctx)
+				if err != nil {
+					return cur, fmt.Errorf("shard %s: %w", n, err)
+				}
+				if v.Revision != 0 {
+					there, err := decodeSet(v.Value)
+					if err != nil {
+						return cur, fmt.Errorf("shard %s: %w", n, err)
+					}
+					s.adopt(there)
+					found = true
+				}
+			}
+			if found {
+				continue // decide against the set in force
+			}
 		}
 		// The floor: the greatest epoch of the shards the set in force
 		// (or, first, this one) names.
 		for _, n := range names {
 			st := s.store(n)
-			if st == nil && !known {
-				// The first set: keys stay where it puts them until a
-				// change, whose floor reads every shard.
-				continue
-			}
 			if st == nil {
 				return cur, fmt.Errorf("%w: shard %s does not answer, and its epoch is needed for the change", errPending, n)
 			}
@@ -212,7 +266,7 @@ func (s *Store) install(ctx context.Context, want Set) (Set, error) {
 			if err != nil {
 				return cur, err
 			}
-			if !known || there.Generation > cur.Generation {
+			if !known || there.after(cur) {
 				s.adopt(there)
 				continue // decide again against it
 			}
@@ -224,6 +278,7 @@ func (s *Store) install(ctx context.Context, want Set) (Set, error) {
 		if ok {
 			s.adopt(target)
 			s.log.Info("idem: shard set installed", "generation", target.Generation, "shard", arb)
+			s.spread(ctx, target, arb)
 			return target, nil
 		}
 		if got.Revision != 0 {
@@ -236,6 +291,71 @@ func (s *Store) install(ctx context.Context, want Set) (Set, error) {
 	}
 	cur, _ := s.current()
 	return cur, fmt.Errorf("%w: the shard set kept changing", etcdstore.ErrUnavailable)
+}
+
+// spread writes set, just put in force on shard arb, on every other shard
+// it names that answers, so that a process that starts while the arbiter
+// does not answer still learns it. Best effort: every write on a shard
+// gives it the set first anyway (ensure).
+func (s *Store) spread(ctx context.Context, set Set, arb string) {
+	for _, n := range set.names() {
+		if n == arb || s.store(n) == nil {
+			continue
+		}
+		if _, err := s.ensure(ctx, n, set); err != nil {
+			s.log.Debug("idem: shard set not yet written", "shard", n, "err", err)
+		}
+	}
+}
+
+// settle ends the hand-over of set once every shard of its previous
+// placement is drained: it puts set, settled, in force (a compare-and-set
+// on its arbiter), with a floor above every drain mark's epoch.
+func (s *Store) settle(ctx context.Context, set Set) error {
+	target := set
+	target.Settled = true
+	for _, n := range set.handing().names() {
+		m, ok := s.markOf(n)
+		if !ok || m.Generation != set.Generation {
+			return nil // not drained yet
+		}
+		target.Floor = max(target.Floor, m.Epoch)
+	}
+	arb := set.arbiter()
+	st := s.store(arb)
+	if st == nil {
+		return s.unreachable(arb)
+	}
+	v, err := st.LoadShardSet(ctx)
+	if err != nil {
+		return fmt.Errorf("shard %s: %w", arb, err)
+	}
+	if v.Revision != 0 {
+		there, err := decodeSet(v.Value)
+		if err != nil {
+			return fmt.Errorf("shard %s: %w", arb, err)
+		}
+		if !there.same(set) {
+			s.adopt(there) // settled, or changed, meanwhile
+			return nil
+		}
+	}
+	got, ok, err := st.SetValue(ctx, etcdstore.ShardSetValue, target.encode(), v.Revision)
+	if err != nil {
+		return fmt.Errorf("shard %s: %w", arb, err)
+	}
+	if !ok {
+		if got.Revision != 0 {
+			if there, err := decodeSet(got.Value); err == nil {
+				s.adopt(there)
+			}
+		}
+		return nil
+	}
+	s.adopt(target)
+	s.log.Info("idem: shard hand-over settled", "generation", set.Generation, "floor", target.Floor)
+	s.spread(ctx, target, arb)
+	return nil
 }
 
 // ensure makes shard name hold set before a guarded write there: a shard
@@ -265,10 +385,13 @@ func (s *Store) ensure(ctx context.Context, name string, set Set) (int64, error)
 					}
 				}
 				return v.Revision, nil
-			case there.Generation > set.Generation:
+			case there.after(set):
 				s.adopt(there)
 				return 0, fmt.Errorf("shard %s: %w", name, etcdstore.ErrSetChanged)
-			case there.Generation == set.Generation:
+			case set.after(there):
+				// Older there (or the same set, not settled there yet):
+				// written below.
+			default:
 				return 0, fmt.Errorf("shard %s: %w: two shard sets of generation %d", name, etcdstore.ErrUnavailable, set.Generation)
 			}
 		}

@@ -45,10 +45,13 @@
 //     an older set, and is replaced (etcdstore.ReplaceMoved).
 //
 // Each process drains the shards of the previous placement in the
-// background: once a shard holds no live record of a key placed elsewhere,
-// it is marked drained for the generation, and processes stop asking it.
-// Nothing waits for a time to pass: the hand-over ends when the records
-// that kept it going have ended, whatever the retention.
+// background: once a shard holds no record of a key placed elsewhere (the
+// drain deletes those whose retention passed, each if unchanged since it
+// listed it), it is marked drained for the generation, and processes stop
+// asking it. Once every one is drained, the set is settled (Set.Settled):
+// no process asks the old shards again, nor needs them for the next
+// change. Nothing waits for a time to pass: the hand-over ends when the
+// records that kept it going have ended, whatever the retention.
 //
 // Invariant: every live record of a key is on its shard under the set's
 // placement or under its previous placement (the two places a claim
@@ -118,6 +121,15 @@ type Placement struct {
 	Shards []string `json:"shards"`
 	// Pin places every key of a tenant on one shard.
 	Pin map[string]string `json:"pin,omitempty"`
+}
+
+// String shows p as "[a b]", with its pins when it has any.
+func (p Placement) String() string {
+	c := p.canonical()
+	if len(c.Pin) == 0 {
+		return fmt.Sprint(c.Shards)
+	}
+	return fmt.Sprintf("%v pin %v", c.Shards, c.Pin)
 }
 
 // Config is a shard set as a process is configured with it.
@@ -321,13 +333,39 @@ func (s *Store) reconnect(ctx context.Context, m *member) {
 	}
 }
 
-// watch looks at the set in force, the drain marks and the drain every
-// s.check, until the store closes.
+// watch looks at the set in force (read again from every shard), the
+// drain marks and the drain every s.check, until the store closes.
 func (s *Store) watch(ctx context.Context) {
 	for clock.Sleep(s.clk, ctx, s.check) == nil {
+		s.load(ctx, max(s.check, 2*time.Second))
 		s.refresh(ctx)
 		s.drain(ctx)
 	}
+}
+
+// load reads the set every connected shard records, at once and each
+// within timeout, and returns per shard nil or why it did not answer.
+func (s *Store) load(ctx context.Context, timeout time.Duration) map[string]error {
+	out := make(map[string]error, len(s.names))
+	var mu sync.Mutex
+	var g clock.Group
+	for _, n := range s.names {
+		st := s.store(n)
+		if st == nil {
+			out[n] = s.unreachable(n)
+			continue
+		}
+		g.Go(s.clk, ctx, "load shard set "+n, func(ctx context.Context) {
+			tctx, cancel := s.clk.WithTimeout(ctx, timeout)
+			defer cancel()
+			_, err := st.LoadShardSet(tctx)
+			mu.Lock()
+			out[n] = err
+			mu.Unlock()
+		})
+	}
+	g.Wait(s.clk, context.Background())
+	return out
 }
 
 // store returns shard name's store, or nil while it is not connected (or
@@ -362,13 +400,15 @@ func (s *Store) adopt(set Set) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
-	case !s.known || set.Generation > s.inForce.Generation:
+	case !s.known || set.after(s.inForce):
 		if s.known {
-			s.log.Info("idem: shard set in force", "generation", set.Generation, "was", s.inForce.Generation)
+			s.log.Info("idem: shard set in force", "generation", set.Generation, "was", s.inForce.Generation, "settled", set.Settled)
+		}
+		if !s.known || set.Generation != s.inForce.Generation {
+			clear(s.marks)
 		}
 		s.inForce, s.known = set, true
-		clear(s.marks)
-	case set.Generation == s.inForce.Generation && !set.same(s.inForce):
+	case set.Generation == s.inForce.Generation && !set.same(s.inForce) && !s.inForce.after(set):
 		s.log.Error("idem: two different shard sets of one generation; following the first seen", "generation", set.Generation)
 	}
 }
@@ -391,6 +431,29 @@ func (s *Store) noteMark(name string, m mark) {
 // refresh learns the set in force from the shards' last reads, and
 // installs this process's own when it is newer and safe.
 func (s *Store) refresh(ctx context.Context) {
+	s.learn()
+	cur, known := s.current()
+	switch {
+	case known && cur.Generation == s.want.Generation && !cur.Placement.equal(s.want.Placement):
+		s.setPending(fmt.Sprintf("generation %d is in force with placement %v, and this process asks for %v at the same generation: raise the generation to change the placement",
+			cur.Generation, cur.Placement, s.want.Placement))
+		return
+	case known && cur.Generation >= s.want.Generation:
+		s.setPending("")
+		return
+	}
+	if _, err := s.install(ctx, s.want); err != nil {
+		s.setPending(err.Error())
+		if !errors.Is(err, errPending) {
+			s.log.Warn("idem: installing the shard set", "generation", s.want.Generation, "err", err)
+		}
+		return
+	}
+	s.setPending("")
+}
+
+// learn adopts the newest set the shards' last reads hold.
+func (s *Store) learn() {
 	for _, n := range s.names {
 		st := s.store(n)
 		if st == nil {
@@ -407,19 +470,6 @@ func (s *Store) refresh(ctx context.Context) {
 		}
 		s.adopt(set)
 	}
-	cur, known := s.current()
-	if known && cur.Generation >= s.want.Generation {
-		s.setPending("")
-		return
-	}
-	if _, err := s.install(ctx, s.want); err != nil {
-		s.setPending(err.Error())
-		if !errors.Is(err, errPending) {
-			s.log.Warn("idem: installing the shard set", "generation", s.want.Generation, "err", err)
-		}
-		return
-	}
-	s.setPending("")
 }
 
 func (s *Store) setPending(why string) {
@@ -614,27 +664,10 @@ func (s *Store) Close() error {
 // Check asks every shard, at once and each within timeout, for a
 // linearizable read (which also refreshes what this process knows of the
 // set in force), and returns, per shard, nil or why it did not answer: a
-// shard that hangs costs its own answer only.
+// shard that hangs costs its own answer only, and Check returns within
+// about timeout (installing a set, or draining, is left to the background).
 func (s *Store) Check(ctx context.Context, timeout time.Duration) map[string]error {
-	out := make(map[string]error, len(s.names))
-	var mu sync.Mutex
-	var g clock.Group
-	for _, n := range s.names {
-		st := s.store(n)
-		if st == nil {
-			out[n] = s.unreachable(n)
-			continue
-		}
-		g.Go(s.clk, ctx, "check shard "+n, func(ctx context.Context) {
-			tctx, cancel := s.clk.WithTimeout(ctx, timeout)
-			defer cancel()
-			_, err := st.LoadShardSet(tctx)
-			mu.Lock()
-			out[n] = err
-			mu.Unlock()
-		})
-	}
-	g.Wait(s.clk, context.Background())
-	s.refresh(ctx)
+	out := s.load(ctx, timeout)
+	s.learn()
 	return out
 }

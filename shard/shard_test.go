@@ -90,6 +90,22 @@ func lossy(t testing.TB, n string, rate float64, seed uint64) *clientv3.Client {
 	return cli
 }
 
+// proxied is a client of cluster n through a proxy the test can cut.
+func proxied(t testing.TB, n string) (*etcdtest.Proxy, *clientv3.Client) {
+	t.Helper()
+	proxy, err := etcdtest.NewProxy(strings.TrimPrefix(clusters[n].Endpoints()[0], "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{proxy.URL()}, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return proxy, cli
+}
+
 // open makes a shard store over the named clusters (a client each) that
 // asks for placement at generation gen.
 func open(t testing.TB, prefix string, gen int64, placement []string, previous []string, rate float64, seed uint64, names ...string) *Store {
@@ -494,16 +510,7 @@ func TestStaleEpochIsCaught(t *testing.T) {
 // other shard's keys are served.
 func TestShardDownIsolation(t *testing.T) {
 	prefix := testPrefix(t)
-	proxy, err := etcdtest.NewProxy(strings.TrimPrefix(clusters["b"].Endpoints()[0], "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.Close)
-	cb, err := clientv3.New(clientv3.Config{Endpoints: []string{proxy.URL()}, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cb.Close() })
+	proxy, cb := proxied(t, "b")
 	ctx := testCtx(t)
 	s, err := New(ctx, Config{Shards: []Shard{{Name: "a", Client: lossy(t, "a", 0, 1)}, {Name: "b", Client: cb}}},
 		etcdstore.WithPrefix(prefix), etcdstore.WithRequestTimeout(time.Second))
