@@ -287,19 +287,19 @@ func adminStatus(ctx context.Context, args []string, stdout, stderr io.Writer) (
 			if err != nil {
 				rep.Error = err.Error()
 			}
+			// Its set, read here: a shard that hangs delays only its own.
+			if st, err := a.set.SetOf(ctx, c.name); err == nil {
+				rep.Set = &setReport{Generation: st.Set.Generation, Placement: st.Set.Placement.Shards, Pin: st.Set.Placement.Pin, Drained: st.Drained, Settled: st.Set.Settled}
+				if p := st.Set.Previous; p != nil {
+					rep.Set.Previous = p.Shards
+				}
+			}
 			reps[i] = rep
 		}()
 	}
 	wg.Wait()
-	sets, _ := a.set.Sets(ctx)
 	down := 0
 	for i := range reps {
-		if st, ok := sets[reps[i].Shard]; ok {
-			reps[i].Set = &setReport{Generation: st.Set.Generation, Placement: st.Set.Placement.Shards, Pin: st.Set.Placement.Pin, Drained: st.Drained}
-			if p := st.Set.Previous; p != nil {
-				reps[i].Set.Previous = p.Shards
-			}
-		}
 		if reps[i].Error != "" {
 			down++
 		}
@@ -316,7 +316,10 @@ func adminStatus(ctx context.Context, args []string, stdout, stderr io.Writer) (
 			fmt.Fprintf(stdout, "shard %s\n", rep.Shard)
 			if rep.Set != nil && rep.Set.Generation > 0 {
 				fmt.Fprintf(stdout, "shard set: generation %d, placement %v", rep.Set.Generation, rep.Set.Placement)
-				if rep.Set.Previous != nil {
+				switch {
+				case rep.Set.Previous != nil && rep.Set.Settled:
+					fmt.Fprintf(stdout, ", settled (keys handed over from %v)", rep.Set.Previous)
+				case rep.Set.Previous != nil:
 					fmt.Fprintf(stdout, ", handing keys over from %v", rep.Set.Previous)
 				}
 				if rep.Set.Drained > 0 {
@@ -346,6 +349,7 @@ type setReport struct {
 	Pin        map[string]string `json:"pin,omitempty"`
 	Previous   []string          `json:"previous,omitempty"`
 	Drained    int64             `json:"drained_generation,omitempty"`
+	Settled    bool              `json:"settled,omitempty"`
 }
 
 // clusterStatus reads one cluster's members and idem's keys in it.

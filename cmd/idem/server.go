@@ -396,8 +396,10 @@ func pathPrefixes(prefixes []string) func(*http.Request) bool {
 	}
 }
 
-// readyTimeout bounds each shard's answer to /readyz (and the whole of
-// it for one cluster).
+// readyTimeout bounds the whole of /readyz's answer: every shard is asked
+// at once, each within it. The readiness probes in deploy/ wait longer
+// (timeoutSeconds), so that a shard that hangs makes the pod degraded, not
+// unready.
 const readyTimeout = 2 * time.Second
 
 // adminMux serves /livez, /readyz, /metrics and, opted in, /debug/pprof.
@@ -424,13 +426,16 @@ func (s *server) adminMux() http.Handler {
 			http.Error(w, "no live etcd session", http.StatusServiceUnavailable)
 			return
 		}
-		fctx, fcancel := context.WithTimeout(r.Context(), readyTimeout)
-		full, _ := store.CheckFull(fctx)
-		fcancel()
-		if full && !c.readyWhenFull {
-			http.Error(w, "etcd is out of space (NOSPACE alarm): new keys are refused, replays still work; see docs/OPERATIONS.md", http.StatusServiceUnavailable)
-			return
-		}
+		// The whole answer takes at most readyTimeout (the probes'
+		// timeoutSeconds in deploy/ are above it): the space check and the
+		// reads run at once.
+		ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
+		defer cancel()
+		fullc := make(chan bool, 1)
+		go func() {
+			full, _ := store.CheckFull(ctx)
+			fullc <- full
+		}()
 		// A linearizable read: answers only with a quorum behind it. With
 		// shards, every shard is asked at once, each within its own
 		// deadline, and the process is ready while one answers: the
@@ -438,7 +443,7 @@ func (s *server) adminMux() http.Handler {
 		var down []string
 		n := 1
 		if set, ok := store.(*shard.Store); ok {
-			checks := set.Check(r.Context(), readyTimeout)
+			checks := set.Check(ctx, readyTimeout)
 			n = len(checks)
 			for _, name := range set.Shards() {
 				if err := checks[name]; err != nil {
@@ -449,11 +454,13 @@ func (s *server) adminMux() http.Handler {
 			s.mu.Lock()
 			clis := s.clis
 			s.mu.Unlock()
-			ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
-			defer cancel()
 			if _, err := clis[0].Get(ctx, c.etcd.prefix+"readyz", clientv3.WithCountOnly()); err != nil {
 				down = append(down, "etcd unreachable: "+err.Error())
 			}
+		}
+		if <-fullc && !c.readyWhenFull {
+			http.Error(w, "etcd is out of space (NOSPACE alarm): new keys are refused, replays still work; see docs/OPERATIONS.md", http.StatusServiceUnavailable)
+			return
 		}
 		if len(down) == n {
 			http.Error(w, strings.Join(down, "; "), http.StatusServiceUnavailable)

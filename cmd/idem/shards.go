@@ -43,7 +43,7 @@ var (
 // previous: {shards: [...]} is read only when no shard records a shard set
 // yet (an upgrade from idem 0.4 in the middle of a change).
 type shardsFile struct {
-	Generation int64 `json:"generation,omitempty"`
+	Generation *int64 `json:"generation,omitempty"` // nil: absent (1)
 	Shards     []struct {
 		Name        string   `json:"name"`
 		Endpoints   []string `json:"endpoints"`
@@ -96,10 +96,12 @@ func readShards(path string, base etcdFlags) ([]etcdFlags, []string, shard.Confi
 		names = append(names, s.Name)
 		cfg.Shards = append(cfg.Shards, shard.Shard{Name: s.Name})
 	}
-	if f.Generation < 0 {
-		return nil, nil, cfg, fmt.Errorf("--shards-file %s: generation %d must be at least 1", path, f.Generation)
+	if f.Generation != nil {
+		if *f.Generation < 1 {
+			return nil, nil, cfg, fmt.Errorf("--shards-file %s: generation %d must be at least 1", path, *f.Generation)
+		}
+		cfg.Generation = *f.Generation
 	}
-	cfg.Generation = f.Generation
 	cfg.Placement = shard.Placement{Shards: f.Placement, Pin: f.Pin}
 	if f.Previous != nil {
 		cfg.Previous = &shard.Placement{Shards: f.Previous.Shards, Pin: f.Previous.Pin}

@@ -72,6 +72,7 @@ readinessProbe:
     path: /readyz
     port: admin
   periodSeconds: {{ .Values.probes.readiness.periodSeconds }}
+  timeoutSeconds: {{ .Values.probes.readiness.timeoutSeconds }}
 livenessProbe:
   httpGet:
     path: /livez
