@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/idem-dev/idem/clock"
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/fencing"
 	"github.com/idem-dev/idem/idemgrpc"
@@ -115,6 +116,18 @@ func (w *world) spawnActor(n int) {
 	}
 }
 
+// deadline is a session-held claim's deadline: mostly 5-25 s, and a
+// quarter of the time longer than retention, the retention of the process
+// that claims (its record must live until the deadline, and a retention
+// past it).
+func (w *world) deadline(retention time.Duration) time.Duration {
+	if w.rng.IntN(4) == 0 {
+		w.ledger.hit("path:deadline longer than the retention")
+		return retention + time.Duration(1+w.rng.IntN(20))*time.Second
+	}
+	return time.Duration(5+w.rng.IntN(20)) * time.Second
+}
+
 // callerCtx is a caller's context: mostly without a deadline, sometimes
 // with one on p's clock, so that callers leave while their writes wait for
 // a batch or fly.
@@ -142,9 +155,10 @@ func (w *world) doWorker(a *actor, p *process) {
 		// A slow worker does not notice that its claim was lost: its late
 		// effects must be refused by the fenced sink.
 		deaf := w.rng.IntN(3) == 0
+		late := w.rng.IntN(3) == 0
 		opts := []etcdstore.RunOption{etcdstore.OnError(policy)}
 		if w.rng.IntN(3) == 0 {
-			opts = append(opts, etcdstore.WithDeadline(time.Duration(5+w.rng.IntN(20))*time.Second))
+			opts = append(opts, etcdstore.WithDeadline(w.deadline(p.retention)))
 		}
 		for try := 0; try < 4; try++ {
 			w.s.step(a)
@@ -181,6 +195,14 @@ func (w *world) doWorker(a *actor, p *process) {
 				}
 				if fail {
 					return nil, errors.New("the work failed after its effects")
+				}
+				if late && !c.Deadline().IsZero() {
+					// The work ends just before its deadline: its outcome
+					// is saved across it.
+					if d := c.Deadline().Sub(p.clock.Now()) - time.Duration(10+w.rng.IntN(2000))*time.Millisecond; d > 0 {
+						w.ledger.hit("path:work ended just before its deadline")
+						clock.Sleep(p.clock, a.ctx, d)
+					}
 				}
 				return body(key, token), nil
 			}, append(opts, etcdstore.WithAttempt(attempt))...)
@@ -261,7 +283,7 @@ func (w *world) stepWorker(a *actor, p *process) {
 	attempt, first := w.nextAttempt(), true
 	var opts []etcdstore.ClaimOption
 	if w.rng.IntN(2) == 0 {
-		opts = append(opts, etcdstore.WithDeadline(time.Duration(5+w.rng.IntN(20))*time.Second))
+		opts = append(opts, etcdstore.WithDeadline(w.deadline(p.retention)))
 	}
 	// A client behind a load balancer retries its claim, with the same
 	// attempt id, through another process.
@@ -430,6 +452,8 @@ func (w *world) attach(a *actor, c *etcdstore.Claim) (*etcdstore.Claim, *process
 func (w *world) apiWorker(a *actor) {
 	key := storeKeys[w.rng.IntN(len(storeKeys))]
 	fp := fingerprint(key, false)
+	// Without a session, only the deadline frees the key of a worker that
+	// died: short ones (the liveness bound allows for 25 s).
 	opts := []etcdstore.ClaimOption{etcdstore.WithoutSession(), etcdstore.WithDeadline(time.Duration(5+w.rng.IntN(20)) * time.Second)}
 	attempt, first := w.nextAttempt(), true
 	var c *etcdstore.Claim

@@ -144,6 +144,8 @@ var expected = []string{
 	"path:takeover",
 	"path:takeover of a dead session's claim",
 	"path:takeover past a deadline",
+	"path:deadline longer than the retention",
+	"path:work ended just before its deadline",
 	"path:epoch raised",
 	"path:takeover after an epoch raise",
 	"path:snapshot",
@@ -164,6 +166,8 @@ var expected = []string{
 	"path:key claimed on another shard",
 	"log:shard set installed",
 	"log:shard drained",
+	"path:drain deleted an expired record",
+	"log:shard hand-over settled",
 	"log:the shard set asked for is not in force",
 	"path:liveness probe claimed a free key",
 }

@@ -26,9 +26,10 @@ import (
 // schedWorld is a world's schedule.
 type schedWorld struct {
 	spec     jobs.Schedule
-	dst      bool // cron in Europe/Paris, across a change of daylight saving
-	skipped  int  // occurrences the schedulers logged as skipped
-	stopped  bool // the schedulers were stopped for the checks
+	dst      bool     // cron in Europe/Paris, across a change of daylight saving
+	skipped  int      // occurrences the schedulers logged as skipped
+	early    []string // skips of occurrences that were not late by the true time
+	stopped  bool     // the schedulers were stopped for the checks
 	lastSeen time.Time
 }
 
@@ -133,6 +134,9 @@ func (w *world) checkSchedule(hist map[string][]version) []string {
 		got[t]++
 	}
 	if len(spans) == 0 {
+		if len(w.sched.early) > 0 {
+			return w.sched.early
+		}
 		return nil
 	}
 	w.ledger.hit("path:schedule ran")
@@ -175,6 +179,12 @@ func (w *world) checkSchedule(hist map[string][]version) []string {
 	if missing > w.sched.skipped {
 		bad = append(bad, fmt.Sprintf("schedule %s: %d of the %d occurrences its cursor passed over never submitted, %d counted as skipped",
 			w.sched.spec.Name, missing, wanted, w.sched.skipped))
+	}
+	for _, e := range w.sched.early {
+		bad = append(bad, "schedule "+w.sched.spec.Name+": "+e)
+	}
+	if w.sched.skipped > 0 {
+		w.ledger.hit("path:schedule skipped missed occurrences")
 	}
 	if w.sched.dst {
 		w.ledger.hit("path:schedule across daylight saving")

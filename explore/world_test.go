@@ -340,8 +340,17 @@ func (l *ledgerLog) Handle(_ context.Context, r slog.Record) error {
 	switch {
 	case msg == "schedule: skipped missed occurrences" && l.w.sched != nil:
 		r.Attrs(func(a slog.Attr) bool {
-			if a.Key == "skipped" {
+			switch {
+			case a.Key == "skipped":
 				l.w.sched.skipped += int(a.Value.Int64())
+			case a.Key == "latest" && a.Value.Kind() == slog.KindTime:
+				// Only an occurrence late by the true time may be skipped:
+				// a scheduler whose clock runs ahead (within MaxSkew) must
+				// not skip one the fleet would still run.
+				if t, now := a.Value.Time(), l.w.s.Now(); !t.IsZero() && now.Sub(t) < l.w.sched.spec.Lateness {
+					l.w.sched.early = append(l.w.sched.early, fmt.Sprintf("%s skipped the occurrence %s at %s (true time), %v before it was late",
+						l.p.name, t.Format(time.RFC3339), now.Format(time.RFC3339Nano), l.w.sched.spec.Lateness-now.Sub(t)))
+				}
 			}
 			return true
 		})
@@ -351,6 +360,13 @@ func (l *ledgerLog) Handle(_ context.Context, r slog.Record) error {
 		l.w.log(event{kind: evSessionLost, proc: l.p.name, owner: owner})
 	case msg == "abandoned a claim whose write had an unknown outcome":
 		l.w.log(event{kind: evReaped, proc: l.p.name, key: l.w.keyOfDigest(key), token: token})
+	case msg == "shard drained":
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "stale_records_deleted" && a.Value.Int64() > 0 {
+				l.w.ledger.hit("path:drain deleted an expired record")
+			}
+			return true
+		})
 	}
 	if r.Level >= slog.LevelInfo {
 		l.w.ledger.hit("log:" + msg)

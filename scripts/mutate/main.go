@@ -5,7 +5,8 @@
 //
 //	go run ./scripts/mutate                  # every mutant, the CI budget each
 //	go run ./scripts/mutate -budget 3m       # a shorter budget each
-//	go run ./scripts/mutate -only epoch      # the mutants whose name contains "epoch"
+//	go run ./scripts/mutate -only 'epoch|review' # the mutants whose name matches
+//	go run ./scripts/mutate -check           # every mutant still applies
 //	go run ./scripts/mutate -list            # list them
 //
 // Each mutant is a text replacement that must match its file exactly
@@ -83,6 +84,12 @@ var mutants = []mutant{
 	{"recognition: a claim whose earlier try may have landed says its last try was not sent", "etcdstore/acquire.go",
 		"			if left.uncertain && errors.Is(err, ErrNotSent) {",
 		"			if false && left.uncertain && errors.Is(err, ErrNotSent) {"},
+	{"reaper (review): a claim whose work runs is forgotten when its session is lost", "etcdstore/store.go",
+		"			case c.inRun:\n",
+		"			case false && c.inRun:\n"},
+	{"recognition (review): a checkpoint whose earlier try may have landed says not sent", "etcdstore/write.go",
+		"			err = landed.failed(err)\n",
+		"\n"},
 	// Group commit.
 	{"batching: a batch's lost reply is reported as not applied", "etcdstore/internal/send/send.go",
 		"		for _, m := range batch {\n			answer(m, nil, err)\n		}",
@@ -108,8 +115,8 @@ var mutants = []mutant{
 		"	if s.sess != nil {\n		s.sess.CloseContext(ctx)\n	}\n	if left := s.bg.close(ctx, s.endTimeout); left > 0 {"},
 	// Shards (issue 24).
 	{"shards (defect 1): a change ends the hand-over before the drain", "shard/set.go",
-		"	if s.Previous != nil && !p.equal(*s.Previous) {",
-		"	if false && s.Previous != nil && !p.equal(*s.Previous) {"},
+		"	if h := s.handing(); h != nil && !p.equal(*h) {",
+		"	if h := s.handing(); false && h != nil && !p.equal(*h) {"},
 	{"shards (defect 2): a Moved record an older set left refuses claims on the key's home", "shard/route.go",
 		"opts: []etcdstore.ClaimOption{etcdstore.UnderShardSet(rev), etcdstore.ReplaceMoved()}}, nil",
 		"opts: []etcdstore.ClaimOption{etcdstore.UnderShardSet(rev)}}, nil"},
@@ -121,11 +128,20 @@ var mutants = []mutant{
 		"opts: []etcdstore.ClaimOption{under}}, nil"},
 	{"shards: a claim is guarded by the set its store last read, not the one it was routed by", "shard/route.go",
 		"opts: []etcdstore.ClaimOption{etcdstore.UnderShardSet(rev), etcdstore.ReplaceMoved()}}, nil",
-		"opts: []etcdstore.ClaimOption{etcdstore.ReplaceMoved()}}, nil"},
+		"opts: []etcdstore.ClaimOption{etcdstore.UnderShardSet(max(rev, st.ShardSet().Revision)), etcdstore.ReplaceMoved()}}, nil"},
+	{"shards (review): a first set is installed while a shard does not answer", "shard/set.go",
+		"				if st == nil {\n					return cur, fmt.Errorf(\"%w: no shard set in force is known",
+		"				if st == nil {\n					names = slices.DeleteFunc(slices.Clone(names), func(x string) bool { return x == n })\n					continue\n					return cur, fmt.Errorf(\"%w: no shard set in force is known"},
+	{"shards (review): the drain marks a shard without deleting its expired records", "shard/drain.go",
+		"				stale = append(stale, rec)\n",
+		"\n"},
 	// Jobs and schedules (issue 24).
 	{"jobs (defect 6): a last step whose ops were committed is failed for its end's size", "jobs/worker.go",
 		"	committed := lastOps > 0 ",
 		"	committed := false && lastOps > 0 "},
+	{"jobs (review): a last step's ops commit although the job's end cannot fit", "jobs/worker.go",
+		"MaxRecordSize()); !ok {",
+		"MaxRecordSize()); false && !ok {"},
 	{"schedules (defect 7): a cron schedule read by robfig/cron alone across daylight saving", "jobs/schedule.go",
 		"			sp.Location = time.UTC // read on the wall clock, below\n			spec = zoned{spec: sp, loc: s.Location}",
 		"			sp.Location = s.Location"},
@@ -140,7 +156,8 @@ var mutants = []mutant{
 
 func main() {
 	budget := flag.Duration("budget", 14*time.Minute, "the explorer's budget per mutant (scripts/test's CI budget by default)")
-	only := flag.String("only", "", "run only the mutants whose name contains this")
+	only := flag.String("only", "", "run only the mutants whose name matches this regular expression")
+	check := flag.Bool("check", false, "check that every mutant applies, and exit")
 	list := flag.Bool("list", false, "list the mutants and exit")
 	flag.Parse()
 	if *list {
@@ -154,8 +171,12 @@ func main() {
 	}
 	// Check every mutant applies before running any.
 	var run []mutant
+	re, err := regexp.Compile(*only)
+	if err != nil {
+		fatal(fmt.Errorf("-only: %w", err))
+	}
 	for _, m := range mutants {
-		if !strings.Contains(m.name, *only) {
+		if !re.MatchString(m.name) && !*check {
 			continue
 		}
 		src, err := os.ReadFile(m.file)
@@ -166,6 +187,10 @@ func main() {
 			fatal(fmt.Errorf("mutant %q: its text occurs %d times in %s, not once: update it", m.name, n, m.file))
 		}
 		run = append(run, m)
+	}
+	if *check {
+		fmt.Printf("%d mutants, each applies once\n", len(run))
+		return
 	}
 	killed := 0
 	fmt.Printf("%d mutants, explorer budget %v each\n\n", len(run), *budget)
