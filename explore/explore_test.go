@@ -429,12 +429,13 @@ func (w *world) clientsDone() bool {
 // livenessBound is how long after the faults stop every key must be done
 // or free and every job ended or parked, in simulated time: a dead
 // session's lease expires (its TTL), a claim's deadline passes (the
-// actors' longest is 25 s), a final write retried in the background lands
+// actors' longest is 25 s) or a work sleeping towards its deadline ends
+// (lateWork), a final write retried in the background lands
 // (its longest backoff, then the end timeout), a claim of unknown outcome
 // is reaped (its backoff), each with a request timeout on top.
 func (w *world) livenessBound() time.Duration {
 	backoff := 100 * time.Millisecond << 6
-	return etcdstore.DefaultSessionTTL + 25*time.Second + etcdstore.DefaultEndTimeout + 2*backoff + 2*etcdstore.DefaultRequestTimeout
+	return etcdstore.DefaultSessionTTL + max(25*time.Second, lateWork) + etcdstore.DefaultEndTimeout + 2*backoff + 2*etcdstore.DefaultRequestTimeout
 }
 
 // healSteps bounds the steps of heal: an actor that keeps running without
@@ -479,7 +480,7 @@ func (w *world) heal(fatal func(string, ...any)) {
 				break
 			}
 		}
-		if now.After(healedAt.Add(bound)) && !w.clientsDone() {
+		if !now.Before(healedAt.Add(bound)) && !w.clientsDone() {
 			var names []string
 			for _, a := range w.s.live(func(a *actor) bool { return !a.bg }) {
 				names = append(names, a.name)
