@@ -11,11 +11,12 @@ import (
 // (the store's record limit), cutting what can be cut, in this order, and
 // saying what it cut in the state (Truncated): the error text, to its first
 // kilobyte; the attempt errors but the last; the last one's text; the
-// failure's text; with outputs set, the finished steps' outputs, oldest
-// first. The kind, the parameters and the finished steps' names and tokens
+// failure's text; the outputs of the first outputs finished steps, oldest
+// first (a step's output is cut only once its checkpoint landed: the last
+// step of a success whose output is saved only with the end keeps it). The kind, the parameters and the finished steps' names and tokens
 // are never cut: without them the job could run a finished step again, or
 // not at all. ok is false when even that does not fit.
-func fit(st *state, errText string, max int, outputs bool) (out etcdstore.Outcome, ok bool) {
+func fit(st *state, errText string, max int, outputs int) (out etcdstore.Outcome, ok bool) {
 	size := func() int { return len(st.encode()) + len(errText) }
 	cut := func(what string) { st.Truncated = append(st.Truncated, what) }
 	if size() <= max {
@@ -37,7 +38,7 @@ func fit(st *state, errText string, max int, outputs bool) (out etcdstore.Outcom
 		st.Failure = st.Failure[:64] + "..."
 		cut("failure")
 	}
-	for i := 0; outputs && size() > max && i < len(st.Done); i++ {
+	for i := 0; size() > max && i < min(outputs, len(st.Done)); i++ {
 		if st.Done[i].Output != nil {
 			st.Done[i].Output = nil
 			cut(fmt.Sprintf("output:%s", st.Done[i].Name))
@@ -53,7 +54,7 @@ func fit(st *state, errText string, max int, outputs bool) (out etcdstore.Outcom
 // its size once cut, without changing st.
 func fits(st *state, errText string, max int) (int, bool) {
 	c := st.clone()
-	out, ok := fit(c, errText, max, true)
+	out, ok := fit(c, errText, max, len(c.Done))
 	return len(out.Body) + len(out.Err), ok
 }
 

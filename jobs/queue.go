@@ -303,10 +303,12 @@ func (q *Queue) Cancel(ctx context.Context, id, reason string) (*Job, error) {
 	return q.operate(ctx, "cancel", id, nil, func(c *etcdstore.Claim, st *state) (etcdstore.Outcome, etcdstore.End, error) {
 		end := st.clone()
 		end.Outcome, end.Parked, end.NotBefore = Cancelled, false, 0
-		out, ok := fit(end, "cancelled: "+reason, q.store.MaxRecordSize(), true)
+		out, ok := fit(end, "cancelled: "+reason, q.store.MaxRecordSize(), len(end.Done))
 		if !ok {
 			// Saved anyway, the store would put "too large" in the job's
-			// place, losing its kind, parameters and finished steps.
+			// place, losing its kind, parameters and finished steps. The
+			// job is left as it was: this takeover was no attempt.
+			st.Base++
 			return etcdstore.Outcome{}, etcdstore.EndAbandon, fmt.Errorf("%w: the cancelled job's end would be %d bytes, limit %d",
 				etcdstore.ErrTooLarge, len(out.Body)+len(out.Err), q.store.MaxRecordSize())
 		}

@@ -232,7 +232,9 @@ func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind) (etcd
 	if st.Compensating {
 		return w.compensate(ctx, c, st, k, n)
 	}
-	lastOps := 0 // the etcd ops the last step committed with its checkpoint
+	// unsaved: the last step finished in this attempt without ops, and its
+	// output is saved only with the job's end (no checkpoint of its own).
+	unsaved := false
 	for i := range k.Steps {
 		step := &k.Steps[i]
 		if st.finished(step.Name) != nil {
@@ -248,8 +250,8 @@ func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind) (etcd
 		}
 		st.Done = append(st.Done, doneStep{Name: step.Name, Token: int64(c.Token()), At: w.q.clock.Now().UnixMilli(), Output: out})
 		if i == len(k.Steps)-1 {
-			lastOps = len(r.ops)
-			if lastOps == 0 {
+			if len(r.ops) == 0 {
+				unsaved = true
 				break // the job's end saves it
 			}
 			// Its ops commit with this checkpoint, and then the step is
@@ -274,13 +276,20 @@ func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind) (etcd
 	}
 	st.Outcome = Succeeded
 	last := &k.Steps[len(k.Steps)-1]
-	committed := lastOps > 0 // its ops are in etcd: it is finished, whatever its size
-	saved := *st
-	out, ok := fit(st, "", w.q.store.MaxRecordSize(), committed)
-	if !ok && !committed {
+	// A step whose checkpoint landed (in this attempt, with its ops, or in
+	// an earlier one) is finished, whatever its size: every output may be
+	// cut. One whose output only the end saves keeps it, and fails if the
+	// end cannot fit with it.
+	cuttable := len(st.Done)
+	if unsaved {
+		cuttable--
+	}
+	saved := st.clone()
+	out, ok := fit(st, "", w.q.store.MaxRecordSize(), cuttable)
+	if !ok && unsaved {
 		// The last step's output outgrew the record: a failure of that
 		// step, as its checkpoint's refusal would be.
-		*st = saved
+		*st = *saved
 		st.Outcome = ""
 		st.Done = st.Done[:len(st.Done)-1]
 		return w.stepFailed(ctx, c, st, k, last, n, fmt.Errorf("its checkpoint was refused: %w: the job's state would be %d bytes, limit %d",
@@ -297,7 +306,7 @@ func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind) (etcd
 // within the record's limit: see fit. A state that cannot fit even so
 // (its parameters alone fill the record) ends with its error alone.
 func (w *Worker) end(c *etcdstore.Claim, st *state, errText string) (etcdstore.Outcome, etcdstore.End) {
-	out, ok := fit(st, errText, w.q.store.MaxRecordSize(), true)
+	out, ok := fit(st, errText, w.q.store.MaxRecordSize(), len(st.Done))
 	if len(st.Truncated) > 0 {
 		w.log.Warn("idem: a job's end was cut to fit the record", "job", c.Key().Digest(), "cut", st.Truncated)
 	}
