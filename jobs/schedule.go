@@ -310,12 +310,17 @@ func (s *Scheduler) tick(ctx context.Context, sc *Schedule) (time.Time, error) {
 func (sc *Schedule) plan(from, now time.Time, retention time.Duration) (submit []time.Time, last time.Time, skipped int, latestSkipped time.Time) {
 	oldest := now.Add(-retention / 2)
 	if from.Before(oldest) {
-		// Older ones may be forgotten: never submitted again.
-		for t := sc.spec.Next(from); !t.IsZero() && t.Before(oldest) && skipped < 1_000_000; t = sc.spec.Next(t) {
+		// Older ones may be forgotten: never submitted again. The count
+		// goes on from the last one skipped (an occurrence at oldest
+		// itself is the next loop's).
+		for t := sc.spec.Next(from); !t.IsZero() && t.Before(oldest); t = sc.spec.Next(t) {
 			skipped++
-			latestSkipped = t
+			latestSkipped, from = t, t
+			if skipped == 1_000_000 {
+				from = oldest // more than anyone counts: the rest uncounted
+				break
+			}
 		}
-		from = oldest
 	}
 	var missed []time.Time
 	for t := sc.spec.Next(from); !t.IsZero() && !t.After(now); t = sc.spec.Next(t) {

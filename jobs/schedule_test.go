@@ -164,9 +164,26 @@ func TestCatchUpPolicies(t *testing.T) {
 	if err := sc.validate(time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	got, _, _, _ := sc.plan(t0.Add(-24*time.Hour), t0, time.Hour)
-	if len(got) != 30 || !got[0].Equal(t0.Add(-29*time.Minute)) {
-		t.Fatalf("catching up a day with a 1 h retention submitted %d, from %v; want the last 30 minutes", len(got), got[0])
+	got, _, skipped, _ := sc.plan(t0.Add(-24*time.Hour), t0, time.Hour)
+	if len(got) != 31 || !got[0].Equal(t0.Add(-30*time.Minute)) || skipped+len(got) != 24*60 {
+		t.Fatalf("catching up a day with a 1 h retention submitted %d, from %v, skipped %d; want the last 30 minutes and now, the rest counted", len(got), got[0], skipped)
+	}
+}
+
+// Found by the explorer, now fixed: an occurrence exactly half a retention
+// old, when the cursor is older still, was neither submitted nor counted
+// as skipped (the count stopped before it, and the plan went on after it).
+func TestPlanCountsTheOccurrenceAtTheRetentionBound(t *testing.T) {
+	t0 := time.Date(2027, 1, 15, 8, 0, 0, 0, time.UTC)
+	sc := Schedule{Name: "s", Every: 20 * time.Second, Kind: "k", Lateness: time.Second, MaxSkew: 5 * time.Second, CatchUp: CatchUpNone}
+	if err := sc.validate(time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	// Occurrences at 20, 40, 60, 80 and 100 s; half the retention before
+	// now (110 s) is 80 s.
+	got, last, skipped, latest := sc.plan(t0, t0.Add(110*time.Second), time.Minute)
+	if len(got)+skipped != 5 || !last.Equal(t0.Add(100*time.Second)) || !latest.Equal(t0.Add(100*time.Second)) {
+		t.Fatalf("submit %v, skipped %d (latest %v), last %v; want the 5 occurrences up to 100 s submitted or counted", got, skipped, latest, last)
 	}
 }
 
