@@ -128,6 +128,18 @@ func (w *world) deadline(retention time.Duration) time.Duration {
 	return time.Duration(5+w.rng.IntN(20)) * time.Second
 }
 
+// endedEarly notes invariant 17 broken if the work's context ended at the
+// claim's deadline (ErrDeadline) before that deadline came, by its
+// process's clock: a claim is held until its deadline (its record lives
+// that long, and a retention more).
+func (w *world) endedEarly(p *process, c *etcdstore.Claim, ctx context.Context, key string) {
+	d := c.Deadline()
+	if now := p.clock.Now(); !d.IsZero() && errors.Is(context.Cause(ctx), etcdstore.ErrDeadline) && now.Before(d) {
+		w.broken = append(w.broken, fmt.Sprintf("%s: the claim of token %d ended (%v) at %s on %s's clock, %v before its deadline %s",
+			key, c.Token(), context.Cause(ctx), now.Format("15:04:05.000"), p.name, d.Sub(now), d.Format("15:04:05.000")))
+	}
+}
+
 // lateWork is the longest a doWorker's work sleeps to end just before its
 // deadline: a deadline past a 20 s or 1 min retention is within reach.
 const lateWork = 90 * time.Second
@@ -187,6 +199,7 @@ func (w *world) doWorker(a *actor, p *process) {
 				for st := start + 1; st <= steps; st++ {
 					w.s.step(a)
 					if ctx.Err() != nil && !deaf {
+						w.endedEarly(p, c, ctx, key)
 						return nil, ctx.Err()
 					}
 					w.effect(key, st, token, a, !deaf)
@@ -214,6 +227,9 @@ func (w *world) doWorker(a *actor, p *process) {
 							sctx = a.ctx
 						}
 						clock.Sleep(p.clock, sctx, d)
+						if !deaf && ctx.Err() != nil {
+							w.endedEarly(p, c, ctx, key)
+						}
 					}
 				}
 				return body(key, token), nil
@@ -341,7 +357,11 @@ func (w *world) run(a *actor, p *process, key string, c *etcdstore.Claim, via st
 	start := lastStep(c.LastCheckpoint())
 	w.log(event{kind: evGrant, key: key, token: token, attempt: c.Attempt(), proc: p.name, actor: a.name, tookOver: c.TookOver(), step: start, via: via})
 	defer w.log(event{kind: evHoldEnd, key: key, token: token, actor: a.name})
-	write := func(op func(*etcdstore.Claim, context.Context) error) error {
+	// write retries op; a try told ErrNotSent is held to it (invariant
+	// 16), unless an earlier try of this claim's writes may have landed
+	// (and could land in its window).
+	maybe := false
+	write := func(what string, step int, op func(*etcdstore.Claim, context.Context) error) error {
 		var err error
 		for try := 0; try < 4; try++ {
 			w.s.step(a)
@@ -354,7 +374,15 @@ func (w *world) run(a *actor, p *process, key string, c *etcdstore.Claim, via st
 					continue
 				}
 			}
-			if err = op(h, a.ctx); err == nil || !retryable(err) {
+			from := w.latest()
+			err = op(h, a.ctx)
+			switch {
+			case errors.Is(err, etcdstore.ErrNotSent) && !maybe:
+				w.log(event{kind: evWriteNotSent, key: key, token: token, step: step, body: what, err: err.Error(), from: from, to: w.latest()})
+			case err != nil && !errors.Is(err, etcdstore.ErrNotSent):
+				maybe = true
+			}
+			if err == nil || !retryable(err) {
 				return err
 			}
 		}
@@ -370,7 +398,7 @@ func (w *world) run(a *actor, p *process, key string, c *etcdstore.Claim, via st
 		if st == steps {
 			break
 		}
-		if err := write(func(h *etcdstore.Claim, ctx context.Context) error {
+		if err := write("checkpoint", st, func(h *etcdstore.Claim, ctx context.Context) error {
 			if via == "api" && w.rng.IntN(3) == 0 {
 				if err := h.Renew(ctx, 20*time.Second); err != nil {
 					return err
@@ -395,7 +423,11 @@ func (w *world) run(a *actor, p *process, key string, c *etcdstore.Claim, via st
 		// does not keep).
 		outcome.Header = map[string][]string{"X-Steps": {strconv.Itoa(steps)}, "X-None": {}}
 	}
-	err := write(func(h *etcdstore.Claim, ctx context.Context) error {
+	what := "complete"
+	if giveUp {
+		what = "abandon"
+	}
+	err := write(what, 0, func(h *etcdstore.Claim, ctx context.Context) error {
 		if giveUp {
 			return h.Abandon(ctx)
 		}

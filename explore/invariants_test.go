@@ -55,31 +55,32 @@ import (
 type evKind int
 
 const (
-	evGrant       evKind = iota // a claim is held by a worker (or a proxied request)
-	evHoldEnd                   // the worker no longer holds it
-	evEffect                    // an effect reached the sink
-	evResult                    // what a caller got
-	evSessionEnd                // a process's session ended
-	evCrash                     // a process crashed
-	evClose                     // a process was closed
-	evTaskStart                 // a background write started
-	evTaskDone                  // a background write finished
-	evClock                     // the simulated clock moved
-	evEpoch                     // the shard epoch was raised
-	evSnapshot                  // the prefix was saved
-	evRestore                   // and restored
-	evUnreadable                // an audit found a record it cannot read
-	evNotSaved                  // a Complete answered that its outcome was not saved
-	evSessionLost               // a process noticed its session was lost (it logged so)
-	evReaped                    // a process's reaper abandoned a claim (it logged so)
-	evNotSent                   // a claim failed with ErrNotSent: it never left the process
-	evProbe                     // liveness: a key free by the rules was claimed, or refused
+	evGrant        evKind = iota // a claim is held by a worker (or a proxied request)
+	evHoldEnd                    // the worker no longer holds it
+	evEffect                     // an effect reached the sink
+	evResult                     // what a caller got
+	evSessionEnd                 // a process's session ended
+	evCrash                      // a process crashed
+	evClose                      // a process was closed
+	evTaskStart                  // a background write started
+	evTaskDone                   // a background write finished
+	evClock                      // the simulated clock moved
+	evEpoch                      // the shard epoch was raised
+	evSnapshot                   // the prefix was saved
+	evRestore                    // and restored
+	evUnreadable                 // an audit found a record it cannot read
+	evNotSaved                   // a Complete answered that its outcome was not saved
+	evSessionLost                // a process noticed its session was lost (it logged so)
+	evReaped                     // a process's reaper abandoned a claim (it logged so)
+	evNotSent                    // a claim failed with ErrNotSent: it never left the process
+	evProbe                      // liveness: a key free by the rules was claimed, or refused
+	evWriteNotSent               // a claim's write (checkpoint, complete, abandon) failed with ErrNotSent
 )
 
 var kindNames = map[evKind]string{evGrant: "grant", evHoldEnd: "hold-end", evEffect: "effect", evResult: "result",
 	evSessionEnd: "session-end", evCrash: "crash", evClose: "close", evTaskStart: "task", evTaskDone: "task-done", evClock: "clock",
 	evEpoch: "epoch", evSnapshot: "snapshot", evRestore: "restore", evUnreadable: "unreadable", evNotSaved: "not-saved",
-	evSessionLost: "session-lost", evReaped: "reaped", evNotSent: "not-sent", evProbe: "probe"}
+	evSessionLost: "session-lost", evReaped: "reaped", evNotSent: "not-sent", evProbe: "probe", evWriteNotSent: "write-not-sent"}
 
 type event struct {
 	seq  int
@@ -94,6 +95,7 @@ type event struct {
 	status                                      int
 	body, err                                   string
 	sent                                        time.Time // results: when the request that got this answer was sent
+	from, to                                    int64     // not-sent writes: the world's latest write when the call began and ended
 }
 
 func (e event) String() string {
@@ -222,7 +224,7 @@ func tokenRev(t int64) int64 { return t & (1<<etcdstore.EpochShift - 1) }
 
 // check returns every invariant violation of the schedule.
 func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Record) []string {
-	var bad []string
+	bad := slices.Clone(w.broken)
 	fail := func(format string, args ...any) { bad = append(bad, fmt.Sprintf(format, args...)) }
 
 	// Restores: the versions a restore wrote, and the keys it rolled back.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -57,6 +58,7 @@ func (w *world) checkKnown(hist map[string][]version, claims func(key string, to
 	type hold struct {
 		grant, until int
 		proc         string
+		run          bool // the work of a Run (Do, the proxy, gRPC): the store knows when it ends
 	}
 	inTime := map[string]bool{}    // "key token" -> its work ended while the claim was held
 	holds := map[string][]*hold{}  // "key token" -> holds by actors
@@ -69,13 +71,34 @@ func (w *world) checkKnown(hist map[string][]version, claims func(key string, to
 				lost[e.proc+" "+e.owner] = e.seq
 			}
 		case evGrant:
-			h := &hold{grant: e.seq, proc: e.proc}
+			h := &hold{grant: e.seq, proc: e.proc, run: e.via == "do" || e.via == "bulk" || e.via == "proxy" || e.via == "grpc"}
 			holds[fmt.Sprintf("%s %d", e.key, e.token)] = append(holds[fmt.Sprintf("%s %d", e.key, e.token)], h)
 			open[e.actor+" "+e.key] = h
 			// 15. A takeover in the process that holds the outcome of a
 			// claim still held when its work ended (an outcome that came
 			// past the claim's deadline, or after its session was lost,
 			// came too late to keep the key).
+			// And a takeover, in the process whose Run still runs the
+			// work of the claim it replaces, of a claim its process
+			// lost the session of (only its deadline or its record's
+			// expiry give it up while its work runs).
+			if e.tookOver && e.proc != "" {
+				replaced := replacedToken(hist[e.key], e.token)
+				for _, h := range holds[fmt.Sprintf("%s %d", e.key, replaced)] {
+					if !h.run || h.proc != e.proc || h.until != 0 || h.grant >= e.seq {
+						continue
+					}
+					ci, ok := claims(e.key, replaced)
+					now := e.at.Add(skew(e.proc))
+					if !ok || !ci.deadline.IsZero() && !now.Before(ci.deadline) {
+						continue
+					}
+					if last := lastWriteOf(hist, w, e.key, replaced, e.at); last != nil && !now.Before(last.rec.Expires) {
+						continue
+					}
+					fail("%s: %s took the key over (token %d) at %d while the same process still ran the work of the claim it replaced (token %d, granted at %d)", e.key, e.proc, e.token, e.seq, replaced, h.grant)
+				}
+			}
 			if e.tookOver && e.proc != "" {
 				k := "complete " + storeKey(e.key).String() + " "
 				for task, proc := range pending {
@@ -116,21 +139,7 @@ func (w *world) checkKnown(hist map[string][]version, claims func(key string, to
 		}
 	}
 
-	// lastWrite is the last write of claim (key, token) at or before at.
-	lastWrite := func(key string, token int64, at time.Time) *version {
-		var last *version
-		for i := range hist[key] {
-			v := &hist[key][i]
-			t, ok := w.timeOf(v.rev)
-			if !ok || t.After(at) {
-				break
-			}
-			if !v.deleted && int64(v.rec.Token) == token {
-				last = v
-			}
-		}
-		return last
-	}
+	lastWrite := func(key string, token int64, at time.Time) *version { return lastWriteOf(hist, w, key, token, at) }
 	sessionEnded := map[string]int{} // owner -> seq its session ended in etcd
 	for _, e := range w.events {
 		if _, ok := sessionEnded[e.owner]; !ok && e.kind == evSessionEnd && e.owner != "" {
@@ -185,6 +194,26 @@ func (w *world) checkKnown(hist map[string][]version, claims func(key string, to
 					break
 				}
 			}
+		case e.kind == evWriteNotSent:
+			// 16, for a claim's writes.
+			for _, v := range hist[e.key] {
+				if v.rev <= e.from || v.rev > e.to || v.deleted || int64(v.rec.Token) != e.token {
+					continue
+				}
+				landed := false
+				switch e.body {
+				case "checkpoint":
+					landed = string(v.rec.Checkpoint) == strconv.Itoa(e.step)
+				case "complete":
+					landed = v.rec.State == etcdstore.Done
+				case "abandon":
+					landed = v.rec.State == etcdstore.InFlight && v.rec.Owner == ""
+				}
+				if landed {
+					fail("%s: a %s of token %d was told it was not sent (%s), yet it landed (revision %d)", e.key, e.body, e.token, e.err, v.rev)
+					break
+				}
+			}
 		case e.kind == evProbe && e.body == "unreachable":
 			fail("liveness: once faults stopped, %s", e.err)
 		case e.kind == evProbe && e.err != "":
@@ -192,6 +221,22 @@ func (w *world) checkKnown(hist map[string][]version, claims func(key string, to
 		}
 	}
 	return bad
+}
+
+// lastWriteOf is the last write of claim (key, token) at or before at.
+func lastWriteOf(hist map[string][]version, w *world, key string, token int64, at time.Time) *version {
+	var last *version
+	for i := range hist[key] {
+		v := &hist[key][i]
+		t, ok := w.timeOf(v.rev)
+		if !ok || t.After(at) {
+			break
+		}
+		if !v.deleted && int64(v.rec.Token) == token {
+			last = v
+		}
+	}
+	return last
 }
 
 // probe claims every key whose record the rules say is free (in flight past

@@ -78,7 +78,10 @@ var worlds atomic.Int64
 
 // world is one schedule.
 type world struct {
-	seed    uint64
+	seed uint64
+	// broken lists promises an actor saw broken while the schedule ran
+	// (invariant 17), checked with the others at its end.
+	broken  []string
 	s       *sched
 	rng     *rand.Rand // scripts and faults, drawn in the deterministic order of the run
 	prefix  string

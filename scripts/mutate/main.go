@@ -89,7 +89,7 @@ var mutants = []mutant{
 		"			case false && c.inRun:\n"},
 	{"recognition (review): a checkpoint whose earlier try may have landed says not sent", "etcdstore/write.go",
 		"			err = landed.failed(err)\n",
-		"\n"},
+		"			_ = landed\n"},
 	// Group commit.
 	{"batching: a batch's lost reply is reported as not applied", "etcdstore/internal/send/send.go",
 		"		for _, m := range batch {\n			answer(m, nil, err)\n		}",
