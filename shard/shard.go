@@ -352,7 +352,9 @@ func (s *Store) load(ctx context.Context, timeout time.Duration) map[string]erro
 	for _, n := range s.names {
 		st := s.store(n)
 		if st == nil {
+			mu.Lock()
 			out[n] = s.unreachable(n)
+			mu.Unlock()
 			continue
 		}
 		g.Go(s.clk, ctx, "load shard set "+n, func(ctx context.Context) {
