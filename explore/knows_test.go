@@ -12,7 +12,7 @@ import (
 	"github.com/idem-dev/idem/etcdstore"
 )
 
-// What a process knows, and what it must then not do: invariants 13-16,
+// What a process knows, and what it must then not do: invariants 13-17,
 // checked on the events its log and its actors report. They find a store
 // that does the right thing too late (a claim that outlives what its
 // process knows ended it) or to the wrong claim (a reaper that abandons a
@@ -26,9 +26,15 @@ import (
 //     its deadline).
 //  15. A process never takes over a key whose outcome it still holds,
 //     pending in the background, of a claim still held when its work
-//     ended.
+//     ended; nor one whose Run still runs the work of the claim it
+//     replaces, lost with its session (only that claim's deadline or its
+//     record's expiry give it up).
 //  16. A claim that failed with ErrNotSent did not land: no record of its
-//     attempt is written after the call began.
+//     attempt is written after the call began; nor did a checkpoint,
+//     complete or abandon told ErrNotSent.
+//  17. A claim is held until its deadline: its work is never told it
+//     ended at its deadline before the deadline came (checked by the
+//     actors: endedEarly).
 //
 // And liveness's last word: every key that the rules say is free (past
 // its deadline, its session gone, abandoned) can be claimed.
