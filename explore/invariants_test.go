@@ -25,7 +25,8 @@ import (
 //     granted, every other claim of the key still held by its worker has
 //     provably lost its right to run: its session ended, or its deadline
 //     passed, or its record expired (by the clock of the process that
-//     took it over). A claim recognised again by its attempt id is the
+//     took it over; across shards, of the one that wrote the Moved
+//     record, which may be any). A claim recognised again by its attempt id is the
 //     same claim.
 //  2. An effect is applied at most once per key and step, unless a
 //     takeover with a greater token happened: every later application of
@@ -391,8 +392,26 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 		return prev.rec
 	}
 	skewOf := map[string]time.Duration{}
+	ahead := time.Duration(0) // the clock most ahead of true time
 	for i, sk := range w.cfg.skew {
 		skewOf[fmt.Sprintf("p%d", i)] = sk
+		ahead = max(ahead, sk)
+	}
+	// crossShard reports whether the claim write at rev is on another
+	// shard than the record it replaced: the key was handed over, and
+	// whether the old record had expired was judged by the process that
+	// wrote the Moved record, whichever it was.
+	crossShard := func(key string, rev int64) bool {
+		var prev, at *version
+		for i := range hist[key] {
+			v := &hist[key][i]
+			if v.rev == rev {
+				at = v
+				break
+			}
+			prev = v
+		}
+		return at != nil && prev != nil && prev.shard != at.shard
 	}
 	for _, e := range w.events {
 		switch e.kind {
@@ -444,19 +463,23 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 							}
 						}
 						takerNow := e.at.Add(skewOf[procSlot(e.proc)])
+						judge := takerNow
+						if crossShard(e.key, rev) {
+							judge = e.at.Add(ahead)
+						}
 						if prev.State == etcdstore.Done {
 							// Its work ended with its outcome saved; a final
 							// write of it still pending (its reply was lost)
 							// is fenced. Only an expired outcome may be
 							// claimed again.
-							if takerNow.Before(prev.Expires) {
+							if judge.Before(prev.Expires) {
 								fail("%s claimed again over its saved outcome (token %d) before its expiry %v: token %d (%s) at %d (clock %v)",
-									e.key, prev.Token, prev.Expires.Format("15:04:05.000"), e.token, e.actor, e.seq, takerNow.Format("15:04:05.000"))
+									e.key, prev.Token, prev.Expires.Format("15:04:05.000"), e.token, e.actor, e.seq, judge.Format("15:04:05.000"))
 							}
 							continue
 						}
 						// A claim's record expiring ends it too (Claim.Err).
-						pastDeadline := (!dl.IsZero() && !takerNow.Before(dl)) || !takerNow.Before(prev.Expires)
+						pastDeadline := (!dl.IsZero() && !judge.Before(dl)) || !judge.Before(prev.Expires)
 						if held && !sessionEnded && !pastDeadline {
 							fail("two live owners of %s: token %d (%s, granted at %d; record owner %q, deadline %v) still held, its session live and its deadline not passed, when token %d (%s) took the key over at %d (clock %v)",
 								e.key, h.grant.token, h.grant.actor, h.grant.seq, prev.Owner, prev.Deadline.Format("15:04:05.000"), e.token, e.actor, e.seq, takerNow.Format("15:04:05.000"))
