@@ -182,6 +182,7 @@ func (w *world) doWorker(a *actor, p *process) {
 			var token int64
 			attempt := w.nextAttempt()
 			from := w.latest()
+			sent := w.s.Now()
 			res, err := p.keys.Do(ctx, etcdstore.Key{ID: key}, params(key, odd), func(ctx context.Context, c *etcdstore.Claim) ([]byte, error) {
 				token = int64(c.Token())
 				start := lastStep(c.LastCheckpoint())
@@ -238,7 +239,7 @@ func (w *world) doWorker(a *actor, p *process) {
 			if token == 0 { // never granted: the error is the claim's
 				w.notSent(key, attempt, true, from, err)
 			}
-			w.result(a, key, res.Body, res.Replayed, err)
+			w.result(a, key, sent, res.Body, res.Replayed, err)
 			w.notePending(p, key, err)
 			if err == nil || errors.Is(err, etcdstore.ErrMismatch) || !retryable(err) {
 				break
@@ -291,8 +292,13 @@ func (w *world) effect(key string, step int, token int64, a *actor, heeds bool) 
 }
 
 // result logs what a caller got for key.
-func (w *world) result(a *actor, key string, out []byte, replayed bool, err error) {
-	e := event{kind: evResult, key: key, actor: a.name, body: string(out), replayed: replayed}
+//
+// sent is when the call that answered was made: an outcome saved after
+// it may have expired, and the key been claimed again, by the time the
+// answer arrives (a reply held in the network), and the answer is still
+// true.
+func (w *world) result(a *actor, key string, sent time.Time, out []byte, replayed bool, err error) {
+	e := event{kind: evResult, key: key, actor: a.name, body: string(out), replayed: replayed, sent: sent}
 	if err != nil {
 		e.err = err.Error()
 		if errors.Is(err, etcdstore.ErrMismatch) {
@@ -327,7 +333,7 @@ func (w *world) stepWorker(a *actor, p *process) {
 		var done *etcdstore.Record
 		var err error
 		ctx, cancel := w.callerCtx(a, p)
-		from := w.latest()
+		from, sent := w.latest(), w.s.Now()
 		c, done, err = p.keys.Claim(ctx, etcdstore.Key{ID: key}, fp, append(opts, etcdstore.WithAttempt(attempt))...)
 		cancel()
 		if next := w.notSent(key, attempt, first, from, err); next != attempt {
@@ -337,10 +343,10 @@ func (w *world) stepWorker(a *actor, p *process) {
 		}
 		switch {
 		case done != nil:
-			w.result(a, key, done.Outcome.Body, true, nil)
+			w.result(a, key, sent, done.Outcome.Body, true, nil)
 			return
 		case err != nil && !retryable(err):
-			w.result(a, key, nil, false, err)
+			w.result(a, key, sent, nil, false, err)
 			return
 		}
 	}
@@ -427,6 +433,7 @@ func (w *world) run(a *actor, p *process, key string, c *etcdstore.Claim, via st
 	if giveUp {
 		what = "abandon"
 	}
+	sent := w.s.Now()
 	err := write(what, 0, func(h *etcdstore.Claim, ctx context.Context) error {
 		if giveUp {
 			return h.Abandon(ctx)
@@ -448,7 +455,7 @@ func (w *world) run(a *actor, p *process, key string, c *etcdstore.Claim, via st
 		}
 	}
 	if err == nil && !giveUp {
-		w.result(a, key, out, false, nil) // the Complete landed
+		w.result(a, key, sent, out, false, nil) // the Complete landed
 		return
 	}
 	if !giveUp && (errors.Is(err, etcdstore.ErrClaimEnded) || errors.Is(err, etcdstore.ErrFenced)) {
@@ -507,7 +514,7 @@ func (w *world) apiWorker(a *actor) {
 		p = w.procs[w.rng.IntN(len(w.procs))]
 		var done *etcdstore.Record
 		var err error
-		from := w.latest()
+		from, sent := w.latest(), w.s.Now()
 		c, done, err = p.keys.Claim(a.ctx, etcdstore.Key{ID: key}, fp, append(opts, etcdstore.WithAttempt(attempt))...)
 		if next := w.notSent(key, attempt, first, from, err); next != attempt {
 			attempt, first = next, true
@@ -516,10 +523,10 @@ func (w *world) apiWorker(a *actor) {
 		}
 		switch {
 		case done != nil:
-			w.result(a, key, done.Outcome.Body, true, nil)
+			w.result(a, key, sent, done.Outcome.Body, true, nil)
 			return
 		case err != nil && !retryable(err):
-			w.result(a, key, nil, false, err)
+			w.result(a, key, sent, nil, false, err)
 			return
 		}
 	}
@@ -669,6 +676,7 @@ func (w *world) bulkWorker(a *actor, p *process) {
 		w.s.step(a)
 		ctx, cancel := w.callerCtx(a, p)
 		var token int64
+		sent := w.s.Now()
 		res, err := p.keys.Do(ctx, etcdstore.Key{ID: key}, params(key, false), func(ctx context.Context, c *etcdstore.Claim) ([]byte, error) {
 			token = int64(c.Token())
 			w.log(event{kind: evGrant, key: key, token: token, attempt: c.Attempt(), proc: p.name, actor: a.name, tookOver: c.TookOver(), via: "bulk"})
@@ -677,7 +685,7 @@ func (w *world) bulkWorker(a *actor, p *process) {
 			return body(key, token), nil
 		})
 		cancel()
-		w.result(a, key, res.Body, res.Replayed, err)
+		w.result(a, key, sent, res.Body, res.Replayed, err)
 	}
 }
 
