@@ -154,6 +154,9 @@ type version struct {
 	deleted bool
 	rec     *etcdstore.Record
 	shard   string // in a shard world, where it was written
+	// afterMoved: a Moved record of the key was written since its
+	// previous version (whoever wrote it judged that version expired).
+	afterMoved bool
 }
 
 // history returns every write of records under the schedule's prefix
@@ -174,6 +177,7 @@ func (w *world) history(ctx context.Context) (map[string][]version, error) {
 	// (Moved records say where it is not, and a delete on a shard that no
 	// longer holds it deletes nothing of the key's).
 	holder := map[string]string{}
+	moved := map[string]bool{} // keys a Moved record was written for since their last version
 	for _, ev := range w.feed.since(w.start+1, end.Header.Revision) {
 		k := string(ev.Kv.Key)
 		shardName, _, _ := w.shardOf(k)
@@ -199,12 +203,14 @@ func (w *world) history(ctx context.Context) (map[string][]version, error) {
 			}
 			if rec.State == etcdstore.Moved {
 				w.ledger.hit("path:key handed over (Moved)")
+				moved[id] = true
 				if holder[id] == shardName {
 					holder[id] = "" // it left this shard: nobody holds a record of it
 				}
 				continue
 			}
 			v.rec = rec
+			v.afterMoved, moved[id] = moved[id], false
 			if len(ev.Kv.Value) > 2 && ev.Kv.Value[0] == 3 && ev.Kv.Value[2] != 0 {
 				w.ledger.hit("path:record compressed against a dictionary")
 			}
@@ -398,9 +404,10 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 		ahead = max(ahead, sk)
 	}
 	// crossShard reports whether the claim write at rev is on another
-	// shard than the record it replaced: the key was handed over, and
-	// whether the old record had expired was judged by the process that
-	// wrote the Moved record, whichever it was.
+	// shard than the record it replaced, or replaced a Moved record
+	// written over it: the key was handed over, and whether the old
+	// record had expired was judged by the process that wrote the Moved
+	// record, whichever it was.
 	crossShard := func(key string, rev int64) bool {
 		var prev, at *version
 		for i := range hist[key] {
@@ -411,7 +418,7 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 			}
 			prev = v
 		}
-		return at != nil && prev != nil && prev.shard != at.shard
+		return at != nil && prev != nil && (prev.shard != at.shard || at.afterMoved)
 	}
 	for _, e := range w.events {
 		switch e.kind {
