@@ -610,9 +610,10 @@ func (w *world) observe(p *process) {
 // an effect per run, then answers, fails after its effect, or says it did
 // nothing before any.
 func (w *world) grpcClient(a *actor) {
+	slept := false // a slow handler of this actor has slept
 	for op := 0; op < 2; op++ {
 		key := grpcKeys[w.rng.IntN(len(grpcKeys))]
-		behaviour := []string{"ok", "ok", "ok", "fail", "notexec"}[w.rng.IntN(5)]
+		behaviour := []string{"ok", "ok", "ok", "fail", "notexec", "slow"}[w.rng.IntN(6)]
 		for try := 0; try < 4; try++ {
 			w.s.step(a)
 			p := w.procs[w.rng.IntN(len(w.procs))]
@@ -626,8 +627,30 @@ func (w *world) grpcClient(a *actor) {
 				if behaviour == "notexec" {
 					return nil, idemgrpc.NotExecuted(codes.Unavailable, "busy", 0)
 				}
+				heeds := false
+				if behaviour == "slow" {
+					// A slow handler that heeds its context: it acts only
+					// before its claim's deadline (invariant 13; idemgrpc
+					// ends the context before it). A lost session does not
+					// end the context: the handler runs to its end.
+					// (Once per actor, up to lateWork: the liveness bound
+					// allows for it.)
+					w.s.step(a)
+					if !slept {
+						slept = true
+						clock.Sleep(p.clock, ctx, time.Duration(w.rng.IntN(int(lateWork/time.Second)))*time.Second)
+					}
+					w.s.step(a)
+					if err := ctx.Err(); err != nil {
+						// (The context is not the caller's: only the
+						// claim's end, or HandlerTimeout, ends it.)
+						w.ledger.hit("path:a gRPC handler's context ended before its claim")
+						return nil, idemgrpc.NotExecuted(codes.Unavailable, "gave up before acting: "+err.Error(), 0)
+					}
+					heeds = true
+				}
 				accepted := w.sink.apply(key, 1, int64(tok), "grpc")
-				w.log(event{kind: evEffect, key: key, step: 1, token: int64(tok), accepted: accepted, via: "grpc"})
+				w.log(event{kind: evEffect, key: key, step: 1, token: int64(tok), accepted: accepted, via: "grpc", actor: a.name, proc: procOf(heeds, p), heeds: heeds, deadlineOnly: heeds})
 				if behaviour == "fail" {
 					return nil, status.Error(codes.Internal, fmt.Sprintf("%s failed after its effect under %d", key, tok))
 				}
@@ -701,4 +724,13 @@ func (w *world) notePending(p *process, key string, err error) {
 	})) > 0 {
 		w.ledger.hit("path:conflict while this process holds the outcome")
 	}
+}
+
+// procOf is the process an effect is judged against (invariant 13), for an
+// actor that heeds its claim; "" for one that does not.
+func procOf(heeds bool, p *process) string {
+	if heeds {
+		return p.name
+	}
+	return ""
 }

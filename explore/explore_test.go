@@ -170,6 +170,8 @@ var expected = []string{
 	"log:shard hand-over settled",
 	"log:the shard set asked for is not in force",
 	"path:liveness probe claimed a free key",
+	"config:claim deadline on the edges",
+	"path:a gRPC handler's context ended before its claim",
 }
 
 // compactBehind compacts the shared etcd every few seconds, up to the

@@ -93,10 +93,14 @@ type event struct {
 	step                                        int // effects: the step; grants: the inherited checkpoint
 	accepted, tookOver, replayed, mismatch      bool
 	heeds                                       bool // effects: the actor checked its claim just before
-	status                                      int
-	body, err                                   string
-	sent                                        time.Time // results: when the request that got this answer was sent
-	from, to                                    int64     // not-sent writes: the world's latest write when the call began and ended
+	// deadlineOnly: effects of an actor that heeds only its claim's
+	// deadline (idemgrpc ends a handler's context before it; a lost
+	// session does not end it: the handler runs to its end).
+	deadlineOnly bool
+	status       int
+	body, err    string
+	sent         time.Time // results: when the request that got this answer was sent
+	from, to     int64     // not-sent writes: the world's latest write when the call began and ended
 }
 
 func (e event) String() string {
@@ -118,6 +122,7 @@ func (e event) String() string {
 	add("step", e.step)
 	add("accepted", e.accepted)
 	add("heeds", e.heeds)
+	add("deadlineOnly", e.deadlineOnly)
 	add("tookOver", e.tookOver)
 	add("status", e.status)
 	add("replayed", e.replayed)

@@ -71,7 +71,10 @@ type config struct {
 	skew      []time.Duration
 	epochs    bool
 	restores  bool // the nemesis may snapshot and restore the prefix
-	shards    bool // a shard world: a shard set over sub-prefixes, its placement changed by the nemesis
+	// claimDeadline is the edges' ClaimDeadline (idem serve
+	// --claim-deadline; idemgrpc.Config.ClaimDeadline): 0, none.
+	claimDeadline time.Duration
+	shards        bool // a shard world: a shard set over sub-prefixes, its placement changed by the nemesis
 }
 
 var worlds atomic.Int64
@@ -216,6 +219,10 @@ func (w *world) pickConfig() {
 	}
 	w.cfg.epochs = w.rng.IntN(4) == 0
 	w.cfg.restores = w.rng.IntN(8) == 0
+	if w.rng.IntN(3) == 0 {
+		w.cfg.claimDeadline = []time.Duration{40 * time.Second, 2 * time.Minute}[w.rng.IntN(2)]
+		w.ledger.hit("config:claim deadline on the edges")
+	}
 	if w.cfg.shards = w.rng.IntN(4) == 0; w.cfg.shards {
 		w.pickShards()
 	}
@@ -276,11 +283,11 @@ func (w *world) newProcess(slot, gen int) (*process, error) {
 	}
 	p.owner = p.keys.Owner()
 	w.startScheduler(p)
-	mw, err := idemhttp.New(idemhttp.Config{Store: p.keys, OnUnknownOutcome: etcdstore.EndSave, Logger: slog.New(&ledgerLog{w: w, p: p})})
+	mw, err := idemhttp.New(idemhttp.Config{Store: p.keys, OnUnknownOutcome: etcdstore.EndSave, ClaimDeadline: w.cfg.claimDeadline, Logger: slog.New(&ledgerLog{w: w, p: p})})
 	if err != nil {
 		return nil, err
 	}
-	icp, err := idemgrpc.New(idemgrpc.Config{Store: p.keys})
+	icp, err := idemgrpc.New(idemgrpc.Config{Store: p.keys, ClaimDeadline: w.cfg.claimDeadline})
 	if err != nil {
 		return nil, err
 	}
