@@ -319,13 +319,13 @@ func (a *Admin) List(ctx context.Context, tenant string, o ListOptions) ([]*Reco
 
 // Stats counts what the store holds.
 type Stats struct {
-	Records  int64 // records, expired ones included until their lease fires
-	InFlight int64 // of the scanned records
-	Done     int64 // of the scanned records
-	Expired  int64 // of the scanned records: past retention, awaiting their lease
-	Scanned  int64 // records whose state was read; < Records when the scan was capped
-	Owners   int64 // live sessions (idem processes)
-	Leases   int64 // live retention leases (each bucket has one or more)
+	Records  int64 `json:"records"`   // records, expired ones included until their lease fires
+	InFlight int64 `json:"in_flight"` // of the scanned records
+	Done     int64 `json:"done"`      // of the scanned records
+	Expired  int64 `json:"expired"`   // of the scanned records: past retention, awaiting their lease
+	Scanned  int64 `json:"scanned"`   // records whose state was read; < Records when the scan was capped
+	Owners   int64 `json:"owners"`    // live sessions (idem processes)
+	Leases   int64 `json:"leases"`    // live retention leases (each bucket has one or more)
 }
 
 // Stats counts records, live sessions and retention leases, reading the

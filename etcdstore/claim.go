@@ -209,6 +209,25 @@ func (c *Claim) Context(parent context.Context) (context.Context, context.Cancel
 	return c.life.derive(fencing.NewContext(parent, c.token))
 }
 
+// BeforeEnd returns a context derived from parent that ends a fifth of
+// the time left before the claim stops being held whatever its session
+// (its deadline, or its record's expiry, a retention after its last write,
+// if that is sooner), measured on the store's clock when BeforeEnd is
+// called: a later Checkpoint or Renew does not move it. Work that must not
+// run once another owner may take the key over runs under it (a forwarded
+// request, a gRPC handler), with that fifth left to save its answer. It
+// does not end when the claim's session is lost (Context does).
+func (c *Claim) BeforeEnd(parent context.Context) (context.Context, context.CancelFunc) {
+	c.mu.Lock()
+	end := c.heldUntilLocked()
+	c.mu.Unlock()
+	if end.IsZero() {
+		return parent, func() {}
+	}
+	left := max(end.Sub(c.s.now()), 0)
+	return c.s.clock.WithTimeout(parent, left-left/5)
+}
+
 // IsOwner returns a comparison that holds while this claim's last write is
 // still the record's last write: put it in your own etcd Txns to fence
 // them, as etcd's concurrency.Mutex.IsOwner does. It changes after each

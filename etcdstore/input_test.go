@@ -3,8 +3,10 @@ package etcdstore
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -197,5 +199,38 @@ func TestEvict(t *testing.T) {
 	}
 	if err := s.Evict(ctx, key); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("second Evict = %v; want ErrNotFound", err)
+	}
+}
+
+// New against an etcd that does not answer returns ErrUnavailable within
+// its request timeout, even with a context that never ends (the README's
+// ten lines, etcd not started).
+func TestNewWithoutEtcdIsBounded(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{addr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	done := make(chan error, 1)
+	go func() {
+		s, err := New(context.Background(), cli) // the default request timeout, 5 s
+		if s != nil {
+			s.Close()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("New without etcd: %v, want ErrUnavailable", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("New without etcd has not returned after 30 s with the default 5 s request timeout")
 	}
 }

@@ -120,6 +120,17 @@ func TestReplayWhenEtcdIsFull(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	landedBefore, _, err := s.Claim(ctx, Key{ID: "landed"}, fpOf(t, "p"), WithoutSession(), WithDeadline(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := s.Attach(ctx, landedBefore.Handle())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Complete(ctx, Outcome{Body: []byte("landed")}); err != nil {
+		t.Fatal(err)
+	}
 	// Fill the database until etcd raises the alarm.
 	filler := strings.Repeat("x", 512<<10)
 	for i := 0; ; i++ {
@@ -146,6 +157,13 @@ func TestReplayWhenEtcdIsFull(t *testing.T) {
 	}
 	if full, err := s.CheckFull(ctx); !s.Metrics().Full || !full || err != nil {
 		t.Fatalf("Full() = %v, CheckFull = %v, %v; want full", s.Metrics().Full, full, err)
+	}
+	// A Complete that landed although its reply was lost (here: through
+	// another handle of the claim, before etcd filled up) is recognised by
+	// its retry: etcd refuses every Txn with a Put when full, even one
+	// whose compare fails, so only a read can tell.
+	if err := landedBefore.Complete(ctx, Outcome{Body: []byte("landed")}); err != nil {
+		t.Fatalf("the retry of a Complete that landed, when full = %v; want nil", err)
 	}
 
 	// The recovery docs/OPERATIONS.md gives: delete, compact, defragment,

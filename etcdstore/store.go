@@ -87,15 +87,16 @@ type Store struct {
 	closed  bool
 }
 
-// New returns a Store on client and starts its session: it grants the
-// session lease and writes the owner key. ctx, bounded by the request
-// timeout (WithRequestTimeout), bounds those calls and every read New
-// makes: with no etcd to answer, New fails with ErrUnavailable within the
-// timeout. The Store does not close client.
-func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, error) {
-	if client == nil {
-		return nil, fmt.Errorf("%w: nil etcd client", ErrInvalidArgument)
-	}
+// CheckOptions reports whether opts would be refused by New, without an
+// etcd client: a program checks its configuration with it before it talks
+// to etcd (idem serve exits 2 on a refused value).
+func CheckOptions(opts ...Option) error {
+	_, err := newConfig(opts)
+	return err
+}
+
+// newConfig applies opts to the defaults and checks what needs no etcd.
+func newConfig(opts []Option) (config, error) {
 	c := config{
 		prefix:     DefaultPrefix,
 		retention:  DefaultRetention,
@@ -113,7 +114,7 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 	}
 	for _, o := range opts {
 		if err := o.apply(&c); err != nil {
-			return nil, fmt.Errorf("new store: %w", err)
+			return c, fmt.Errorf("new store: %w", err)
 		}
 	}
 	if c.bucketWidth == 0 {
@@ -123,7 +124,26 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 		c.log = slog.New(slog.DiscardHandler)
 	}
 	if c.sessionTTL < lease.MinTTL || c.sessionTTL%time.Second != 0 {
-		return nil, fmt.Errorf("new store: %w: session ttl %v must be whole seconds, at least %v", ErrInvalidArgument, c.sessionTTL, lease.MinTTL)
+		return c, fmt.Errorf("new store: %w: session ttl %v must be whole seconds, at least %v", ErrInvalidArgument, c.sessionTTL, lease.MinTTL)
+	}
+	if err := lease.CheckBuckets(c.retention, c.bucketWidth); err != nil {
+		return c, fmt.Errorf("new store: %w: %w", ErrInvalidArgument, err)
+	}
+	return c, nil
+}
+
+// New returns a Store on client and starts its session: it grants the
+// session lease and writes the owner key. ctx, bounded by the request
+// timeout (WithRequestTimeout), bounds those calls and every read New
+// makes: with no etcd to answer, New fails with ErrUnavailable within the
+// timeout. The Store does not close client.
+func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: nil etcd client", ErrInvalidArgument)
+	}
+	c, err := newConfig(opts)
+	if err != nil {
+		return nil, err
 	}
 	ks := keyspace{prefix: c.prefix}
 	b, err := lease.NewBuckets(client, ks.buckets(), c.retention, c.bucketWidth, lease.WithClock(c.clock))

@@ -1,8 +1,6 @@
 package etcdstore
 
 import (
-	"go.opentelemetry.io/otel/trace"
-
 	"bytes"
 	"context"
 	"errors"
@@ -10,7 +8,9 @@ import (
 	"slices"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // MaxExtraOps is the most extra ops Complete and Checkpoint take: etcd
@@ -136,6 +136,23 @@ func (c *Claim) write(ctx context.Context, op string, final bool, extra []client
 		} else {
 			want = next(c.recordLocked(s.now()))
 			res, err = s.writeRecord(ctx, c.key, "", cmps, want, c.token, extra...)
+		}
+		if err != nil && errors.Is(err, rpctypes.ErrNoSpace) && want != nil && (want.State == Done || want.Owner == "") {
+			// etcd over its quota refuses every Txn with a Put, even one
+			// whose compare fails: an earlier try of this Complete or
+			// Abandon that landed (its reply lost) is known only by a read.
+			if cur, _, gerr := s.get(ctx, c.key); gerr == nil && cur != nil && cur.Token == c.token {
+				switch {
+				case want.State == Done && cur.State == Done && sameOutcome(cur.Outcome, want.Outcome):
+					c.rev = cur.Revision
+					c.endLocked(ErrClaimEnded)
+					return nil // our Complete landed
+				case want.State == InFlight && cur.State == InFlight && cur.Owner == "" && SameAttempt(cur.Attempt, c.attempt):
+					c.adoptLocked(cur, cur.Revision)
+					c.endLocked(ErrClaimEnded)
+					return nil // our Abandon landed
+				}
+			}
 		}
 		if err != nil {
 			err = landed.failed(err)

@@ -54,6 +54,20 @@ type bucket struct {
 // most this many keys expire in steps other requests can slip between.
 const DefaultMaxUses = 20000
 
+// CheckBuckets reports whether NewBuckets would refuse retention and
+// width.
+func CheckBuckets(retention, width time.Duration) error {
+	switch {
+	case retention < time.Second || retention%time.Second != 0:
+		return fmt.Errorf("lease buckets: retention %v must be a whole number of seconds, at least 1s", retention)
+	case width < time.Second || width%time.Second != 0:
+		return fmt.Errorf("lease buckets: bucket width %v must be a whole number of seconds, at least 1s", width)
+	case width > retention:
+		return fmt.Errorf("lease buckets: bucket width %v is longer than retention %v", width, retention)
+	}
+	return nil
+}
+
 // NewBuckets returns Buckets that keep records for at least retention, with
 // buckets width wide, and bucket keys under prefix (for example "/idem/l/").
 // A bucket's lease takes DefaultMaxUses writes from this process before the
@@ -64,12 +78,9 @@ func NewBuckets(client *clientv3.Client, prefix string, retention, width time.Du
 		return nil, errors.New("lease buckets: nil etcd client")
 	case prefix == "":
 		return nil, errors.New("lease buckets: empty key prefix")
-	case retention < time.Second || retention%time.Second != 0:
-		return nil, fmt.Errorf("lease buckets: retention %v must be a whole number of seconds, at least 1s", retention)
-	case width < time.Second || width%time.Second != 0:
-		return nil, fmt.Errorf("lease buckets: bucket width %v must be a whole number of seconds, at least 1s", width)
-	case width > retention:
-		return nil, fmt.Errorf("lease buckets: bucket width %v is longer than retention %v", width, retention)
+	}
+	if err := CheckBuckets(retention, width); err != nil {
+		return nil, err
 	}
 	return &Buckets{
 		client:    client,
