@@ -47,8 +47,9 @@ func ForMethods(keep func(fullMethod string) bool) ClientOption {
 
 // RequestIDField names the request field that carries the key (AIP-155;
 // default "request_id", "-": never use a field). When the request has the
-// field, a key goes there: an empty field is set to a fresh key, as AIP-155
-// asks client libraries to do, and a set one is left as it is.
+// field, a key goes there: an empty field is set (in a copy of the request)
+// to the call's key, as AIP-155 asks client libraries to do, and a set one
+// is left as it is.
 func RequestIDField(name protoreflect.Name) ClientOption {
 	return func(c *clientConfig) { c.field = name }
 }
@@ -56,8 +57,9 @@ func RequestIDField(name protoreflect.Name) ClientOption {
 // UnaryClientInterceptor gives every unary call one idempotency key for
 // all of its retries: the one WithKey put in the context, or the request's
 // request_id field, or a fresh one; sent as "idempotency-key" metadata, and
-// written into an empty request_id field too. A call that already carries
-// the metadata is left alone.
+// in the request_id field of a copy of the request when that field is empty
+// (the caller's message is never changed). A call that already carries the
+// metadata is left alone.
 //
 // It must run once per logical call, outside any retrying: grpc-go's own
 // retry policy (service config) runs under every interceptor and resends
@@ -83,17 +85,21 @@ func UnaryClientInterceptor(opts ...ClientOption) grpc.UnaryClientInterceptor {
 		key, _ := ctx.Value(keyCtx{}).(string)
 		if msg, ok := req.(proto.Message); ok {
 			if f := requestIDField(msg, cfg.field); f != nil {
-				m := msg.ProtoReflect()
 				// The key goes in the field and in the metadata both, so
-				// that a server reading either finds it.
-				switch cur := m.Get(f).String(); {
+				// that a server reading either finds it. The field is set
+				// on a copy: the caller's message is never changed (it may
+				// be reused for the next operation, which needs its own
+				// key).
+				switch cur := msg.ProtoReflect().Get(f).String(); {
 				case cur != "" && key == "":
 					key = cur
 				case cur == "":
 					if key == "" {
 						key = NewKey()
 					}
-					m.Set(f, protoreflect.ValueOfString(key))
+					c := proto.Clone(msg)
+					c.ProtoReflect().Set(f, protoreflect.ValueOfString(key))
+					req = c
 				}
 				// A field set to another key than WithKey's: both are sent,
 				// and the server refuses the contradiction.

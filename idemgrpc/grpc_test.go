@@ -109,6 +109,7 @@ func start(t *testing.T, cfg idemgrpc.Config) *rig {
 	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(observe, icp.Unary()), grpc.ChainStreamInterceptor(icp.Stream()))
 	pb.RegisterPaymentsServer(srv, r.svc)
+	srv.RegisterService(&chargeStreams, r.svc)
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(srv.Stop)
 	r.proxy, err = etcdtest.NewProxy(ln.Addr().String())
@@ -121,12 +122,17 @@ func start(t *testing.T, cfg idemgrpc.Config) *rig {
 
 func (r *rig) client(t *testing.T, opts ...grpc.DialOption) pb.PaymentsClient {
 	t.Helper()
+	return pb.NewPaymentsClient(r.conn(t, opts...))
+}
+
+func (r *rig) conn(t *testing.T, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
 	cc, err := grpc.NewClient(r.proxy.Addr(), append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cc.Close() })
-	return pb.NewPaymentsClient(cc)
+	return cc
 }
 
 func withKey(key string) context.Context {

@@ -31,11 +31,15 @@ const (
 	// MetadataFencing carries the fencing token of the claim a call runs
 	// under, to the services the handler calls (outgoing metadata).
 	MetadataFencing = "fencing"
-	// MetadataReplayed is set to "true" in the response header of a
-	// replayed call.
+	// MetadataReplayed is set to "true" in the response header of every
+	// replayed call, a replayed error status included. A response header
+	// commits a call in grpc-go, so its retry policy never resends a
+	// replay (nor a handler's saved status: idem sends headers with it).
 	MetadataReplayed = "idempotent-replayed"
-	// MetadataRetention is set in every keyed call's response header: the
-	// seconds a key is kept, inside which a client must stop retrying.
+	// MetadataRetention is set in every keyed call's response trailer
+	// (not its header: a refusal must stay a trailers-only response, the
+	// only kind grpc-go's retry policy retries): the seconds a key is
+	// kept, inside which a client must stop retrying.
 	MetadataRetention = "idempotency-retention"
 )
 
@@ -83,19 +87,32 @@ type Config struct {
 	// "request_id"; "-": metadata only). A call with both must send the
 	// same value in both.
 	RequestIDField protoreflect.Name
-	// Tenant scopes keys (default: one tenant, etcdstore.DefaultTenant).
-	// An error refuses the call with PermissionDenied.
-	Tenant func(ctx context.Context, fullMethod string) (string, error)
+	// Tenant scopes keys (default: FixedTenant(etcdstore.DefaultTenant),
+	// one tenant for every caller: two callers that send the same key and
+	// request share one outcome). A multi-tenant service gives each caller
+	// its own: CertTenant (mTLS), BearerTenant (tokens), chained to
+	// Unauthenticated. An error refuses the call: UNAUTHENTICATED for
+	// ErrUnauthenticated, PERMISSION_DENIED otherwise.
+	Tenant TenantFunc
 	// OnStatus decides from a handler's status how its claim ends (default
 	// DefaultStatusPolicy).
 	OnStatus func(*status.Status) etcdstore.End
 	// ClaimDeadline, when set, gives every claim a deadline
-	// (etcdstore.WithDeadline).
+	// (etcdstore.WithDeadline): past it another call may take the key over
+	// and run the handler again. It must exceed HandlerTimeout (New
+	// refuses it otherwise). Whether or not it is set, a handler's context
+	// ends a fifth of the time left before its claim stops being held (the
+	// deadline, or the in-flight record's expiry a retention on),
+	// whatever the caller's deadline (etcdstore.Claim.BeforeEnd), leaving
+	// that time to save its answer: a handler that honours its context
+	// has returned before its claim can be taken over.
 	ClaimDeadline time.Duration
 	// HandlerTimeout bounds a handler's run (default 30 s): its context
-	// ends then, as the caller's deadline would have ended it, but not
-	// sooner, even if the caller goes away. A handler that ignores its
-	// context holds its key until it returns; ClaimDeadline bounds that.
+	// ends then, as the caller's deadline would have ended it (the later
+	// of the two, unless ClaimDeadline is set), but not sooner, even if
+	// the caller goes away. A handler that ignores its context holds its
+	// key until it returns; ClaimDeadline bounds that, and then the
+	// handler can run twice (the fencing token tells its writes apart).
 	HandlerTimeout time.Duration
 	// Logger gets a line per refused or unsaved call (default: none). Keys
 	// are logged as a digest.
@@ -161,6 +178,15 @@ func New(cfg Config) (*Interceptor, error) {
 	if cfg.HandlerTimeout < 0 {
 		return nil, fmt.Errorf("idemgrpc: %w: HandlerTimeout %v is negative", etcdstore.ErrInvalidArgument, cfg.HandlerTimeout)
 	}
+	if cfg.ClaimDeadline < 0 {
+		return nil, fmt.Errorf("idemgrpc: %w: ClaimDeadline %v is negative", etcdstore.ErrInvalidArgument, cfg.ClaimDeadline)
+	}
+	if cfg.ClaimDeadline > 0 && cfg.ClaimDeadline-cfg.ClaimDeadline/5 < cfg.HandlerTimeout {
+		// A claim past its deadline is taken over by the next retry while
+		// its handler may still run: two runs of one operation.
+		return nil, fmt.Errorf("idemgrpc: %w: ClaimDeadline %v leaves a handler less than its HandlerTimeout %v (a handler gets ClaimDeadline less a fifth, %v, to answer): a retry could take the key over while the handler still runs; raise ClaimDeadline above %v or lower HandlerTimeout",
+			etcdstore.ErrInvalidArgument, cfg.ClaimDeadline, cfg.HandlerTimeout, cfg.ClaimDeadline-cfg.ClaimDeadline/5, cfg.HandlerTimeout*5/4)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -175,18 +201,50 @@ func (i *Interceptor) Unary() grpc.UnaryServerInterceptor {
 }
 
 // Stream returns the stream server interceptor: a streaming call that
-// carries an idempotency key is refused with UNIMPLEMENTED (a stream's
-// messages cannot be saved and replayed as one answer: make the
-// non-idempotent part a unary call); one without a key passes through.
+// carries an idempotency key, in its metadata or in the request_id field
+// (RequestIDField) of any message it sends, is refused with UNIMPLEMENTED
+// (a stream's messages cannot be saved and replayed as one answer: make
+// the non-idempotent part a unary call); one without a key passes through.
+// A key in a message is found when the handler receives that message: a
+// server-streaming handler receives its request before it runs, so it is
+// refused before it acts; a client- or bidi-streaming handler is told by
+// its Recv, and must not act on what it received before.
 func (i *Interceptor) Stream() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		md, _ := metadata.FromIncomingContext(ss.Context())
-		if len(md.Get(MetadataKey)) > 0 && (i.cfg.Methods == nil || i.cfg.Methods(info.FullMethod)) {
-			return withInfo(codes.Unimplemented, ReasonInvalidKey,
-				"idempotency keys are not supported on streaming methods ("+info.FullMethod+"): make the non-idempotent operation a unary call")
+		if i.cfg.Methods != nil && !i.cfg.Methods(info.FullMethod) {
+			return handler(srv, ss)
 		}
-		return handler(srv, ss)
+		md, _ := metadata.FromIncomingContext(ss.Context())
+		if len(md.Get(MetadataKey)) > 0 {
+			return streamRefusal(info.FullMethod, MetadataKey+" metadata")
+		}
+		return handler(srv, &keyedStream{ServerStream: ss, method: info.FullMethod, field: i.cfg.RequestIDField})
 	}
+}
+
+// streamRefusal is the status of a keyed streaming call.
+func streamRefusal(method, where string) error {
+	return withInfo(codes.Unimplemented, ReasonInvalidKey,
+		"idempotency keys are not supported on streaming methods ("+method+", key in the "+where+"): make the non-idempotent operation a unary call")
+}
+
+// keyedStream refuses a received message that carries a key.
+type keyedStream struct {
+	grpc.ServerStream
+	method string
+	field  protoreflect.Name
+}
+
+func (k *keyedStream) RecvMsg(m any) error {
+	if err := k.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	if msg, ok := m.(proto.Message); ok {
+		if f := requestIDField(msg, k.field); f != nil && msg.ProtoReflect().Get(f).String() != "" {
+			return streamRefusal(k.method, "request's "+string(k.field)+" field")
+		}
+	}
+	return nil
 }
 
 func (i *Interceptor) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -211,13 +269,16 @@ func (i *Interceptor) unary(ctx context.Context, req any, info *grpc.UnaryServer
 	}
 	tenant, err := i.cfg.Tenant(ctx, info.FullMethod)
 	if err != nil {
+		if errors.Is(err, ErrUnauthenticated) {
+			return nil, status.Error(codes.Unauthenticated, err.Error())
+		}
 		return nil, status.Error(codes.PermissionDenied, err.Error())
 	}
 	key := etcdstore.Key{Tenant: tenant, ID: id}
 	if err := key.Validate(); err != nil {
 		return nil, withInfo(codes.InvalidArgument, ReasonInvalidKey, err.Error())
 	}
-	fp, err := Fingerprint(info.FullMethod, msg)
+	fp, err := Fingerprint(info.FullMethod, withoutKey(msg, i.cfg.RequestIDField))
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
@@ -253,8 +314,24 @@ func (i *Interceptor) keyOf(md metadata.MD, msg proto.Message) (string, bool, er
 	return "", false, nil
 }
 
+// withoutKey returns msg with its key field (name) empty: a copy when the
+// field is set, msg itself otherwise. The key names the operation; it is
+// not part of what the operation is, and a caller may send it in the
+// metadata once and in the field the next time.
+func withoutKey(msg proto.Message, name protoreflect.Name) proto.Message {
+	f := requestIDField(msg, name)
+	if f == nil || !msg.ProtoReflect().Has(f) {
+		return msg
+	}
+	c := proto.Clone(msg)
+	c.ProtoReflect().Clear(f)
+	return c
+}
+
 // Fingerprint is the fingerprint of a call: its full method name and its
-// request message in protobuf's deterministic encoding. Deterministic
+// request message in protobuf's deterministic encoding. The interceptor
+// fingerprints the request with its key field (RequestIDField) cleared, so
+// one operation has one fingerprint wherever its key travels. Deterministic
 // encoding is stable for one binary (map entries sorted, fields in number
 // order) but not across every protobuf version and language: clients that
 // retry through different stacks should send byte-identical requests, or
@@ -281,7 +358,8 @@ func (i *Interceptor) run(ctx context.Context, req any, info *grpc.UnaryServerIn
 	var live any      // the handler's response, for the first caller
 	var liveErr error // the handler's error, for the first caller
 	var panicked any
-	replaced := false // the answer could not be saved; a status saying so was
+	replaced := false    // the answer could not be saved; a status saying so was
+	savedStatus := false // the handler's error status is saved as its outcome
 	res, err := i.cfg.Store.Run(ctx, key, fp, func(_ context.Context, c *etcdstore.Claim) (etcdstore.Outcome, etcdstore.End) {
 		ran = true
 		// Once the handler starts it runs to its end, even if the caller
@@ -295,6 +373,10 @@ func (i *Interceptor) run(ctx context.Context, req any, info *grpc.UnaryServerIn
 		}
 		hctx, cancel := context.WithDeadline(fencing.NewContext(context.WithoutCancel(ctx), c.Token()), deadline)
 		defer cancel()
+		// Past the claim's deadline a retry may take the key over: the
+		// handler's context ends first, with time left to save its answer.
+		hctx, cancelClaim := c.BeforeEnd(hctx)
+		defer cancelClaim()
 		// The token goes to the services the handler calls, and replaces
 		// whatever the caller sent under the same name.
 		hctx = metadata.AppendToOutgoingContext(hctx, MetadataFencing, c.Token().String())
@@ -328,7 +410,9 @@ func (i *Interceptor) run(ctx context.Context, req any, info *grpc.UnaryServerIn
 				return notSaved(statusWithInfo(codes.Internal, ReasonNotSaved, fmt.Sprintf(
 					"the call ran once and failed with %s, but its status (%d bytes) is over the %d-byte limit and cannot be replayed; do not retry it with a new key", st.Code(), len(body), limit)))
 			}
-			return saved(st), i.cfg.OnStatus(st)
+			end := i.cfg.OnStatus(st)
+			savedStatus = end == etcdstore.EndSave
+			return saved(st), end
 		}
 		resp, ok := live.(proto.Message)
 		if !ok {
@@ -380,16 +464,21 @@ func (i *Interceptor) run(ctx context.Context, req any, info *grpc.UnaryServerIn
 	if replaced {
 		return replay(res.Outcome) // the answer was not saved: say so to this caller too
 	}
+	if err == nil && savedStatus {
+		// A saved status is the call's outcome, replayed to every retry:
+		// response headers commit the call, so that grpc-go's retry policy
+		// does not resend it for a replay (it retries only trailers-only
+		// answers).
+		_ = grpc.SendHeader(ctx, metadata.MD{})
+	}
 	return live, liveErr
 }
 
-// replayed answers a replay: the saved response or status, marked.
+// replayed answers a replay: the saved response or status, marked in the
+// response header (which also keeps a retry policy from resending it).
 func replayed(ctx context.Context, o etcdstore.Outcome) (any, error) {
-	resp, err := replay(o)
-	if err == nil {
-		_ = grpc.SetHeader(ctx, metadata.Pairs(MetadataReplayed, "true"))
-	}
-	return resp, err
+	_ = grpc.SetHeader(ctx, metadata.Pairs(MetadataReplayed, "true"))
+	return replay(o)
 }
 
 // replay turns a saved outcome back into the response or status.

@@ -177,6 +177,12 @@ func validToken(s string) bool {
 // Len is the number of tokens.
 func (t *Tokens) Len() int { return len(t.tenants) }
 
+// Tenant returns the tenant a bearer token names (compared by digest).
+func (t *Tokens) Tenant(token string) (string, bool) {
+	tenant, ok := t.tenants[sha256.Sum256([]byte(token))]
+	return tenant, ok
+}
+
 // BearerTenant takes the tenant from an "Authorization: Bearer" token found
 // in tokens. A request with an Authorization header that is not a known
 // bearer token is refused with ErrUnauthenticated; one without the header
@@ -194,7 +200,7 @@ func BearerTenant(tokens *Tokens, fallback TenantFunc) TenantFunc {
 		if !ok || !strings.EqualFold(scheme, "Bearer") {
 			return "", fmt.Errorf("%w: Authorization is not a Bearer token", ErrUnauthenticated)
 		}
-		tenant, ok := tokens.tenants[sha256.Sum256([]byte(strings.TrimSpace(token)))]
+		tenant, ok := tokens.Tenant(strings.TrimSpace(token))
 		if !ok {
 			return "", fmt.Errorf("%w: unknown bearer token", ErrUnauthenticated)
 		}
