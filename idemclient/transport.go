@@ -8,16 +8,23 @@
 //   - One key per logical operation: the caller's (WithKey, or an
 //     Idempotency-Key header it set), or one generated once and reused by
 //     every retry of that operation. A new key is a new operation.
-//   - Retry what may succeed on a retry with the same key: network errors
-//     (the request may or may not have arrived; the key makes resending
-//     safe), 409 Conflict (the same key is in flight) and 503 Service
-//     Unavailable (idem could not reach its store, or the answer is not
-//     saved yet). Never retry 422 (the key was used with other parameters)
-//     or any other 4xx: the same request would fail the same way.
+//   - Retry what idem says to retry with the same key (docs/HTTP.md):
+//     network errors and a response body cut off (the request may or may
+//     not have run; the key makes resending safe), and idem's own problems
+//     conflict (409, the key in flight), fenced (409, taken over while the
+//     upstream ran), rate-limited (429), upstream-unavailable (502: the
+//     request never reached the upstream), unavailable and store-full
+//     (503); and a 502, 503 or 504 that did not come through idem's claim
+//     (a gateway in front of idem). Never a replay, and never the
+//     upstream's own answer whatever its status: both are final.
 //   - Back off exponentially with full jitter, and honour Retry-After.
 //   - Stop within a budget well inside the key's retention: once a key is
 //     forgotten, a retry is a new operation. The budget is capped at a
 //     quarter of the retention the server advertises (Idempotency-Retention).
+//   - Read the answer's body before returning it (up to
+//     MaxBufferedResponse), so that a body cut off is retried with the same
+//     key, not surfaced as a bare read error; every error returned names
+//     the key (KeyError, KeyOf).
 package idemclient
 
 import (
@@ -35,6 +42,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/idem-dev/idem/idemhttp"
 )
 
 // Headers idem uses.
@@ -56,11 +65,42 @@ const (
 // memory to resend; a request with GetBody set is not read.
 const MaxBufferedBody = 16 << 20
 
-// ErrBudget is returned (wrapped, with the last error) when the retries of
-// an operation ran out of attempts or time after a network error. Its
-// outcome is unknown: retry it later with the same key (Report.Key) inside
-// the retention, or reconcile.
+// MaxBufferedResponse is the largest response body the Transport reads
+// before it returns the response; a larger one is returned as it streams,
+// and an error reading it is a *KeyError naming the key.
+const MaxBufferedResponse = 16 << 20
+
+// ErrBudget is returned (in a *KeyError, with the last error) when the
+// retries of an operation ran out of attempts or time after a network
+// error. Its outcome is unknown: retry it later with the same key
+// (KeyError.Key, Report.Key) inside the retention, or reconcile.
 var ErrBudget = errors.New("idemclient: retry budget spent; the outcome is unknown")
+
+// KeyError is every error the Transport returns for a request it gave a key
+// (http.Client wraps it in a *url.Error; errors.As finds it): it names the
+// key, so that the caller can retry the same operation with it rather than
+// start a new one.
+type KeyError struct {
+	Key      string
+	Attempts int
+	Err      error
+}
+
+func (e *KeyError) Error() string {
+	return fmt.Sprintf("idemclient: key %s (%d attempts): %v", e.Key, e.Attempts, e.Err)
+}
+
+func (e *KeyError) Unwrap() error { return e.Err }
+
+// KeyOf returns the idempotency key an error of the Transport names: retry
+// the operation with it.
+func KeyOf(err error) (string, bool) {
+	var e *KeyError
+	if errors.As(err, &e) {
+		return e.Key, true
+	}
+	return "", false
+}
 
 // Transport is an http.RoundTripper that makes requests of the methods it
 // covers idempotent by key and retries them. Its zero value is usable.
@@ -177,6 +217,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	maxAttempts, budget := or(t.MaxAttempts, DefaultMaxAttempts), or(t.Budget, DefaultBudget)
 	baseDelay, maxDelay := or(t.BaseDelay, DefaultBaseDelay), or(t.MaxDelay, DefaultMaxDelay)
 	start := time.Now()
+	fail := func(attempt int, err error) error { return &KeyError{Key: key, Attempts: attempt, Err: err} }
 	for attempt := 1; ; attempt++ {
 		r := req.Clone(ctx)
 		if !t.keyless {
@@ -185,7 +226,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if getBody != nil {
 			body, err := getBody()
 			if err != nil {
-				return nil, fmt.Errorf("idemclient: rewinding the request body: %w", err)
+				return nil, fail(attempt, fmt.Errorf("rewinding the request body: %w", err))
 			}
 			r.Body = body
 		}
@@ -195,18 +236,22 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			if ret, perr := strconv.Atoi(resp.Header.Get(HeaderRetention)); perr == nil && ret > 0 {
 				budget = min(budget, time.Duration(ret)*time.Second/4)
 			}
-		}
-		if resp != nil {
 			rep.Replayed = Replayed(resp)
 		}
-		if err == nil && !retryable(resp) {
-			return resp, nil // an answer, or a refusal a retry would get again
+		if err == nil && !t.retryable(resp) {
+			// An answer, or a refusal a retry would get again: its body is
+			// part of it. One cut off is retried as a network error (the
+			// retry gets the saved answer).
+			if err = readBody(resp, key, attempt); err == nil {
+				return resp, nil
+			}
+			resp = nil
 		}
 		if ctx.Err() != nil {
 			if resp != nil {
 				return resp, nil
 			}
-			return nil, err
+			return nil, fail(attempt, err)
 		}
 		wait := backoff(attempt, baseDelay, maxDelay)
 		status := 0
@@ -218,9 +263,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		if attempt >= maxAttempts || time.Since(start)+wait > budget {
 			if resp != nil {
-				return resp, nil // the caller sees the last answer: 409 or 503, and its Retry-After
+				if rerr := readBody(resp, key, attempt); rerr == nil {
+					return resp, nil // the caller sees the last answer: 409 or 503, and its Retry-After
+				} else {
+					err = rerr
+				}
 			}
-			return nil, fmt.Errorf("%w: key %s, %d attempts in %v: %w", ErrBudget, key, attempt, time.Since(start).Round(time.Millisecond), err)
+			return nil, fail(attempt, fmt.Errorf("%w: %d attempts in %v: %w", ErrBudget, attempt, time.Since(start).Round(time.Millisecond), err))
 		}
 		if resp != nil {
 			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
@@ -233,33 +282,87 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		select {
 		case <-ctx.Done():
 			timer.Stop()
-			return nil, fmt.Errorf("idemclient: key %s, waiting to retry: %w", key, ctx.Err())
+			return nil, fail(attempt, fmt.Errorf("waiting to retry: %w", ctx.Err()))
 		case <-timer.C:
 		}
 	}
 }
 
+// readBody reads resp's body into memory, up to MaxBufferedResponse; a
+// larger one is left to stream, its read errors naming the key. An error
+// reading it is returned (the body closed).
+func readBody(resp *http.Response, key string, attempt int) error {
+	b, err := io.ReadAll(io.LimitReader(resp.Body, MaxBufferedResponse+1))
+	if err != nil {
+		resp.Body.Close()
+		return fmt.Errorf("reading the response body (status %d): %w", resp.StatusCode, err)
+	}
+	if len(b) <= MaxBufferedResponse {
+		resp.Body.Close()
+		resp.Body = io.NopCloser(bytes.NewReader(b))
+		return nil
+	}
+	resp.Body = &keyedBody{r: io.MultiReader(bytes.NewReader(b), resp.Body), c: resp.Body, key: key, attempts: attempt}
+	return nil
+}
+
+// keyedBody is a response body too large to buffer: a read error names
+// the operation's key.
+type keyedBody struct {
+	r        io.Reader
+	c        io.Closer
+	key      string
+	attempts int
+}
+
+func (b *keyedBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if err != nil && err != io.EOF {
+		err = &KeyError{Key: b.key, Attempts: b.attempts, Err: fmt.Errorf("reading the response body: %w (the operation ran or may have: retry with the same key to get its saved answer)", err)}
+	}
+	return n, err
+}
+
+func (b *keyedBody) Close() error { return b.c.Close() }
+
 // retryable reports whether a response is one a retry with the same key
-// may change: 409 while the key is in flight, 503 while idem cannot reach
-// its store. Not a replayed one (the upstream's own 409 or 503, saved),
-// nor a 409 saying the claim was taken over (the worker API's "fenced").
-// Its body, read to tell, is put back.
-func retryable(resp *http.Response) bool {
-	if resp.StatusCode != http.StatusConflict && resp.StatusCode != http.StatusServiceUnavailable || Replayed(resp) {
+// may change (the package documentation lists them). Its body, read to
+// tell, is put back.
+func (t *Transport) retryable(resp *http.Response) bool {
+	if Replayed(resp) {
 		return false
 	}
-	if resp.StatusCode == http.StatusConflict && strings.HasPrefix(resp.Header.Get("Content-Type"), "application/problem+json") {
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/problem+json") {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		resp.Body = struct {
 			io.Reader
 			io.Closer
 		}{io.MultiReader(bytes.NewReader(b), resp.Body), resp.Body}
 		var p struct{ Type string }
-		if json.Unmarshal(b, &p) == nil && problemKind(p.Type) == "fenced" {
+		if json.Unmarshal(b, &p) == nil && strings.HasPrefix(p.Type, idemhttp.ProblemTypePrefix) {
+			switch problemKind(p.Type) {
+			case idemhttp.KindConflict, idemhttp.KindRateLimited, idemhttp.KindUpstreamUnavailable, idemhttp.KindUnavailable, idemhttp.KindStoreFull:
+				return true
+			case idemhttp.KindFenced:
+				// Through the proxy, another owner took the key over: the
+				// retry gets its answer. Through the worker API, this
+				// claim's handle is lost for good.
+				return !t.keyless
+			}
 			return false
 		}
 	}
-	return true
+	// Not idem's own answer. Through idem's claim (it says its retention)
+	// it is the upstream's, final; otherwise a gateway in front of idem
+	// answered, and the key makes a resend safe.
+	if resp.Header.Get(HeaderRetention) != "" {
+		return false
+	}
+	switch resp.StatusCode {
+	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return true
+	}
+	return false
 }
 
 // backoff is "full jitter": a random wait below an exponentially growing

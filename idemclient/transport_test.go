@@ -3,12 +3,14 @@ package idemclient_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,13 +18,18 @@ import (
 )
 
 // script is a server that answers attempt i with statuses[i] (the last
-// one from then on), recording each attempt's key and body.
+// one from then on), recording each attempt's key and body. A status
+// idem answers itself is given as idem would (problem+json, its kind),
+// unless the test sets a Content-Type.
 type script struct {
 	*httptest.Server
 	mu     sync.Mutex
 	keys   []string
 	bodies []string
 }
+
+// idemKinds are the problems idem answers a retry may change.
+var idemKinds = map[int]string{409: "conflict", 429: "rate-limited", 502: "upstream-unavailable", 503: "unavailable"}
 
 func newScript(t *testing.T, statuses []int, header http.Header) *script {
 	s := &script{}
@@ -36,7 +43,14 @@ func newScript(t *testing.T, statuses []int, header http.Header) *script {
 		for k, v := range header {
 			w.Header()[k] = v
 		}
-		w.WriteHeader(statuses[min(n, len(statuses))-1])
+		st := statuses[min(n, len(statuses))-1]
+		if kind, ok := idemKinds[st]; ok && header.Get("Content-Type") == "" && header.Get(idemclient.HeaderReplayed) == "" {
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(st)
+			fmt.Fprintf(w, `{"type":"urn:idem:problem:%s","status":%d}`, kind, st)
+			return
+		}
+		w.WriteHeader(st)
 	}))
 	t.Cleanup(s.Close)
 	return s
@@ -84,11 +98,27 @@ func TestOneKeyAndBodyAcrossRetries(t *testing.T) {
 }
 
 func TestNeverRetried(t *testing.T) {
-	for _, status := range []int{400, 401, 403, 404, 413, 422, 429, 500, 502, 504} {
-		s := newScript(t, []int{status, 201}, nil)
+	// The upstream's own answers, through idem's claim (which says its
+	// retention): final, whatever the status, the first time too.
+	upstream := http.Header{idemclient.HeaderRetention: {"86400"}, "Content-Type": {"application/json"}}
+	for _, status := range []int{400, 401, 403, 404, 409, 413, 422, 429, 500, 502, 503, 504} {
+		s := newScript(t, []int{status, 201}, upstream)
 		resp, rep, err := post(t, &idemclient.Transport{BaseDelay: time.Millisecond}, s.URL, "POST", context.Background())
 		if err != nil || resp.StatusCode != status || rep.Attempts != 1 {
-			t.Fatalf("%d: got %v after %d attempts (%v), want it returned after 1", status, resp.StatusCode, rep.Attempts, err)
+			t.Fatalf("the upstream's %d: got %v after %d attempts (%v), want it returned after 1", status, resp.StatusCode, rep.Attempts, err)
+		}
+	}
+	// idem's own refusals that a retry would get again.
+	for _, kind := range []string{"mismatch", "invalid-key", "response-not-saved", "upstream-outcome-unknown"} {
+		s := newScript(t, []int{422, 201}, http.Header{"Content-Type": {"application/problem+json"}})
+		s.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(422)
+			fmt.Fprintf(w, `{"type":"urn:idem:problem:%s","status":422}`, kind)
+		})
+		resp, rep, err := post(t, &idemclient.Transport{BaseDelay: time.Millisecond}, s.URL, "POST", context.Background())
+		if err != nil || rep.Attempts != 1 {
+			t.Fatalf("idem's %s: got %v after %d attempts (%v), want it returned after 1", kind, resp, rep.Attempts, err)
 		}
 	}
 	// Methods not covered pass through once, without a key.
@@ -159,29 +189,102 @@ func TestContextEndsTheWait(t *testing.T) {
 	}
 }
 
-// A replayed 409 or 503 is the upstream's own answer, saved: final. So is a
-// 409 saying the claim was taken over.
+// A replayed 409 or 503 is the upstream's own answer, saved: final.
 func TestFinalConflictsNotRetried(t *testing.T) {
-	replayed := newScript(t, []int{409, 201}, http.Header{idemclient.HeaderReplayed: {"true"}})
-	resp, rep, err := post(t, &idemclient.Transport{BaseDelay: time.Millisecond}, replayed.URL, "POST", context.Background())
-	if err != nil || resp.StatusCode != 409 || rep.Attempts != 1 || !rep.Replayed {
-		t.Fatalf("a replayed 409: %v after %d attempts (%v), replayed=%v", resp.StatusCode, rep.Attempts, err, rep.Replayed)
+	for _, status := range []int{409, 503} {
+		replayed := newScript(t, []int{status, 201}, http.Header{idemclient.HeaderReplayed: {"true"}})
+		resp, rep, err := post(t, &idemclient.Transport{BaseDelay: time.Millisecond}, replayed.URL, "POST", context.Background())
+		if err != nil || resp.StatusCode != status || rep.Attempts != 1 || !rep.Replayed {
+			t.Fatalf("a replayed %d: %v after %d attempts (%v), replayed=%v", status, resp.StatusCode, rep.Attempts, err, rep.Replayed)
+		}
 	}
+}
+
+// What idem says to retry with the same key is retried: 429 rate-limited,
+// 502 upstream-unavailable, 409 fenced (through the proxy: the retry gets
+// the other owner's answer), and a gateway's 502/503/504 that never came
+// through idem's claim.
+func TestIdemsRetryableAnswersAreRetried(t *testing.T) {
+	for _, status := range []int{409, 429, 502, 503} {
+		s := newScript(t, []int{status, 201}, nil)
+		resp, rep, err := post(t, &idemclient.Transport{BaseDelay: time.Millisecond}, s.URL, "POST", context.Background())
+		if err != nil || resp.StatusCode != 201 || rep.Attempts != 2 {
+			t.Fatalf("idem's %d %s: %v after %d attempts (%v), want 201 after 2", status, idemKinds[status], resp, rep.Attempts, err)
+		}
+		if keys, _ := s.attempts(); keys[0] != keys[1] {
+			t.Fatalf("idem's %d: keys %q, want one", status, keys)
+		}
+	}
+	var n atomic.Int32
 	fenced := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/problem+json")
-		w.WriteHeader(http.StatusConflict)
-		io.WriteString(w, `{"type":"urn:idem:problem:fenced","title":"Claim lost to a newer owner","status":409}`)
+		if n.Add(1) == 1 {
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(http.StatusConflict)
+			io.WriteString(w, `{"type":"urn:idem:problem:fenced","title":"Claim lost to a newer owner","status":409}`)
+			return
+		}
+		w.Header().Set(idemclient.HeaderReplayed, "true")
+		w.WriteHeader(http.StatusCreated)
 	}))
 	t.Cleanup(fenced.Close)
-	var rep2 idemclient.Report
-	req, _ := http.NewRequestWithContext(idemclient.WithReport(context.Background(), &rep2), "POST", fenced.URL, strings.NewReader(`{}`))
-	resp, err = (&http.Client{Transport: &idemclient.Transport{BaseDelay: time.Millisecond}}).Do(req)
+	if resp, rep, err := post(t, &idemclient.Transport{BaseDelay: time.Millisecond}, fenced.URL, "POST", context.Background()); err != nil || resp.StatusCode != 201 || rep.Attempts != 2 || !rep.Replayed {
+		t.Fatalf("a fenced 409: %v after %d attempts (%v), want the other owner's 201 after 2", resp, rep.Attempts, err)
+	}
+	for _, status := range []int{502, 503, 504} {
+		s := newScript(t, []int{status, 201}, http.Header{"Content-Type": {"text/html"}})
+		resp, rep, err := post(t, &idemclient.Transport{BaseDelay: time.Millisecond}, s.URL, "POST", context.Background())
+		if err != nil || resp.StatusCode != 201 || rep.Attempts != 2 {
+			t.Fatalf("a gateway's %d: %v after %d attempts (%v), want 201 after 2", status, resp, rep.Attempts, err)
+		}
+	}
+}
+
+// cutServer answers the first cuts attempts with a 201 whose body is cut
+// off after its headers, then the whole answer, marked replayed.
+func cutServer(t *testing.T, cuts int32) (*httptest.Server, *atomic.Int32) {
+	var n atomic.Int32
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) <= cuts {
+			w.Header().Set("Content-Length", "100")
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, `{"id":"ch_1"`)
+			w.(http.Flusher).Flush()
+			c, _, err := w.(http.Hijacker).Hijack()
+			if err == nil {
+				c.Close()
+			}
+			return
+		}
+		w.Header().Set(idemclient.HeaderReplayed, "true")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"id":"ch_1","amount":1}`)
+	}))
+	t.Cleanup(s.Close)
+	return s, &n
+}
+
+// A reply cut off after its headers is retried with the same key, and the
+// caller gets the whole (saved) answer; when every attempt is cut, the
+// error names the key.
+func TestBodyCutOffIsRetriedWithTheSameKey(t *testing.T) {
+	s, n := cutServer(t, 1)
+	var rep idemclient.Report
+	req, _ := http.NewRequestWithContext(idemclient.WithReport(context.Background(), &rep), "POST", s.URL, strings.NewReader(`{"amount":1}`))
+	resp, err := (&http.Client{Transport: &idemclient.Transport{BaseDelay: time.Millisecond}}).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, _ := io.ReadAll(resp.Body)
+	body, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 409 || rep2.Attempts != 1 || !strings.Contains(string(body), `"type"`) {
-		t.Fatalf("a fenced 409: %d after %d attempts, body %q (want it whole)", resp.StatusCode, rep2.Attempts, body)
+	if err != nil || resp.StatusCode != 201 || string(body) != `{"id":"ch_1","amount":1}` || rep.Attempts != 2 || !rep.Replayed || n.Load() != 2 {
+		t.Fatalf("%v %q %v after %d attempts (server saw %d), want the whole saved answer after 2", resp.StatusCode, body, err, rep.Attempts, n.Load())
+	}
+
+	s, _ = cutServer(t, 100)
+	req, _ = http.NewRequestWithContext(idemclient.WithReport(context.Background(), &rep), "POST", s.URL, strings.NewReader(`{"amount":1}`))
+	_, err = (&http.Client{Transport: &idemclient.Transport{BaseDelay: time.Millisecond, MaxAttempts: 3}}).Do(req)
+	key, ok := idemclient.KeyOf(err)
+	if !errors.Is(err, idemclient.ErrBudget) || !ok || key != rep.Key || !strings.Contains(err.Error(), rep.Key) {
+		t.Fatalf("every reply cut: %v (key %q %v), want ErrBudget naming the key %s", err, key, ok, rep.Key)
 	}
 }
