@@ -145,7 +145,7 @@ func NewAPI(cfg APIConfig) (*API, error) {
 				fmt.Sprintf("%s %s: this route takes %s", r.Method, r.URL.Path, strings.Join(allow, " or "))))
 			return
 		}
-		a.problem(w, NewProblem(http.StatusNotFound, KindNotFound, "no such API route: "+r.Method+" "+r.URL.Path))
+		a.problem(w, NewProblem(http.StatusNotFound, KindNoSuchRoute, "no such API route: "+r.Method+" "+r.URL.Path))
 	})
 	return a, nil
 }

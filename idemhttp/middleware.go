@@ -91,7 +91,13 @@ type Config struct {
 	// MaxWait caps "Prefer: wait=N" (default 60 s).
 	MaxWait time.Duration
 	// ClaimDeadline, when set, gives every claim a deadline (see
-	// etcdstore.WithDeadline). It must outlast the slowest honest request.
+	// etcdstore.WithDeadline): past it, another request may take the key
+	// over and reach the upstream again. It must outlast the slowest honest
+	// request: a forwarded request is cancelled a fifth of the time left
+	// before its claim stops being held (the deadline, or the in-flight
+	// record's expiry: etcdstore.Claim.BeforeEnd); its outcome is then
+	// unknown, and saved as such by default (OnUnknownOutcome), so that it
+	// never runs while another owner's does.
 	ClaimDeadline time.Duration
 	// Logger gets one line per claimed or refused request (default: none).
 	// Keys are logged as a hash unless LogKeys; bodies never.
@@ -315,6 +321,14 @@ func (m *Middleware) run(w http.ResponseWriter, req *request, next http.Handler,
 		// saved if the claim still holds (the write is fenced); the
 		// client's retry replays it.
 		ctx := fencing.NewContext(context.WithoutCancel(r.Context()), c.Token())
+		// Once the claim is no longer held (past its deadline, or its
+		// record's expiry) another request may take the key over and reach
+		// the upstream again: this one is cancelled a fifth of the time
+		// left before that, leaving time to save what came of it (an
+		// unknown outcome, if the upstream had not answered: saved, and
+		// replayed to the retry).
+		ctx, cancel := c.BeforeEnd(ctx)
+		defer cancel()
 		up := r.Clone(ctx)
 		up.Body = newBody(req.body)
 		up.ContentLength = int64(len(req.body))

@@ -69,6 +69,7 @@ const (
 	KindMismatch            = "mismatch"
 	KindFenced              = "fenced"
 	KindNotFound            = "not-found"
+	KindNoSuchRoute         = "no-such-route"
 	KindUnavailable         = "unavailable"
 	KindUpstreamUnavailable = "upstream-unavailable"
 	KindUpstreamUnknown     = "upstream-outcome-unknown"
@@ -92,6 +93,7 @@ var titles = map[string]string{
 	KindMismatch:            "Idempotency-Key reused with different parameters",
 	KindFenced:              "Claim lost to a newer owner",
 	KindNotFound:            "No such idempotency key",
+	KindNoSuchRoute:         "No such API route",
 	KindUnavailable:         "Idempotency store unavailable",
 	KindUpstreamUnavailable: "Upstream could not be reached",
 	KindUpstreamUnknown:     "Upstream may have acted; its answer was lost",

@@ -576,3 +576,31 @@ func TestSmallRecordsStillReplay(t *testing.T) {
 		t.Fatal("a MaxResponseBody that leaves no room for headers in 4 KiB records was accepted")
 	}
 }
+
+// With a ClaimDeadline, a forwarded request is cancelled before its claim's
+// deadline: its outcome, unknown, is saved before a retry could take the
+// key over and reach the upstream a second time.
+func TestForwardedRequestEndsBeforeItsClaimDeadline(t *testing.T) {
+	up := newUpstream(t)
+	store := newStore(t, "")
+	front := newFront(t, Config{Store: store, ClaimDeadline: time.Second}, up, ProxyOptions{})
+	first := make(chan reply, 1)
+	go func() { first <- do(t, "POST", front.URL+"/hang", "cd", `{}`) }()
+	<-up.entered
+	var r reply
+	select {
+	case r = <-first:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the forwarded request still runs 10 s after its claim's deadline (1 s): a retry may take the key over meanwhile")
+	}
+	if r.status != http.StatusGatewayTimeout && r.status != http.StatusBadGateway || problemType(t, r) != KindUpstreamUnknown {
+		t.Fatalf("the first request: %d %q; want its unknown outcome", r.status, r.body)
+	}
+	again := do(t, "POST", front.URL+"/hang", "cd", `{}`)
+	if again.status != r.status || again.header.Get(HeaderReplayed) != "true" {
+		t.Fatalf("the retry: %d %q; want the saved problem replayed", again.status, again.body)
+	}
+	if c := up.calls.Load(); c != 1 {
+		t.Fatalf("upstream calls = %d; want 1", c)
+	}
+}
