@@ -42,7 +42,10 @@ func newAdminCmd(name, synopsis string, stderr io.Writer) *adminCmd {
 		a.fs.PrintDefaults()
 	}
 	a.etcd.register(a.fs, []string{socketURL("idem-data")}) // the embedded etcd of an idem serve run here
-	a.fs.StringVar(&a.tenant, "tenant", etcdstore.DefaultTenant, "tenant of the keys")
+	a.tenant = etcdstore.DefaultTenant
+	if name != "status" { // status counts every tenant's keys
+		a.fs.StringVar(&a.tenant, "tenant", etcdstore.DefaultTenant, "tenant of the keys")
+	}
 	a.fs.StringVar(&a.format, "w", "simple", "output format: simple, json or table")
 	a.fs.DurationVar(&a.timeout, "command-timeout", 10*time.Second, "timeout of the command")
 	a.fs.StringVar(&a.shards, "shards-file", "", "the shard set idem serve was given: find keys across its etcd clusters")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
@@ -29,12 +30,9 @@ func (s *server) current() backend {
 	return s.store
 }
 
-// connect makes the etcd clients (one, or one per shard) and the store,
-// within timeout, and puts the edge in place. A failed try closes its
-// clients: the next one starts afresh, without gRPC's reconnect backoff of
-// a connection that hung.
-func (s *server) connect(ctx context.Context, timeout time.Duration) error {
-	c := s.cfg
+// storeOptions are the store's options the flags say (serveConfig.validate
+// checks them before anything talks to etcd).
+func (c *serveConfig) storeOptions(log *slog.Logger) []etcdstore.Option {
 	opts := []etcdstore.Option{
 		etcdstore.WithPrefix(c.etcd.prefix),
 		etcdstore.WithRetention(c.retention),
@@ -48,11 +46,21 @@ func (s *server) connect(ctx context.Context, timeout time.Duration) error {
 		etcdstore.WithBatching(c.batching),
 		etcdstore.WithExpirySweep(c.expirySweep),
 		etcdstore.WithBatchLimits(c.batchMembers, c.batchBytes),
-		etcdstore.WithLogger(s.log),
+		etcdstore.WithLogger(log),
 	}
 	if c.tracer != nil {
 		opts = append(opts, etcdstore.WithTracerProvider(c.tracer))
 	}
+	return opts
+}
+
+// connect makes the etcd clients (one, or one per shard) and the store,
+// within timeout, and puts the edge in place. A failed try closes its
+// clients: the next one starts afresh, without gRPC's reconnect backoff of
+// a connection that hung.
+func (s *server) connect(ctx context.Context, timeout time.Duration) error {
+	c := s.cfg
+	opts := c.storeOptions(s.log)
 	opts = append(opts, etcdstore.WithTxnObserver(func(d time.Duration) { s.txnSeconds.Observe(d.Seconds()) }))
 	where := strings.Join(c.etcd.endpoints, ",")
 	var clis []*clientv3.Client

@@ -105,6 +105,14 @@ type etcdFlags struct {
 }
 
 func (e *etcdFlags) register(fs *flag.FlagSet, defaultEndpoints []string) {
+	e.registerConnection(fs, defaultEndpoints)
+	fs.StringVar(&e.prefix, "prefix", "/idem/", "etcd key prefix of idem's data")
+}
+
+// registerConnection registers the flags that say how to reach etcd, and
+// not --prefix: for commands that read the whole of etcd (snapshot save).
+func (e *etcdFlags) registerConnection(fs *flag.FlagSet, defaultEndpoints []string) {
+	e.prefix = "/idem/"
 	e.endpoints = defaultEndpoints
 	usage := "etcd endpoints, comma-separated"
 	if len(defaultEndpoints) == 0 {
@@ -117,7 +125,6 @@ func (e *etcdFlags) register(fs *flag.FlagSet, defaultEndpoints []string) {
 	fs.StringVar(&e.user, "user", "", "etcd user name, or user:password")
 	fs.StringVar(&e.password, "password", "", "etcd password (prefer IDEM_PASSWORD to the command line)")
 	fs.DurationVar(&e.dialTimeout, "dial-timeout", 5*time.Second, "timeout for connecting to etcd")
-	fs.StringVar(&e.prefix, "prefix", "/idem/", "etcd key prefix of idem's data")
 }
 
 // tlsConfig builds the TLS configuration for etcd, or nil when no TLS flag

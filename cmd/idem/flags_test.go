@@ -31,10 +31,21 @@ func TestServeRefusesBadFlagsBeforeStartingAnything(t *testing.T) {
 		{[]string{"--replay-deny-headers", "Bad Name"}, "--replay-deny-headers"},
 		{[]string{"--replay-allow-headers", "X-Ok,a:b"}, "--replay-allow-headers"},
 		{[]string{"--problem-docs-url", "docs/HTTP.md"}, "--problem-docs-url"},
+		// Values the store refuses: found before etcd is called, with an
+		// external etcd that does not answer too.
+		{[]string{"--endpoints", "127.0.0.1:1", "--session-ttl", "1500ms"}, "--session-ttl 1.5s"},
+		{[]string{"--session-ttl", "1s"}, "--session-ttl"},
+		{[]string{"--retention", "1500ms"}, "--retention"},
+		{[]string{"--bucket-width", "1500ms"}, "--bucket-width"},
+		{[]string{"--request-timeout", "-1s"}, "--request-timeout"},
+		{[]string{"--claim-deadline", "500ms"}, "--upstream-timeout 30s"},
 	} {
 		out, err := runCmd(t, append([]string{"serve", "--data-dir", t.TempDir()}, tc.args...)...)
 		if err == nil || !strings.Contains(err.Error()+out, tc.want) {
 			t.Errorf("serve %v = %v; want an error naming %q", tc.args, err, tc.want)
+		}
+		if code := exitCode(err); code != 2 {
+			t.Errorf("serve %v: exit %d (%v), want 2: a configuration error", tc.args, code, err)
 		}
 	}
 }

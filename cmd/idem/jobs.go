@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -20,6 +21,7 @@ Jobs (package jobs) are records of a tenant ("jobs" by default) that
 workers run step by step; these commands show and administer them.
 
 Commands:
+  submit     submit a job:              idem jobs submit [--params JSON] [--run-at T] ID KIND
   ls         list jobs:                 idem jobs ls [--state running|queued|scheduled|parked|succeeded|failed|cancelled]
   get        one job, steps, attempts:  idem jobs get ID
   retry      queue a parked job again:  idem jobs retry [--retention D] ID
@@ -36,6 +38,8 @@ func jobsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return errUsage
 	}
 	switch args[0] {
+	case "submit":
+		return jobsSubmit(ctx, args[1:], stdout, stderr)
 	case "ls":
 		return jobsList(ctx, args[1:], stdout, stderr)
 	case "get":
@@ -73,6 +77,70 @@ func (a *adminCmd) openJobs(ctx context.Context, args []string, nargs int) (clus
 		return cluster{}, nil, nil, usageError{errors.New("--shards-file: jobs run on one etcd cluster; name it with --endpoints")}
 	}
 	return cs[0], cctx, done, nil
+}
+
+// jobsSubmit submits a job from the command line (or a script in any
+// language): idempotent by ID, as Queue.Submit is.
+func jobsSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
+	a := newJobsCmd("submit", "submit [--tenant T] [--params JSON | --params-file F] [--run-at RFC3339] [--retention D] ID KIND", stderr)
+	defer func() { err = a.explain(err) }()
+	params := a.fs.String("params", "", "the job's params (JSON, or any bytes); the same on every retry of the submission")
+	paramsFile := a.fs.String("params-file", "", "read the params from this file (- : standard input)")
+	runAt := a.fs.String("run-at", "", "run it no earlier than this time (RFC 3339), within half the store's retention")
+	retention := a.fs.Duration("retention", etcdstore.DefaultRetention, "the retention of the workers' store (idem serve --retention, etcdstore.WithRetention)")
+	c, ctx, done, err := a.openJobs(ctx, args, 2)
+	if err != nil {
+		return err
+	}
+	defer done()
+	key, err := a.key()
+	if err != nil {
+		return err
+	}
+	kind := a.fs.Arg(1)
+	var p []byte
+	switch {
+	case *params != "" && *paramsFile != "":
+		return usageError{errors.New("--params and --params-file: give one")}
+	case *paramsFile == "-":
+		if p, err = io.ReadAll(os.Stdin); err != nil {
+			return usageError{fmt.Errorf("--params-file -: %w", err)}
+		}
+	case *paramsFile != "":
+		if p, err = os.ReadFile(*paramsFile); err != nil {
+			return usageError{fmt.Errorf("--params-file: %w", err)}
+		}
+	default:
+		p = []byte(*params)
+	}
+	var opts []jobs.SubmitOption
+	if *runAt != "" {
+		t, err := time.Parse(time.RFC3339, *runAt)
+		if err != nil {
+			return usageError{fmt.Errorf("--run-at %q: not an RFC 3339 time (2026-12-24T18:00:00Z)", *runAt)}
+		}
+		opts = append(opts, jobs.RunAt(t))
+	}
+	store, err := etcdstore.New(ctx, c.cli, etcdstore.WithPrefix(a.etcd.prefix), etcdstore.WithRetention(*retention))
+	if err != nil {
+		if errors.Is(err, etcdstore.ErrInvalidArgument) {
+			return usageError{err}
+		}
+		return err
+	}
+	defer store.Close()
+	q, err := jobs.New(store, jobs.WithTenant(a.tenant))
+	if err != nil {
+		return usageError{err}
+	}
+	j, err := q.Submit(ctx, key.ID, kind, p, opts...)
+	if err != nil {
+		if errors.Is(err, jobs.ErrInvalid) || errors.Is(err, etcdstore.ErrInvalidArgument) || errors.Is(err, etcdstore.ErrInvalidKey) {
+			return usageError{err}
+		}
+		return err
+	}
+	return printJobs(stdout, a.format, []*jobs.Job{j}, false)
 }
 
 func jobsList(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {

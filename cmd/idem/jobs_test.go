@@ -4,10 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/etcdtest"
@@ -149,4 +152,118 @@ func errString(err error) string {
 		return ""
 	}
 	return err.Error()
+}
+
+// docs/JOBS.md's first job: idem jobs submit (twice: one job), a Go
+// worker runs it, idem jobs get shows it succeeded; the same ID with other
+// params is refused, and bad input exits 2 and submits nothing.
+func TestJobsSubmitFromTheCommandLine(t *testing.T) {
+	c, err := etcdtest.New(t.TempDir(), 1, etcdtest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	ep := c.Endpoints()[0]
+	for range 2 {
+		out, err := runCmd(t, "jobs", "submit", "--endpoints", ep, "--params", `"Ada"`, "welcome-ada", "welcome")
+		if err != nil || !strings.Contains(out, "welcome-ada") || !strings.Contains(out, "queued") {
+			t.Fatalf("jobs submit: %v\n%s", err, out)
+		}
+	}
+	if out, err := runCmd(t, "jobs", "submit", "--endpoints", ep, "--params", `"Bob"`, "welcome-ada", "welcome"); err == nil || exitCode(err) == 0 || !errors.Is(err, etcdstore.ErrMismatch) {
+		t.Fatalf("jobs submit with other params: %v\n%s; want a mismatch", err, out)
+	}
+	for _, bad := range [][]string{
+		{"welcome-bob"}, // no kind
+		{"--run-at", "tomorrow", "welcome-bob", "welcome"}, // not a time
+		{"--params", "x", "--params-file", "f", "welcome-bob", "welcome"},
+		{"welcome/bob", "welcome"}, // not a key
+	} {
+		if out, err := runCmd(t, append([]string{"jobs", "submit", "--endpoints", ep}, bad...)...); exitCode(err) != 2 {
+			t.Fatalf("jobs submit %q: %v\n%s; want exit 2", bad, err, out)
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	store, err := etcdstore.New(ctx, c.MustClient(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	q, err := jobs.New(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Get(ctx, "welcome-bob"); !errors.Is(err, etcdstore.ErrNotFound) {
+		t.Fatalf("welcome-bob after refused submits: %v; want none", err)
+	}
+	var runs atomic.Int32
+	w, err := jobs.NewWorker(q, []jobs.Kind{{Name: "welcome", Steps: []jobs.Step{
+		{Name: "greet", Run: func(ctx context.Context, r *jobs.Run) ([]byte, error) {
+			runs.Add(1)
+			return append([]byte(`"hello, `), r.Params()[1:]...), nil
+		}},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if j, err := q.Wait(ctx, "welcome-ada"); err != nil || j.State != jobs.Succeeded {
+		t.Fatalf("welcome-ada: %+v %v", j, err)
+	}
+	out, err := runCmd(t, "jobs", "get", "--endpoints", ep, "-w", "json", "welcome-ada")
+	if err != nil {
+		t.Fatalf("jobs get: %v\n%s", err, out)
+	}
+	var got struct {
+		State string
+		Steps []struct {
+			Name     string
+			Finished bool
+			Output   string
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil || got.State != "succeeded" ||
+		len(got.Steps) != 1 || !got.Steps[0].Finished || got.Steps[0].Output != `"hello, Ada"` {
+		t.Fatalf("jobs get: %s (%v)", out, err)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("the job ran %d times, want 1", n)
+	}
+}
+
+// The README's library, pointed at idem serve's embedded etcd by its
+// socket: one store, and idem get sees the library's key.
+func TestLibraryReachesServesEmbeddedEtcd(t *testing.T) {
+	dir := tempDir(t)
+	flags := embeddedFlags(t, filepath.Join(dir, "idem-data"))
+	startIdem(t, dir, flags...)
+	ep := etcdEndpoint(flags) // unix://<dir>/idem-data/etcd.sock
+	if !strings.HasSuffix(ep, "/idem-data/etcd.sock") {
+		t.Fatalf("the embedded etcd's endpoint is %s", ep)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	store, err := etcdstore.New(ctx, cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	key := etcdstore.Key{Tenant: "acme", ID: "8e03978e-40d5-43e8-bc93-6894a57f9324"}
+	res, err := store.Do(ctx, key, []byte(`{"amount":100}`), func(ctx context.Context, c *etcdstore.Claim) ([]byte, error) {
+		return []byte(`{"charge":"ch_1"}`), nil
+	})
+	if err != nil || res.Replayed {
+		t.Fatalf("Do: %+v %v", res, err)
+	}
+	out, err := runCmd(t, "get", "--endpoints", ep, "--tenant", "acme", key.ID)
+	if err != nil || !strings.Contains(out, "done") || !strings.Contains(out, "ch_1") {
+		t.Fatalf("idem get of the library's key: %v\n%s", err, out)
+	}
 }

@@ -45,7 +45,7 @@ Commands:
   evict     forget a key:           idem evict [--tenant T] KEY
   status    etcd cluster and keys:  idem status
   jobs      jobs and schedules:     idem jobs ls|get|retry|cancel|schedules
-  snapshot  etcd backups:           idem snapshot save|restore
+  snapshot  etcd backups:           idem snapshot save|restore|bump-epoch
   echo      a non-idempotent demo upstream, to put idem in front of
   version   print the version
 
@@ -77,6 +77,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "echo":
 		return echo(ctx, rest, stdout, stderr)
 	case "version", "--version":
+		fs := flag.NewFlagSet("version", flag.ContinueOnError)
+		fs.SetOutput(stderr)
+		fs.Usage = func() {
+			fmt.Fprint(stderr, "usage: idem version\n\nPrints the release, the module version and the VCS revision idem was built from.\n")
+		}
+		if err := parseFlags(fs, rest); err != nil {
+			return err
+		}
 		fmt.Fprintln(stdout, "idem", version())
 		return nil
 	case "help", "-h", "--help":
@@ -110,14 +118,35 @@ type usageError struct{ error }
 func (e usageError) Unwrap() error { return e.error }
 
 func version() string {
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		v := bi.Main.Version
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-				v += " " + s.Value[:12]
-			}
-		}
+	v := Release
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
 		return v
 	}
-	return "(unknown)"
+	if bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		v += " (module " + bi.Main.Version + ")"
+	}
+	var rev, when, dirty string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.time":
+			when = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = ", modified"
+			}
+		}
+	}
+	if rev != "" {
+		v += fmt.Sprintf(" revision %.12s (%s%s)", rev, when, dirty)
+	} else {
+		v += " (built without VCS information)"
+	}
+	return v + ", " + bi.GoVersion
 }
+
+// Release is the release of idem this source is, or will be: CHANGELOG.md
+// lists each one (TestReleaseIsInTheChangelog).
+const Release = "0.5.0-dev"

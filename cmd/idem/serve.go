@@ -136,7 +136,7 @@ func (c *serveConfig) flags(stderr io.Writer) *flag.FlagSet {
 	fs.Int64Var(&c.maxRequestBody, "max-request-body", idemhttp.DefaultMaxRequestBody, "largest request body with a key, bytes (413 past it)")
 	fs.IntVar(&c.maxResponseBody, "max-response-body", idemhttp.DefaultMaxResponseBody, "largest response body saved for replay, bytes")
 	fs.DurationVar(&c.maxWait, "max-wait", idemhttp.DefaultMaxWait, "cap on Prefer: wait=N")
-	fs.DurationVar(&c.claimDeadline, "claim-deadline", 0, "deadline of a proxied claim (0: none; only the owner's death makes it stale)")
+	fs.DurationVar(&c.claimDeadline, "claim-deadline", 0, "deadline of a proxied claim (0: none; only the owner's death makes it stale): at least 5/4 of --upstream-timeout; the request is cancelled a fifth of it before the deadline")
 	fs.DurationVar(&c.apiDeadline, "api-deadline", idemhttp.DefaultAPIDeadline, "default deadline of a claim made through the JSON API")
 	fs.IntVar(&c.maxCheckpoint, "max-checkpoint-bytes", idemhttp.DefaultMaxCheckpoint, "largest checkpoint a worker of the JSON API may save, bytes (413 past it)")
 	fs.Float64Var(&c.limits.ClaimsPerSecond, "tenant-claims-per-second", 0, "keyed requests (claims, replays included) one tenant may make per second in this process (429 past it; 0: no limit)")
@@ -246,6 +246,37 @@ func (c *serveConfig) validate() error {
 		}
 		_, names, _, _ := readShards(c.shardsFile, c.etcd)
 		c.shardNames = names
+	}
+	// The store's own checks, flag by flag, then together (bucket width
+	// against retention): a value the store would refuse exits 2 here,
+	// before anything talks to etcd.
+	for _, f := range []struct {
+		flag  string
+		value any
+		opt   etcdstore.Option
+	}{
+		{"--retention", c.retention, etcdstore.WithRetention(c.retention)},
+		{"--session-ttl", c.sessionTTL, etcdstore.WithSessionTTL(c.sessionTTL)},
+		{"--request-timeout", c.requestTimeout, etcdstore.WithRequestTimeout(c.requestTimeout)},
+		{"--cache-size", c.cacheSize, etcdstore.WithCache(c.cacheSize)},
+		{"--keys-per-lease", c.keysPerLease, etcdstore.WithKeysPerLease(c.keysPerLease)},
+		{"--bucket-width", c.bucketWidth, etcdstore.WithBucketWidth(min(c.bucketWidth, c.retention))},
+	} {
+		if err := etcdstore.CheckOptions(f.opt); err != nil {
+			return fmt.Errorf("%s %v: %w", f.flag, f.value, err)
+		}
+	}
+	if err := etcdstore.CheckOptions(c.storeOptions(nil)...); err != nil {
+		return err
+	}
+	if c.claimDeadline < 0 {
+		return fmt.Errorf("--claim-deadline %v must not be negative", c.claimDeadline)
+	}
+	if c.claimDeadline > 0 && c.claimDeadline-c.claimDeadline/5 < c.upstreamTimeout {
+		// Past a claim's deadline the next retry takes the key over and
+		// reaches the upstream again, while the first request may still run.
+		return fmt.Errorf("--claim-deadline %v is shorter than the upstream may take (--upstream-timeout %v, and a request is cancelled a fifth of the claim deadline before it): a retry could reach the upstream while the first request still runs; raise --claim-deadline above %v or lower --upstream-timeout",
+			c.claimDeadline, c.upstreamTimeout, c.upstreamTimeout*5/4)
 	}
 	if c.recordFormat < 1 || c.recordFormat > 3 {
 		return fmt.Errorf("--record-format %d: must be 1, 2 or 3", c.recordFormat)

@@ -97,61 +97,7 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 		}
 	}
 
-	s.reg = prometheus.NewRegistry()
-	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	gauge := func(name, help string, f func(backend) float64) {
-		s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
-			if st := s.current(); st != nil {
-				return f(st)
-			}
-			return 0
-		}))
-	}
-	metric := func(f func(etcdstore.Metrics) float64) func(backend) float64 {
-		return func(st backend) float64 { return f(st.Metrics()) }
-	}
-	bit := func(b bool) float64 {
-		if b {
-			return 1
-		}
-		return 0
-	}
-	counter := func(name, help string, f func(etcdstore.Metrics) int64) {
-		s.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 {
-			if st := s.current(); st != nil {
-				return float64(f(st.Metrics()))
-			}
-			return 0
-		}))
-	}
-	gauge("idem_claims_running", "Claims this process holds and has not ended.", metric(func(m etcdstore.Metrics) float64 { return float64(m.Running) }))
-	gauge("idem_session_live", "1 while this process has a live etcd session.", metric(func(m etcdstore.Metrics) float64 { return bit(m.Live) }))
-	gauge("idem_store_full", "1 while etcd refuses this process's writes for lack of space (the NOSPACE alarm).", metric(func(m etcdstore.Metrics) float64 { return bit(m.Full) }))
-	gauge("idem_final_writes_pending", "Final writes (outcomes of finished work) etcd has not acknowledged yet; retried in the background.",
-		metric(func(m etcdstore.Metrics) float64 { return float64(m.Pending) }))
-	if c.cacheSize > 0 {
-		counter("idem_cache_hits_total", "Replays answered from the done-record cache.", func(m etcdstore.Metrics) int64 { return m.Cache.Hits })
-		counter("idem_cache_stale_total", "Lookups the cache did not answer because it could not prove itself current within --cache-staleness.",
-			func(m etcdstore.Metrics) int64 { return m.Cache.Stale })
-		gauge("idem_cache_lag_seconds", "How long ago the cache last proved itself current (an etcd progress notification); past --cache-staleness it answers nothing.",
-			metric(func(m etcdstore.Metrics) float64 { return m.Cache.Lag.Seconds() }))
-	}
-	counter("idem_etcd_batches_total", "etcd Txns that carried the store's writes (group commit): idem_etcd_batched_writes_total over this is the mean batch size.",
-		func(m etcdstore.Metrics) int64 { return m.Batch.Batches })
-	counter("idem_etcd_batched_writes_total", "The store's writes sent in those Txns.", func(m etcdstore.Metrics) int64 { return m.Batch.Members })
-	counter("idem_etcd_batches_split_total", "Batches etcd refused as a whole, whose writes went again one by one.", func(m etcdstore.Metrics) int64 { return m.Batch.Split })
-	counter("idem_expired_records_swept_total", "Expired records this process deleted (the expiry sweeper), a few per etcd Txn.", func(m etcdstore.Metrics) int64 { return m.Sweep.Records })
-	counter("idem_expired_leases_swept_total", "Retention leases this process emptied and revoked.", func(m etcdstore.Metrics) int64 { return m.Sweep.Leases })
-	counter("idem_claims_reaped_total", "Claims whose claim write had an unknown outcome, fenced or abandoned in the background so that no key stays held by nobody.",
-		func(m etcdstore.Metrics) int64 { return m.Reaped })
-	s.reg.MustRegister(etcdCollector{s})
-	s.txnSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "idem_etcd_txn_duration_seconds",
-		Help:    "The store's conditional write transactions to etcd (claims, completes, checkpoints; batched or not), as the store timed them: etcd's latency without the work or any wait.",
-		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
-	})
-	s.reg.MustRegister(s.txnSeconds)
-	s.metrics = idemhttp.NewMetrics(s.reg)
+	s.registerMetrics(c.cacheSize > 0)
 	if s.waiting, err = c.waitingEdge(); err != nil {
 		return nil, err
 	}
@@ -578,6 +524,67 @@ func (c *serveConfig) wrapUpstream() func(http.RoundTripper) http.RoundTripper {
 	return func(rt http.RoundTripper) http.RoundTripper {
 		return otelhttp.NewTransport(rt, otelhttp.WithTracerProvider(c.tracer))
 	}
+}
+
+// registerMetrics makes the process's Prometheus registry: every metric
+// docs/CLI.md lists (TestMetricsTableMatchesTheRegistry), the cache's when
+// the cache is on.
+func (s *server) registerMetrics(cache bool) {
+	s.reg = prometheus.NewRegistry()
+	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	gauge := func(name, help string, f func(backend) float64) {
+		s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
+			if st := s.current(); st != nil {
+				return f(st)
+			}
+			return 0
+		}))
+	}
+	metric := func(f func(etcdstore.Metrics) float64) func(backend) float64 {
+		return func(st backend) float64 { return f(st.Metrics()) }
+	}
+	bit := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	counter := func(name, help string, f func(etcdstore.Metrics) int64) {
+		s.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 {
+			if st := s.current(); st != nil {
+				return float64(f(st.Metrics()))
+			}
+			return 0
+		}))
+	}
+	gauge("idem_claims_running", "Claims this process holds and has not ended.", metric(func(m etcdstore.Metrics) float64 { return float64(m.Running) }))
+	gauge("idem_session_live", "1 while this process has a live etcd session.", metric(func(m etcdstore.Metrics) float64 { return bit(m.Live) }))
+	gauge("idem_store_full", "1 while etcd refuses this process's writes for lack of space (the NOSPACE alarm).", metric(func(m etcdstore.Metrics) float64 { return bit(m.Full) }))
+	gauge("idem_final_writes_pending", "Final writes (outcomes of finished work) etcd has not acknowledged yet; retried in the background.",
+		metric(func(m etcdstore.Metrics) float64 { return float64(m.Pending) }))
+	if cache {
+		counter("idem_cache_hits_total", "Replays answered from the done-record cache.", func(m etcdstore.Metrics) int64 { return m.Cache.Hits })
+		counter("idem_cache_stale_total", "Lookups the cache did not answer because it could not prove itself current within --cache-staleness.",
+			func(m etcdstore.Metrics) int64 { return m.Cache.Stale })
+		gauge("idem_cache_lag_seconds", "How long ago the cache last proved itself current (an etcd progress notification); past --cache-staleness it answers nothing.",
+			metric(func(m etcdstore.Metrics) float64 { return m.Cache.Lag.Seconds() }))
+	}
+	counter("idem_etcd_batches_total", "etcd Txns that carried the store's writes (group commit): idem_etcd_batched_writes_total over this is the mean batch size.",
+		func(m etcdstore.Metrics) int64 { return m.Batch.Batches })
+	counter("idem_etcd_batched_writes_total", "The store's writes sent in those Txns.", func(m etcdstore.Metrics) int64 { return m.Batch.Members })
+	counter("idem_etcd_batches_split_total", "Batches etcd refused as a whole, whose writes went again one by one.", func(m etcdstore.Metrics) int64 { return m.Batch.Split })
+	counter("idem_expired_records_swept_total", "Expired records this process deleted (the expiry sweeper), a few per etcd Txn.", func(m etcdstore.Metrics) int64 { return m.Sweep.Records })
+	counter("idem_expired_leases_swept_total", "Retention leases this process emptied and revoked.", func(m etcdstore.Metrics) int64 { return m.Sweep.Leases })
+	counter("idem_claims_reaped_total", "Claims whose claim write had an unknown outcome, fenced or abandoned in the background so that no key stays held by nobody.",
+		func(m etcdstore.Metrics) int64 { return m.Reaped })
+	s.reg.MustRegister(etcdCollector{s})
+	s.txnSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "idem_etcd_txn_duration_seconds",
+		Help:    "The store's conditional write transactions to etcd (claims, completes, checkpoints; batched or not), as the store timed them: etcd's latency without the work or any wait.",
+		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+	})
+	s.reg.MustRegister(s.txnSeconds)
+	s.metrics = idemhttp.NewMetrics(s.reg)
 }
 
 // etcdCollector reports, at each scrape, what every etcd endpoint says of

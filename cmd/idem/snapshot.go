@@ -60,7 +60,7 @@ func snapshotSave(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs := flag.NewFlagSet("snapshot save", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var e etcdFlags
-	e.register(fs, []string{socketURL("idem-data")})
+	e.registerConnection(fs, []string{socketURL("idem-data")}) // a snapshot is all of etcd: no --prefix
 	file := fs.String("file", "", "write the snapshot to this file")
 	dir := fs.String("dir", "", "write the snapshot to a new file in this directory, named "+snapshotPrefix+"<UTC time, ms>.db")
 	keep := fs.Int("keep", 0, "with --dir: keep this many snapshots, deleting the oldest (0: keep all)")
@@ -83,6 +83,11 @@ func snapshotSave(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	path := *file
+	if *file != "" {
+		if _, err := os.Stat(*file); err == nil {
+			return usageError{fmt.Errorf("--file %s exists: snapshot save never overwrites a backup; remove it or name another file", *file)}
+		}
+	}
 	if *dir != "" {
 		if err := os.MkdirAll(*dir, 0o700); err != nil {
 			return fmt.Errorf("--dir: %w", err)
@@ -163,15 +168,28 @@ func snapshotRestore(_ context.Context, args []string, stdout, stderr io.Writer)
 	if _, err := os.Stat(*file); err != nil {
 		return usageError{fmt.Errorf("--file: %w", err)}
 	}
+	// All or nothing: the restore writes a directory beside --data-dir and
+	// renames it into place only once it is whole; a failure leaves
+	// nothing behind, so the same command can run again.
+	parent := filepath.Dir(filepath.Clean(*dataDir))
+	if err := os.MkdirAll(parent, 0o700); err != nil {
+		return fmt.Errorf("snapshot restore: --data-dir: %w", err)
+	}
+	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(*dataDir)+".restoring-")
+	if err != nil {
+		return fmt.Errorf("snapshot restore: %w", err)
+	}
+	work := filepath.Join(tmp, "data")
+	defer os.RemoveAll(tmp)
 	// The member idem serve starts: name "idem", cluster token "idem"
 	// (internal/embedded). A restore makes a new cluster of one member
 	// with the snapshot's keys and leases; leases restart their TTLs. The
 	// revision jumps ahead, so that no fencing token is handed out twice
 	// and none goes backwards.
-	err := etcdutl.NewV3(zap.NewNop()).Restore(etcdutl.RestoreConfig{
+	err = etcdutl.NewV3(zap.NewNop()).Restore(etcdutl.RestoreConfig{
 		SnapshotPath:        *file,
 		Name:                "idem",
-		OutputDataDir:       *dataDir,
+		OutputDataDir:       work,
 		PeerURLs:            []string{*peer},
 		InitialCluster:      "idem=" + *peer,
 		InitialClusterToken: "idem",
@@ -179,15 +197,18 @@ func snapshotRestore(_ context.Context, args []string, stdout, stderr io.Writer)
 		MarkCompacted:       *bump > 0,
 	})
 	if err != nil {
-		return fmt.Errorf("snapshot restore: %w", err)
+		return fmt.Errorf("snapshot restore: %s is not a whole etcd snapshot (truncated, damaged, or not a snapshot): %s; nothing was written", *file, firstLine(err.Error(), 200))
 	}
 	// The shard epoch is a key like any other: the snapshot has the one
 	// of its time, and tokens (epoch<<44 | revision) of keys moved in from
 	// other shards since would go backwards. idem serve raises it on its
 	// first start from this directory, before it serves, then removes the
 	// marker.
-	if err := os.WriteFile(filepath.Join(*dataDir, restoredMarker), []byte(restoredMarkerText), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(work, restoredMarker), []byte(restoredMarkerText), 0o600); err != nil {
 		return fmt.Errorf("snapshot restore: %w", err)
+	}
+	if err := os.Rename(work, *dataDir); err != nil {
+		return fmt.Errorf("snapshot restore: moving the restored directory into place: %w", err)
 	}
 	fmt.Fprintf(stdout, "restored %s into %s: start idem serve --data-dir %s\n", *file, *dataDir, *dataDir)
 	return nil
@@ -296,4 +317,16 @@ func bumpShardEpoch(ctx context.Context, base etcdFlags, file, name string, by i
 	}
 	fmt.Fprintf(stdout, "shard epoch of shard %s raised from %d to %d (the set's greatest was %d)\n", name, own, epoch, high)
 	return nil
+}
+
+// firstLine is the first line of s, cut at n bytes: etcd's errors can be a
+// wall of numbers.
+func firstLine(s string, n int) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		s = s[:i]
+	}
+	if len(s) > n {
+		s = s[:n] + "..."
+	}
+	return s
 }

@@ -1,13 +1,16 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idem-dev/idem/etcdstore"
 )
@@ -111,4 +114,93 @@ func tokenOf(t *testing.T, endpoint, key string) int64 {
 		t.Fatalf("idem get %s: %q: %v", key, out, err)
 	}
 	return rec.Token
+}
+
+// A restore is all or nothing: a truncated or damaged snapshot is refused
+// with a short error and leaves no directory behind (the same command
+// then works with a good file); save never overwrites a backup; and idem
+// serve refuses a damaged data directory with a "could not start" line
+// instead of crashing in etcd.
+func TestSnapshotRestoreIsAllOrNothing(t *testing.T) {
+	dir := tempDir(t)
+	up := newLedger(t)
+	flags := embeddedFlags(t, filepath.Join(dir, "data"))
+	idem := startIdem(t, dir, append(flags, "--upstream", up.URL)...)
+	if r := send(t, "POST", idem.listen+"/charges", "order-1", `{"order":"order-1"}`); r.status != 201 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	good := filepath.Join(dir, "good.db")
+	if out, err := runCmd(t, "snapshot", "save", "--endpoints", etcdEndpoint(flags), "--file", good); err != nil {
+		t.Fatalf("snapshot save: %v\n%s", err, out)
+	}
+	idem.kill()
+	saved, err := os.ReadFile(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runCmd(t, "snapshot", "save", "--endpoints", etcdEndpoint(flags), "--file", good); exitCode(err) != 2 || !strings.Contains(err.Error(), "exists") {
+		t.Fatalf("snapshot save over an existing backup: %v\n%s; want exit 2 naming the file", err, out)
+	}
+	if now, _ := os.ReadFile(good); string(now) != string(saved) {
+		t.Fatal("a refused save changed the existing backup")
+	}
+
+	truncated, flipped := filepath.Join(dir, "truncated.db"), filepath.Join(dir, "flipped.db")
+	if err := os.WriteFile(truncated, saved[:len(saved)/2], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bad := append([]byte(nil), saved...)
+	bad[len(bad)/3] ^= 0xff
+	if err := os.WriteFile(flipped, bad, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	restored := filepath.Join(dir, "restored")
+	for _, f := range []string{truncated, flipped} {
+		out, err := runCmd(t, "snapshot", "restore", "--file", f, "--data-dir", restored)
+		if err == nil || !strings.Contains(err.Error(), "not a whole etcd snapshot") || len(err.Error()) > 600 {
+			t.Fatalf("restore of %s: %v\n%s; want a short error saying the snapshot is not whole", filepath.Base(f), err, out)
+		}
+		if _, err := os.Stat(restored); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("a failed restore of %s left %s: %v", filepath.Base(f), restored, err)
+		}
+		if left, _ := filepath.Glob(filepath.Join(dir, ".restored.restoring-*")); len(left) != 0 {
+			t.Fatalf("a failed restore of %s left %v", filepath.Base(f), left)
+		}
+	}
+	peer := "unix://peer-allornothing.sock"
+	if out, err := runCmd(t, "snapshot", "restore", "--file", good, "--data-dir", restored, "--embedded-peer-url", peer); err != nil {
+		t.Fatalf("restore of the good file after the failures: %v\n%s", err, out)
+	}
+
+	// Damage the restored database as a disk would: cut it short.
+	db := filepath.Join(restored, "member", "snap", "db")
+	info, err := os.Stat(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(db, info.Size()/2); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json",
+		"--data-dir", restored, "--embedded-peer-url", peer, "--upstream", up.URL)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "IDEM_TEST_RUN_MAIN=1")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err := <-exited:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(stderr.String(), "idem could not start") || !strings.Contains(stderr.String(), "damaged") {
+			t.Fatalf("idem serve on a truncated database: %v; want exit 1 with a \"could not start\" line naming the damage:\n%s", err, stderr.String())
+		}
+	case <-time.After(60 * time.Second):
+		cmd.Process.Kill()
+		<-exited
+		t.Fatalf("idem serve on a truncated database is still running after 60 s:\n%s", stderr.String())
+	}
 }

@@ -73,6 +73,9 @@ func Start(ctx context.Context, c Config) (*embed.Etcd, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := CheckDataDir(c.Dir); err != nil {
+		return nil, fmt.Errorf("start etcd member %s: %w (restore it from a snapshot into a new directory: idem snapshot restore)", c.Name, err)
+	}
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("start etcd member %s: %w", c.Name, err)
