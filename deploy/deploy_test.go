@@ -366,6 +366,20 @@ func TestCrossReferences(t *testing.T) {
 				for m := range mounts {
 					t.Errorf("%s %s container %s: volume %q is mounted but not defined", ov, name, c.Name, m)
 				}
+				// A file an argument names is in a mounted volume.
+				for _, a := range append(append([]string{}, c.Command...), c.Args...) {
+					flag, path, ok := strings.Cut(a, "=")
+					if !ok || !strings.HasPrefix(flag, "--") || !strings.HasPrefix(path, "/etc/") {
+						continue
+					}
+					mounted := false
+					for _, vm := range c.VolumeMounts {
+						mounted = mounted || strings.HasPrefix(path, vm.MountPath+"/")
+					}
+					if !mounted {
+						t.Errorf("%s %s container %s: %s names %s, in no mounted volume", ov, name, c.Name, flag, path)
+					}
+				}
 			}
 			for _, vol := range p.Spec.Volumes {
 				switch {

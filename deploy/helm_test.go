@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -159,11 +160,12 @@ func TestHelmSchemaRefusesBadValues(t *testing.T) {
 		{"config: {upstream: ftp://x}", "upstream"},
 		{"config: {extra: {LISTEN: x}}", "LISTEN"},
 		{"etcd: {replicas: 2}", "replicas"},
-		{"etcd: {bundled: false}", "endpoints"},
+		{"etcd: {bundled: false}", "etcd.endpoints: etcd.bundled is false"},
 		{"etcd: {quotaBackendBytes: 17179869184}", "quotaBackendBytes"},
-		{"mode: standalone\nbackup: {enabled: true}", "enabled"},
+		{"mode: standalone\nbackup: {enabled: true}", "backup.enabled: backups need an etcd cluster"},
 		{"backup: {schedule: hourly}", "schedule"},
-		{"app: {port: 8080}", "port"},
+		{"app: {port: 8080}", "app.port 8080: collides with idem's own ports"},
+		{"mode: sidecar\napp: {port: 8081}", "app.port 8081: collides"},
 		{"resources: {requests: {cpu: lots}}", "cpu"},
 		{"replica: 3", "replica"},
 	} {
@@ -351,5 +353,24 @@ func TestAlertsSameInChartAndComponent(t *testing.T) {
 	}
 	if !reflect.DeepEqual(k.Spec, h) {
 		t.Fatal("helm/idem/files/alerts.yaml differs from components/alerts/prometheusrule.yaml's spec")
+	}
+}
+
+// deploy/README.md states the chart's minimum Kubernetes version.
+func TestReadmeNamesTheChartsKubernetesVersion(t *testing.T) {
+	chrt, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`^>=(\d+\.\d+)\.0-0$`).FindStringSubmatch(chrt.Metadata.KubeVersion)
+	if m == nil {
+		t.Fatalf("Chart.yaml kubeVersion %q: want >=X.Y.0-0", chrt.Metadata.KubeVersion)
+	}
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(readme), "**Kubernetes "+m[1]+" or later**") {
+		t.Errorf("deploy/README.md does not say \"Kubernetes %s or later\", the chart's kubeVersion %s", m[1], chrt.Metadata.KubeVersion)
 	}
 }
