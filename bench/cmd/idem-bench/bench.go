@@ -34,6 +34,7 @@ Suites (--suite, comma-separated):
   http    the HTTP proxy against the library call and the upstream called directly
   scale   throughput and size with 10k, 100k and 1M retained keys; bucket expiry
   wan     3 members 50 ms apart: claim latency against one raft round
+  shards  Do on one store against shard.Store over 3 one-member clusters
   expiry  keys written at a steady rate expire under a claim load: p99 and the longest stall
 
 Flags:
@@ -74,7 +75,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Usage = func() { fmt.Fprint(stderr, benchUsage); fs.PrintDefaults() }
 	c.etcd.register(fs)
 	c.suites = list("do", "replay")
-	fs.Var(&c.suites, "suite", "suites to run, comma-separated: do, replay, mix, mutex, http, scale, wan, shards")
+	fs.Var(&c.suites, "suite", "suites to run, comma-separated: do, replay, mix, mutex, http, scale, wan, shards, expiry")
 	c.members = list("1", "3")
 	fs.Var(&c.members, "members", "embedded cluster sizes for the do and replay suites")
 	fs.IntVar(&c.concurrency, "concurrency", 64, "concurrent clients")

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"io"
+	"os"
+	"strings"
 	"testing"
 )
 
@@ -18,5 +21,39 @@ func TestHelpAndUsage(t *testing.T) {
 	}
 	if err := bench(context.Background(), []string{"--no-such-flag"}, io.Discard, io.Discard); !errors.As(err, new(usageError)) {
 		t.Errorf("idem-bench --no-such-flag = %v; want a usage error (exit 2)", err)
+	}
+}
+
+// Every suite is in the help text, the --suite flag's usage and
+// bench/README.md (which shows the help text), and nothing else is.
+func TestSuitesListedEverywhere(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var help bytes.Buffer
+	if err := bench(context.Background(), []string{"-h"}, io.Discard, &help); !errors.Is(err, flag.ErrHelp) {
+		t.Fatal(err)
+	}
+	_, flagUsage, _ := strings.Cut(help.String(), "suites to run, comma-separated:")
+	flagUsage, _, _ = strings.Cut(flagUsage, "\n")
+	for name := range suites {
+		if !strings.Contains(benchUsage, "\n  "+name+" ") {
+			t.Errorf("the help text does not list the suite %s", name)
+		}
+		if !strings.Contains(flagUsage, " "+name) {
+			t.Errorf("--suite's usage does not name %s: %q", name, flagUsage)
+		}
+	}
+	suitesText := benchUsage[strings.Index(benchUsage, "Suites (--suite"):strings.Index(benchUsage, "Flags:")]
+	if !bytes.Contains(readme, []byte(suitesText)) {
+		t.Errorf("bench/README.md does not show the help text's suites:\n%s", suitesText)
+	}
+	for _, line := range strings.Split(suitesText, "\n")[1:] {
+		if f := strings.Fields(line); len(f) > 0 {
+			if _, ok := suites[f[0]]; !ok {
+				t.Errorf("the help text lists %s, which is no suite", f[0])
+			}
+		}
 	}
 }
