@@ -74,6 +74,50 @@ func ExampleWorker() {
 	// succeeded after 1 attempt
 }
 
+// The worker of docs/JOBS.md's "Your first job": it runs the "welcome"
+// jobs that idem jobs submit puts in the store of idem serve's embedded
+// etcd (endpoints() is []string{"unix://idem-data/etcd.sock"} there).
+func Example_firstJob() {
+	ctx, stop := context.WithTimeout(context.Background(), 30*time.Second)
+	defer stop()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints(), Logger: zap.NewNop()})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cli.Close()
+	store, err := etcdstore.New(ctx, cli) // idem serve's defaults: prefix /idem/, 24 h retention
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	q, err := jobs.New(store) // tenant "jobs", as idem jobs uses
+	if err != nil {
+		log.Fatal(err)
+	}
+	welcome := jobs.Kind{Name: "welcome", Steps: []jobs.Step{
+		{Name: "greet", Run: func(ctx context.Context, r *jobs.Run) ([]byte, error) {
+			fmt.Printf("hello, %s\n", r.Params())
+			return []byte(`"greeted"`), nil
+		}},
+	}}
+	w, err := jobs.NewWorker(q, []jobs.Kind{welcome})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := q.Submit(ctx, "welcome-ada", "welcome", []byte(`"Ada"`)); err != nil { // or: idem jobs submit
+		log.Fatal(err)
+	}
+	j, err := q.Wait(ctx, "welcome-ada")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(j.State)
+	// Output:
+	// hello, "Ada"
+	// succeeded
+}
+
 // The monthly invoice run of docs/JOBS.md: the same program runs in each
 // data centre. Each process schedules the run and works on jobs; the run
 // fans out one job per account.
