@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -46,6 +47,15 @@ func TestSnapshotSaveRestoreReplays(t *testing.T) {
 	files, _ := filepath.Glob(filepath.Join(backups, snapshotPrefix+"*.db"))
 	if len(files) != 2 {
 		t.Fatalf("%d snapshots kept, want 2 (three taken, --keep 2): %v", len(files), files)
+	}
+	// The names are the ones docs/OPERATIONS.md shows.
+	named := regexp.MustCompile(`idem-etcd-\d{8}T\d{6}\.\d{3}Z\.db`)
+	ops, err := os.ReadFile("../../docs/OPERATIONS.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !named.MatchString(filepath.Base(files[0])) || !named.Match(ops) {
+		t.Fatalf("snapshot %s, or the name docs/OPERATIONS.md shows, is not %s", filepath.Base(files[0]), named)
 	}
 	idem.kill()
 
