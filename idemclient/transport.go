@@ -188,8 +188,17 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if key == "" {
 		key, _ = ctx.Value(keyCtx{}).(string)
 	}
-	if key == "" {
+	if key == "" && !t.keyless {
 		key = NewKey()
+	}
+	// fail is the error of a call: it names the key, for a caller's retry
+	// of the same operation (the worker API's calls send none: their keys
+	// are in their bodies).
+	fail := func(attempt int, err error) error {
+		if t.keyless {
+			return fmt.Errorf("idemclient: %d attempts: %w", attempt, err)
+		}
+		return &KeyError{Key: key, Attempts: attempt, Err: err}
 	}
 	// Every attempt sends a fresh copy of the body; the caller's is closed
 	// here, as a RoundTripper must.
@@ -202,7 +211,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 			if err != nil {
 				req.Body.Close()
-				return nil, fmt.Errorf("idemclient: reading the request body: %w", err)
+				return nil, fail(0, fmt.Errorf("reading the request body (nothing was sent): %w", err))
 			}
 			getBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
 		}
@@ -217,7 +226,6 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	maxAttempts, budget := or(t.MaxAttempts, DefaultMaxAttempts), or(t.Budget, DefaultBudget)
 	baseDelay, maxDelay := or(t.BaseDelay, DefaultBaseDelay), or(t.MaxDelay, DefaultMaxDelay)
 	start := time.Now()
-	fail := func(attempt int, err error) error { return &KeyError{Key: key, Attempts: attempt, Err: err} }
 	for attempt := 1; ; attempt++ {
 		r := req.Clone(ctx)
 		if !t.keyless {
@@ -318,7 +326,10 @@ type keyedBody struct {
 func (b *keyedBody) Read(p []byte) (int, error) {
 	n, err := b.r.Read(p)
 	if err != nil && err != io.EOF {
-		err = &KeyError{Key: b.key, Attempts: b.attempts, Err: fmt.Errorf("reading the response body: %w (the operation ran or may have: retry with the same key to get its saved answer)", err)}
+		err = fmt.Errorf("reading the response body: %w (the operation ran or may have: retry with the same key to get its saved answer)", err)
+		if b.key != "" {
+			err = &KeyError{Key: b.key, Attempts: b.attempts, Err: err}
+		}
 	}
 	return n, err
 }

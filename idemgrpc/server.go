@@ -92,7 +92,9 @@ type Config struct {
 	// request share one outcome). A multi-tenant service gives each caller
 	// its own: CertTenant (mTLS), BearerTenant (tokens), chained to
 	// Unauthenticated. An error refuses the call: UNAUTHENTICATED for
-	// ErrUnauthenticated, PERMISSION_DENIED otherwise.
+	// ErrUnauthenticated, PERMISSION_DENIED otherwise. It is asked only for
+	// the calls idem claims (keyed): calls without a key pass through, so
+	// authenticate every call with an interceptor of your own before idem's.
 	Tenant TenantFunc
 	// OnStatus decides from a handler's status how its claim ends (default
 	// DefaultStatusPolicy).

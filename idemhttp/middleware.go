@@ -30,6 +30,10 @@ const (
 // headers: 64 KiB, or a quarter of a smaller record.
 func headerRoom(max int) int { return min(64<<10, max/4) }
 
+// MaxResponseBodyFor is the largest MaxResponseBody a store whose records
+// hold maxRecordSize bytes takes (the rest is the headers' room).
+func MaxResponseBodyFor(maxRecordSize int) int { return maxRecordSize - headerRoom(maxRecordSize) }
+
 // Config configures a Middleware. Store is required; every other field has a
 // default.
 type Config struct {
@@ -140,8 +144,8 @@ func New(cfg Config) (*Middleware, error) {
 		cfg.MaxResponseBody = min(DefaultMaxResponseBody, room)
 	}
 	if cfg.MaxResponseBody > room {
-		return nil, fmt.Errorf("idemhttp: MaxResponseBody %d leaves no room for headers in the store's %d-byte records (at most %d)",
-			cfg.MaxResponseBody, cfg.Store.MaxRecordSize(), room)
+		return nil, fmt.Errorf("idemhttp: %w: MaxResponseBody %d leaves no room for headers in the store's %d-byte records (at most %d)",
+			etcdstore.ErrInvalidArgument, cfg.MaxResponseBody, cfg.Store.MaxRecordSize(), room)
 	}
 	if cfg.MaxWait <= 0 {
 		cfg.MaxWait = DefaultMaxWait

@@ -115,6 +115,9 @@ func (q *Queue) Submit(ctx context.Context, id, kind string, params []byte, opts
 			id, ErrInvalid, time.UnixMilli(st.NotBefore), q.store.Retention())
 	}
 	rec, err := q.store.Enqueue(ctx, key, fp, st.encode())
+	if errors.Is(err, etcdstore.ErrTooLarge) {
+		return nil, fmt.Errorf("submit %s: params of %d bytes do not fit the store's %d-byte records: %w", id, len(params), q.store.MaxRecordSize(), err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("submit: %w", err)
 	}

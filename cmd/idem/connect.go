@@ -134,6 +134,9 @@ func (s *server) notYet(err error) error {
 // nothing answered, or etcd answered without a leader. A refused TLS
 // handshake or authentication is a misconfiguration.
 func retryable(err error) bool {
+	if errors.Is(err, etcdstore.ErrInvalidArgument) {
+		return false // a configuration the store or the edge refuses: no retry mends it
+	}
 	msg := err.Error()
 	for _, fatal := range []string{"tls: ", "x509: ", "certificate", "speaks TLS", "authentication failed", "invalid auth token", "permission denied", "user name"} {
 		if strings.Contains(msg, fatal) {

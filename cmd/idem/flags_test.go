@@ -84,8 +84,14 @@ func TestCommands(t *testing.T) {
 	if _, err := runCmd(t, "serve", "--no-such-flag"); exitCode(err) != 2 {
 		t.Fatalf("unknown flag = %v (exit %d); want exit 2", err, exitCode(err))
 	}
-	if out, err := runCmd(t, "version"); err != nil || !strings.HasPrefix(out, "idem ") {
-		t.Fatalf("version = %q, %v", out, err)
+	if out, err := runCmd(t, "version"); err != nil || !strings.HasPrefix(out, "idem "+Release) {
+		t.Fatalf("version = %q, %v; want idem %s ...", out, err, Release)
+	}
+	if out, err := runCmd(t, "version", "-h"); exitCode(err) != 0 || !strings.Contains(out, "usage: idem version") || strings.Contains(out, Release) {
+		t.Fatalf("version -h = %q, %v; want its help, not the version", out, err)
+	}
+	if _, err := runCmd(t, "version", "extra"); exitCode(err) != 2 {
+		t.Fatalf("version extra = %v; want a usage error", err)
 	}
 	if _, err := runCmd(t, "get"); exitCode(err) != 2 {
 		t.Fatalf("get without a key = %v; want a usage error", err)

@@ -135,8 +135,9 @@ func jobsSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	}
 	j, err := q.Submit(ctx, key.ID, kind, p, opts...)
 	if err != nil {
-		if errors.Is(err, jobs.ErrInvalid) || errors.Is(err, etcdstore.ErrInvalidArgument) || errors.Is(err, etcdstore.ErrInvalidKey) {
-			return usageError{err}
+		if errors.Is(err, jobs.ErrInvalid) || errors.Is(err, etcdstore.ErrInvalidArgument) || errors.Is(err, etcdstore.ErrInvalidKey) ||
+			errors.Is(err, etcdstore.ErrInvalidParams) || errors.Is(err, etcdstore.ErrTooLarge) {
+			return usageError{err} // bad input: nothing was submitted
 		}
 		return err
 	}

@@ -85,6 +85,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err := parseFlags(fs, rest); err != nil {
 			return err
 		}
+		if fs.NArg() > 0 {
+			fs.Usage()
+			return usageError{fmt.Errorf("version takes no arguments, got %q", fs.Args())}
+		}
 		fmt.Fprintln(stdout, "idem", version())
 		return nil
 	case "help", "-h", "--help":

@@ -272,11 +272,19 @@ func (c *serveConfig) validate() error {
 	if c.claimDeadline < 0 {
 		return fmt.Errorf("--claim-deadline %v must not be negative", c.claimDeadline)
 	}
-	if c.claimDeadline > 0 && c.claimDeadline-c.claimDeadline/5 < c.upstreamTimeout {
+	upstream := c.upstreamTimeout
+	if upstream <= 0 {
+		upstream = 30 * time.Second // what the proxy waits for a value of 0 or less
+	}
+	if c.claimDeadline > 0 && c.claimDeadline-c.claimDeadline/5 < upstream {
 		// Past a claim's deadline the next retry takes the key over and
 		// reaches the upstream again, while the first request may still run.
-		return fmt.Errorf("--claim-deadline %v is shorter than the upstream may take (--upstream-timeout %v, and a request is cancelled a fifth of the claim deadline before it): a retry could reach the upstream while the first request still runs; raise --claim-deadline above %v or lower --upstream-timeout",
-			c.claimDeadline, c.upstreamTimeout, c.upstreamTimeout*5/4)
+		return fmt.Errorf("--claim-deadline %v is shorter than the upstream may take (--upstream-timeout %v, which waits %v, and a request is cancelled a fifth of the claim deadline before it): a retry could reach the upstream while the first request still runs; raise --claim-deadline above %v or lower --upstream-timeout",
+			c.claimDeadline, c.upstreamTimeout, upstream, upstream*5/4)
+	}
+	if limit := idemhttp.MaxResponseBodyFor(etcdstore.DefaultMaxRecordSize); c.maxResponseBody > limit {
+		return fmt.Errorf("--max-response-body %d: over the %d bytes a saved response may have (etcd's records hold %d bytes, less room for headers)",
+			c.maxResponseBody, limit, etcdstore.DefaultMaxRecordSize)
 	}
 	if c.recordFormat < 1 || c.recordFormat > 3 {
 		return fmt.Errorf("--record-format %d: must be 1, 2 or 3", c.recordFormat)

@@ -101,14 +101,25 @@ func snapshotSave(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	// a whole snapshot (SaveWithVersion writes to path.part and renames it
 	// only once the stream is complete and ends with etcd's checksum; the
 	// checksum itself is verified at restore).
+	// It is written under a name of its own beside path, then linked to
+	// path, which fails if path exists by then (another save, a file
+	// copied there): a backup is never replaced.
+	tmp := fmt.Sprintf("%s.saving-%d-%d", path, os.Getpid(), time.Now().UnixNano())
+	defer os.Remove(tmp)
 	var errs []error
 	for _, ep := range cfg.Endpoints {
 		one := cfg
 		one.Endpoints = []string{ep}
-		ver, err := snapshot.SaveWithVersion(ctx, zap.NewNop(), one, path)
+		ver, err := snapshot.SaveWithVersion(ctx, zap.NewNop(), one, tmp)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", ep, err))
 			continue
+		}
+		if err := os.Link(tmp, path); err != nil {
+			if errors.Is(err, os.ErrExist) {
+				return fmt.Errorf("snapshot save: %s appeared while the snapshot was taken: it is left as it was; name another file", path)
+			}
+			return fmt.Errorf("snapshot save: %w", err)
 		}
 		info, err := os.Stat(path)
 		if err != nil {
@@ -172,9 +183,24 @@ func snapshotRestore(_ context.Context, args []string, stdout, stderr io.Writer)
 	// renames it into place only once it is whole; a failure leaves
 	// nothing behind, so the same command can run again.
 	parent := filepath.Dir(filepath.Clean(*dataDir))
+	// The first missing directory above --data-dir, made here and removed
+	// again if the restore fails.
+	made := ""
+	for d := parent; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(d); err == nil || filepath.Dir(d) == d {
+			break
+		}
+		made = d
+	}
 	if err := os.MkdirAll(parent, 0o700); err != nil {
 		return fmt.Errorf("snapshot restore: --data-dir: %w", err)
 	}
+	restored := false
+	defer func() {
+		if !restored && made != "" {
+			os.RemoveAll(made)
+		}
+	}()
 	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(*dataDir)+".restoring-")
 	if err != nil {
 		return fmt.Errorf("snapshot restore: %w", err)
@@ -210,6 +236,7 @@ func snapshotRestore(_ context.Context, args []string, stdout, stderr io.Writer)
 	if err := os.Rename(work, *dataDir); err != nil {
 		return fmt.Errorf("snapshot restore: moving the restored directory into place: %w", err)
 	}
+	restored = true
 	fmt.Fprintf(stdout, "restored %s into %s: start idem serve --data-dir %s\n", *file, *dataDir, *dataDir)
 	return nil
 }

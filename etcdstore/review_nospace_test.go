@@ -1,0 +1,68 @@
+package etcdstore
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"go.etcd.io/etcd/server/v3/embed"
+
+	"github.com/idem-dev/idem/etcdtest"
+)
+
+// CHANGELOG: "NOSPACE: a Complete or Abandon that landed although its
+// reply was lost is recognised by a read". Complete is tested
+// (TestReplayWhenEtcdIsFull); this is the Abandon half, and a Release that
+// landed (a delete: etcd lets it through when full).
+func TestReviewAbandonThatLandedIsRecognisedWhenFull(t *testing.T) {
+	small, err := etcdtest.New(t.TempDir(), 1, etcdtest.Options{Configure: func(c *embed.Config) {
+		c.QuotaBackendBytes = 8 << 20
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer small.Close()
+	cli := small.MustClient(t)
+	s := newStore(t, cli, "/full/")
+	ctx := testCtx(t)
+	claims := map[string]*Claim{}
+	for _, id := range []string{"abandoned", "released"} {
+		c, _, err := s.Claim(ctx, Key{ID: id}, fpOf(t, "p"), WithoutSession(), WithDeadline(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		other, err := s.Attach(ctx, c.Handle())
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The write lands through the other handle: for c, a lost reply.
+		if id == "abandoned" {
+			err = other.Abandon(ctx)
+		} else {
+			err = other.Release(ctx)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		claims[id] = c
+	}
+	filler := strings.Repeat("x", 512<<10)
+	for i := 0; ; i++ {
+		_, err := cli.Put(ctx, fmt.Sprintf("/filler/%d", i), filler)
+		if errors.Is(err, rpctypes.ErrNoSpace) {
+			break
+		}
+		if err != nil || i > 1000 {
+			t.Fatalf("filling etcd: %v after %d puts", err, i)
+		}
+	}
+	if err := claims["abandoned"].Abandon(ctx); err != nil {
+		t.Errorf("the retry of an Abandon that landed, when full = %v; want nil", err)
+	}
+	if err := claims["released"].Release(ctx); err != nil {
+		t.Errorf("the retry of a Release that landed, when full = %v; want nil", err)
+	}
+}
