@@ -2,11 +2,11 @@ package idemclient_test
 
 import (
 	"bytes"
-	"encoding/json"
-	"net"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
