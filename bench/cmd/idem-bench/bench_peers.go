@@ -89,7 +89,7 @@ func suiteMix(ctx context.Context, b *bencher) ([]suiteReport, error) {
 	plainRun := func(ctx context.Context, key string) (string, error) {
 		return doOutcome(plain[rand.IntN(clientPool)].Do(ctx, etcdstore.Key{ID: key}, params, b.work()))
 	}
-	sides := func(retries float64, pg *pgSeed) []side {
+	sides := func(retries float64, pg *pgSeed, rs []*redisSeed) []side {
 		im := &mixer{b: b, fresh: keys{prefix: fmt.Sprintf("mix-%v-", retries)}}
 		nm := &mixer{b: b, fresh: keys{prefix: fmt.Sprintf("nocache-%v-", retries)}}
 		s := []side{
@@ -104,6 +104,14 @@ func suiteMix(ctx context.Context, b *bencher) ([]suiteReport, error) {
 				})
 			}})
 		}
+		for _, r := range rs {
+			rm := &mixer{b: b, fresh: keys{prefix: fmt.Sprintf("mix-%v-", retries)}}
+			s = append(s, side{r.name(), func(ctx context.Context, w int) (string, error) {
+				return rm.request(ctx, retries, func(ctx context.Context, key string) (string, error) {
+					return r.run(ctx, key, params, payload(b.cfg.payload))
+				})
+			}})
+		}
 		return s
 	}
 	var pg *pgSeed
@@ -115,7 +123,19 @@ func suiteMix(ctx context.Context, b *bencher) ([]suiteReport, error) {
 		defer pg.close()
 		notes = append(notes, "PostgreSQL: a table of keys (INSERT ... ON CONFLICT DO NOTHING claim, UPDATE ... WHERE locked_at = mine), "+pg.settings)
 	} else {
-		notes = append(notes, "no --pg given: idem alone (bench/bench-pg.sh runs the comparison)")
+		notes = append(notes, "no --pg given (bench/bench-pg.sh runs the comparison with PostgreSQL)")
+	}
+	var rs []*redisSeed
+	for _, addr := range b.cfg.redis.vals {
+		r, err := openRedis(ctx, addr, b.cfg.concurrency, 24*time.Hour)
+		if err != nil {
+			return nil, err
+		}
+		defer r.close()
+		rs = append(rs, r)
+	}
+	if len(rs) > 0 {
+		notes = append(notes, "Redis: SET NX PX claims, a Lua script completes only while the claim holds, GET replays. "+redisGuarantees(rs))
 	}
 	// The raw Txn pair idem is built on, as the limit of fresh claims on
 	// this cluster: the goals are ratios to PostgreSQL, and this row says
@@ -130,8 +150,8 @@ func suiteMix(ctx context.Context, b *bencher) ([]suiteReport, error) {
 	}
 	raw := side{"raw etcd txn pair", rawPair(func(w int) *clientv3.Client { return t.clients[w%clientPool] }, id,
 		&keys{prefix: t.prefix + "raw/k/"}, claimSize, doneSize)}
-	mix := b.compare(ctx, sides(b.cfg.retries, pg)...)
-	fresh := b.compare(ctx, append(sides(0, pg), raw)...)
+	mix := b.compare(ctx, sides(b.cfg.retries, pg, rs)...)
+	fresh := b.compare(ctx, append(sides(0, pg, rs), raw)...)
 	for _, r := range mix {
 		r.Name += fmt.Sprintf(", %.0f%% retries", b.cfg.retries*100)
 	}
@@ -139,17 +159,27 @@ func suiteMix(ctx context.Context, b *bencher) ([]suiteReport, error) {
 		r.Name += ", fresh claims"
 	}
 	rep := suiteReport{Suite: "mix", Title: "a realistic mix and fresh claims", Notes: notes, Results: append(mix, fresh...)}
+	// The sides in order: idem with and without its cache, PostgreSQL,
+	// each Redis; fresh claims end with the raw pair.
+	rawAt := len(fresh) - 1
+	peer := 2
 	if pg != nil {
-		rep.Ratios = []ratio{
-			ratioOf("idem (cache) / postgresql, mix", mix[0], mix[2], 2),
-			ratioOf("idem (no cache) / postgresql, mix", mix[1], mix[2], 0),
-			ratioOf("idem (cache) / postgresql, fresh claims", fresh[0], fresh[2], 1.2),
-			ratioOf("idem (no cache) / postgresql, fresh claims", fresh[1], fresh[2], 1.2),
-			ratioOf("raw etcd txn pair / postgresql, fresh claims (the limit)", fresh[3], fresh[2], 0),
-		}
-	} else {
-		rep.Ratios = []ratio{ratioOf("idem (cache) / raw etcd txn pair, fresh claims", fresh[0], fresh[2], 0)}
+		rep.Ratios = append(rep.Ratios,
+			ratioOf("idem (cache) / postgresql, mix", mix[0], mix[peer], 2),
+			ratioOf("idem (no cache) / postgresql, mix", mix[1], mix[peer], 0),
+			ratioOf("idem (cache) / postgresql, fresh claims", fresh[0], fresh[peer], 1.2),
+			ratioOf("idem (no cache) / postgresql, fresh claims", fresh[1], fresh[peer], 1.2),
+			ratioOf("raw etcd txn pair / postgresql, fresh claims (the limit)", fresh[rawAt], fresh[peer], 0))
+		peer++
 	}
+	for _, r := range rs {
+		rep.Ratios = append(rep.Ratios,
+			ratioOf("idem (cache) / "+r.name()+", mix", mix[0], mix[peer], 0),
+			ratioOf("idem (cache) / "+r.name()+", fresh claims", fresh[0], fresh[peer], 0),
+			ratioOf("raw etcd txn pair / "+r.name()+", fresh claims (the limit)", fresh[rawAt], fresh[peer], 0))
+		peer++
+	}
+	rep.Ratios = append(rep.Ratios, ratioOf("idem (cache) / raw etcd txn pair, fresh claims", fresh[0], fresh[rawAt], 0))
 	// What fsync cost etcd in this run: the ratio to PostgreSQL moves with
 	// the machine's fsync, which bench-pg.sh measures for PostgreSQL.
 	if mean, n := walFsync(); n > 0 {

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Runs idem-bench's mix suite against Redis, the store most idempotency-key
+# libraries use: installs Debian's redis-server if missing, starts two
+# throwaway servers on loopback (appendonly yes, one with appendfsync
+# always: an acknowledged write is on disk, as etcd's fsync; one with
+# everysec: what most run), runs the given idem-bench flags with --redis,
+# then stops the servers and removes their data.
+#
+#   bench/bench-redis.sh                                   # mix, 64 clients
+#   bench/bench-redis.sh --suite mix --concurrency 256     # any idem-bench flags
+set -euo pipefail
+cd "$(dirname "$0")"
+export GOTOOLCHAIN=local
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+if ! command -v redis-server >/dev/null; then
+	$SUDO apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends redis-server
+fi
+
+data=$(mktemp -d /tmp/idem-bench-redis.XXXXXX)
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+	rm -rf "$data"
+}
+trap cleanup EXIT
+
+addrs=()
+for fsync in always everysec; do
+	port=$(free_port)
+	mkdir -p "$data/$fsync"
+	redis-server --bind 127.0.0.1 --port "$port" --dir "$data/$fsync" --save "" \
+		--appendonly yes --appendfsync "$fsync" --maxclients 1000 --daemonize no \
+		--logfile "$data/$fsync.log" &
+	pids+=($!)
+	for _ in $(seq 100); do
+		redis-cli -p "$port" ping >/dev/null 2>&1 && break
+		sleep 0.05 # waiting for the server to listen
+	done
+	addrs+=("127.0.0.1:$port")
+done
+
+args=("$@")
+[ ${#args[@]} -eq 0 ] && args=(--suite mix)
+go run ./cmd/idem-bench --redis "$(IFS=,; echo "${addrs[*]}")" "${args[@]}"
