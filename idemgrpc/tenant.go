@@ -3,7 +3,6 @@ package idemgrpc
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
@@ -75,17 +74,6 @@ func BearerTenant(tokens *idemhttp.Tokens, fallback TenantFunc) TenantFunc {
 		if len(vs) == 0 {
 			return fallback(ctx, method)
 		}
-		if len(vs) > 1 {
-			return "", fmt.Errorf("%w: authorization sent %d times", ErrUnauthenticated, len(vs))
-		}
-		scheme, token, ok := strings.Cut(vs[0], " ")
-		if !ok || !strings.EqualFold(scheme, "Bearer") {
-			return "", fmt.Errorf("%w: authorization is not a Bearer token", ErrUnauthenticated)
-		}
-		tenant, ok := tokens.Tenant(strings.TrimSpace(token))
-		if !ok {
-			return "", fmt.Errorf("%w: unknown bearer token", ErrUnauthenticated)
-		}
-		return tenant, nil
+		return tokens.Authorize(vs)
 	}
 }

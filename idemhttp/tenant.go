@@ -193,17 +193,24 @@ func BearerTenant(tokens *Tokens, fallback TenantFunc) TenantFunc {
 		if len(vs) == 0 {
 			return fallback(r)
 		}
-		if len(vs) > 1 {
-			return "", fmt.Errorf("%w: Authorization sent %d times", ErrUnauthenticated, len(vs))
-		}
-		scheme, token, ok := strings.Cut(vs[0], " ")
-		if !ok || !strings.EqualFold(scheme, "Bearer") {
-			return "", fmt.Errorf("%w: Authorization is not a Bearer token", ErrUnauthenticated)
-		}
-		tenant, ok := tokens.Tenant(strings.TrimSpace(token))
-		if !ok {
-			return "", fmt.Errorf("%w: unknown bearer token", ErrUnauthenticated)
-		}
-		return tenant, nil
+		return tokens.Authorize(vs)
 	}
+}
+
+// Authorize returns the tenant of the values of an Authorization header
+// (or gRPC "authorization" metadata): exactly one "Bearer" token, found in
+// tokens; anything else is ErrUnauthenticated.
+func (t *Tokens) Authorize(values []string) (string, error) {
+	if len(values) != 1 {
+		return "", fmt.Errorf("%w: Authorization sent %d times", ErrUnauthenticated, len(values))
+	}
+	scheme, token, ok := strings.Cut(values[0], " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", fmt.Errorf("%w: Authorization is not a Bearer token", ErrUnauthenticated)
+	}
+	tenant, ok := t.Tenant(strings.TrimSpace(token))
+	if !ok {
+		return "", fmt.Errorf("%w: unknown bearer token", ErrUnauthenticated)
+	}
+	return tenant, nil
 }

@@ -66,6 +66,24 @@ func newJobsCmd(name, synopsis string, stderr io.Writer) *adminCmd {
 	return a
 }
 
+// queue opens a store on c with the workers' retention, and the queue of
+// the command's tenant: for the commands that write jobs.
+func (a *adminCmd) queue(ctx context.Context, c cluster, retention time.Duration) (*jobs.Queue, func(), error) {
+	store, err := etcdstore.New(ctx, c.cli, etcdstore.WithPrefix(a.etcd.prefix), etcdstore.WithRetention(retention))
+	if err != nil {
+		if errors.Is(err, etcdstore.ErrInvalidArgument) {
+			return nil, nil, usageError{err}
+		}
+		return nil, nil, err
+	}
+	q, err := jobs.New(store, jobs.WithTenant(a.tenant))
+	if err != nil {
+		store.Close()
+		return nil, nil, usageError{err}
+	}
+	return q, func() { store.Close() }, nil
+}
+
 // openJobs connects as the admin commands do, refusing --shards-file.
 func (a *adminCmd) openJobs(ctx context.Context, args []string, nargs int) (cluster, context.Context, func(), error) {
 	_, cs, cctx, done, err := a.open(ctx, args, nargs)
@@ -121,18 +139,11 @@ func jobsSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 		}
 		opts = append(opts, jobs.RunAt(t))
 	}
-	store, err := etcdstore.New(ctx, c.cli, etcdstore.WithPrefix(a.etcd.prefix), etcdstore.WithRetention(*retention))
+	q, closeQueue, err := a.queue(ctx, c, *retention)
 	if err != nil {
-		if errors.Is(err, etcdstore.ErrInvalidArgument) {
-			return usageError{err}
-		}
 		return err
 	}
-	defer store.Close()
-	q, err := jobs.New(store, jobs.WithTenant(a.tenant))
-	if err != nil {
-		return usageError{err}
-	}
+	defer closeQueue()
 	j, err := q.Submit(ctx, key.ID, kind, p, opts...)
 	if err != nil {
 		if errors.Is(err, jobs.ErrInvalid) || errors.Is(err, etcdstore.ErrInvalidArgument) || errors.Is(err, etcdstore.ErrInvalidKey) ||
@@ -230,18 +241,11 @@ func jobsOperate(ctx context.Context, op string, args []string, stdout, stderr i
 	if err != nil {
 		return err
 	}
-	store, err := etcdstore.New(ctx, c.cli, etcdstore.WithPrefix(a.etcd.prefix), etcdstore.WithRetention(*retention))
+	q, closeQueue, err := a.queue(ctx, c, *retention)
 	if err != nil {
-		if errors.Is(err, etcdstore.ErrInvalidArgument) {
-			return usageError{err}
-		}
 		return err
 	}
-	defer store.Close()
-	q, err := jobs.New(store, jobs.WithTenant(a.tenant))
-	if err != nil {
-		return usageError{err}
-	}
+	defer closeQueue()
 	var j *jobs.Job
 	if op == "retry" {
 		j, err = q.Retry(ctx, key.ID)
