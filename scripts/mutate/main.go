@@ -159,7 +159,7 @@ var mutants = []mutant{
 }
 
 func main() {
-	budget := flag.Duration("budget", 14*time.Minute, "the explorer's budget per mutant (scripts/test's CI budget by default)")
+	budget := flag.Duration("budget", 13*time.Minute, "the explorer's budget per mutant (scripts/test's CI budget by default)")
 	only := flag.String("only", "", "run only the mutants whose name matches this regular expression")
 	check := flag.Bool("check", false, "check that every mutant applies, and exit")
 	list := flag.Bool("list", false, "list the mutants and exit")
