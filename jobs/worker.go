@@ -191,7 +191,11 @@ func (w *Worker) execute(ctx context.Context, id string, fp etcdstore.Fingerprin
 		w.mu.Unlock()
 		w.wg.Done()
 	}()
-	var opts []etcdstore.RunOption
+	// Only while the job's record lives: a record that passed its
+	// retention since it was read names no job, and a claim must not
+	// make one (an in-flight record with no job in it, for anyone who
+	// reads the key meanwhile).
+	opts := []etcdstore.RunOption{etcdstore.WithoutCreate()}
 	if k.Deadline > 0 {
 		opts = append(opts, etcdstore.WithDeadline(k.Deadline))
 	}
