@@ -102,14 +102,8 @@ func TestExpiredRecordIsAbsentBeforeItsLeaseFires(t *testing.T) {
 // When etcd is full (NOSPACE alarm), new keys are refused with ErrUnavailable
 // but done keys are still replayed, from a read.
 func TestReplayWhenEtcdIsFull(t *testing.T) {
-	small, err := etcdtest.New(t.TempDir(), 1, etcdtest.Options{Configure: func(c *embed.Config) {
-		c.QuotaBackendBytes = 8 << 20
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	small, cli := smallCluster(t)
 	defer small.Close()
-	cli := small.MustClient(t)
 	s := newStore(t, cli, "/full/")
 	ctx := testCtx(t)
 	work := func(context.Context, *Claim) ([]byte, error) { return []byte("saved"), nil }
@@ -131,17 +125,7 @@ func TestReplayWhenEtcdIsFull(t *testing.T) {
 	if err := other.Complete(ctx, Outcome{Body: []byte("landed")}); err != nil {
 		t.Fatal(err)
 	}
-	// Fill the database until etcd raises the alarm.
-	filler := strings.Repeat("x", 512<<10)
-	for i := 0; ; i++ {
-		_, err := cli.Put(ctx, fmt.Sprintf("/filler/%d", i), filler)
-		if errors.Is(err, rpctypes.ErrNoSpace) {
-			break
-		}
-		if err != nil || i > 1000 {
-			t.Fatalf("filling etcd: %v after %d puts", err, i)
-		}
-	}
+	fillUntilNoSpace(t, ctx, cli)
 	res, err := s.Do(ctx, Key{ID: "done-before"}, []byte("p"), work)
 	if err != nil || !res.Replayed || string(res.Body) != "saved" {
 		t.Fatalf("replay when full = %+v, %v; want the saved outcome", res, err)
@@ -254,5 +238,33 @@ func TestClaimEndsWithItsRecord(t *testing.T) {
 	clk.Shift(retention/2 + retention + time.Second)
 	if !errors.Is(c.Err(), ErrDeadline) {
 		t.Fatalf("Err one retention after the claim's last write = %v; want ErrDeadline", c.Err())
+	}
+}
+
+// smallCluster is a one-member cluster whose backend quota (8 MiB) a test
+// fills quickly.
+func smallCluster(t *testing.T) (*etcdtest.Cluster, *clientv3.Client) {
+	t.Helper()
+	small, err := etcdtest.New(t.TempDir(), 1, etcdtest.Options{Configure: func(c *embed.Config) {
+		c.QuotaBackendBytes = 8 << 20
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return small, small.MustClient(t)
+}
+
+// fillUntilNoSpace writes until etcd raises its NOSPACE alarm.
+func fillUntilNoSpace(t *testing.T, ctx context.Context, cli *clientv3.Client) {
+	t.Helper()
+	filler := strings.Repeat("x", 512<<10)
+	for i := 0; ; i++ {
+		_, err := cli.Put(ctx, fmt.Sprintf("/filler/%d", i), filler)
+		if errors.Is(err, rpctypes.ErrNoSpace) {
+			break
+		}
+		if err != nil || i > 1000 {
+			t.Fatalf("filling etcd: %v after %d puts", err, i)
+		}
 	}
 }

@@ -1,16 +1,8 @@
 package etcdstore
 
 import (
-	"errors"
-	"fmt"
-	"strings"
 	"testing"
 	"time"
-
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	"go.etcd.io/etcd/server/v3/embed"
-
-	"github.com/idem-dev/idem/etcdtest"
 )
 
 // CHANGELOG: "NOSPACE: a Complete or Abandon that landed although its
@@ -18,14 +10,8 @@ import (
 // (TestReplayWhenEtcdIsFull); this is the Abandon half, and a Release that
 // landed (a delete: etcd lets it through when full).
 func TestReviewAbandonThatLandedIsRecognisedWhenFull(t *testing.T) {
-	small, err := etcdtest.New(t.TempDir(), 1, etcdtest.Options{Configure: func(c *embed.Config) {
-		c.QuotaBackendBytes = 8 << 20
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	small, cli := smallCluster(t)
 	defer small.Close()
-	cli := small.MustClient(t)
 	s := newStore(t, cli, "/full/")
 	ctx := testCtx(t)
 	claims := map[string]*Claim{}
@@ -49,16 +35,7 @@ func TestReviewAbandonThatLandedIsRecognisedWhenFull(t *testing.T) {
 		}
 		claims[id] = c
 	}
-	filler := strings.Repeat("x", 512<<10)
-	for i := 0; ; i++ {
-		_, err := cli.Put(ctx, fmt.Sprintf("/filler/%d", i), filler)
-		if errors.Is(err, rpctypes.ErrNoSpace) {
-			break
-		}
-		if err != nil || i > 1000 {
-			t.Fatalf("filling etcd: %v after %d puts", err, i)
-		}
-	}
+	fillUntilNoSpace(t, ctx, cli)
 	if err := claims["abandoned"].Abandon(ctx); err != nil {
 		t.Errorf("the retry of an Abandon that landed, when full = %v; want nil", err)
 	}

@@ -1,12 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
-	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -63,33 +60,7 @@ func TestReviewServeRefusesADamagedRootPage(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cmd := exec.Command(os.Args[0], "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json",
-		"--data-dir", restored, "--embedded-peer-url", peer)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "IDEM_TEST_RUN_MAIN=1")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	tail := func() string {
-		s := stderr.String()
-		if len(s) > 1200 {
-			s = s[:1200] + "..."
-		}
-		return s
-	}
-	select {
-	case err := <-exited:
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(stderr.String(), "idem could not start") {
-			t.Fatalf("idem serve on a database with a damaged root page: %v; want exit 1 with a \"could not start\" line:\n%s", err, tail())
-		}
-	case <-time.After(60 * time.Second):
-		cmd.Process.Kill()
-		<-exited
-		t.Fatalf("idem serve on a damaged database still runs after 60 s:\n%s", tail())
+	if out, err := serveUntilExit(t, dir, "--data-dir", restored, "--embedded-peer-url", peer); exitCode1(err) != 1 || !strings.Contains(out, "idem could not start") {
+		t.Fatalf("idem serve on a database with a damaged root page: %v; want exit 1 with a \"could not start\" line:\n%.1200s", err, out)
 	}
 }

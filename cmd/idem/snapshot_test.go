@@ -191,8 +191,18 @@ func TestSnapshotRestoreIsAllOrNothing(t *testing.T) {
 	if err := os.Truncate(db, info.Size()/2); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(os.Args[0], "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json",
-		"--data-dir", restored, "--embedded-peer-url", peer, "--upstream", up.URL)
+	out, err := serveUntilExit(t, dir, "--data-dir", restored, "--embedded-peer-url", peer, "--upstream", up.URL)
+	if exitCode1(err) != 1 || !strings.Contains(out, "idem could not start") || !strings.Contains(out, "damaged") {
+		t.Fatalf("idem serve on a truncated database: %v; want exit 1 with a \"could not start\" line naming the damage:\n%s", err, out)
+	}
+}
+
+// serveUntilExit runs idem serve (the test binary as idem) with args in dir
+// until it exits, within 60 s, and returns what it logged and how it
+// exited.
+func serveUntilExit(t *testing.T, dir string, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], append([]string{"serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json"}, args...)...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "IDEM_TEST_RUN_MAIN=1")
 	var stderr bytes.Buffer
@@ -204,13 +214,24 @@ func TestSnapshotRestoreIsAllOrNothing(t *testing.T) {
 	go func() { exited <- cmd.Wait() }()
 	select {
 	case err := <-exited:
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(stderr.String(), "idem could not start") || !strings.Contains(stderr.String(), "damaged") {
-			t.Fatalf("idem serve on a truncated database: %v; want exit 1 with a \"could not start\" line naming the damage:\n%s", err, stderr.String())
-		}
+		return stderr.String(), err
 	case <-time.After(60 * time.Second):
 		cmd.Process.Kill()
 		<-exited
-		t.Fatalf("idem serve on a truncated database is still running after 60 s:\n%s", stderr.String())
+		t.Fatalf("idem serve %v still runs after 60 s:\n%s", args, stderr.String())
+		return "", nil
 	}
+}
+
+// exitCode1 is a finished process's exit status (0 for nil, -1 when it
+// did not exit on its own).
+func exitCode1(err error) int {
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ee):
+		return ee.ExitCode()
+	}
+	return -1
 }
