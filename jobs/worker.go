@@ -208,13 +208,8 @@ func (w *Worker) execute(ctx context.Context, id string, fp etcdstore.Fingerprin
 // attempt runs one attempt of a claimed job: every unfinished step in
 // order, each finished by a fenced checkpoint, and says how the claim ends.
 func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind) (etcdstore.Outcome, etcdstore.End) {
+	// (Never a fresh claim: execute claims WithoutCreate.)
 	st, err := decodeState(c.LastCheckpoint())
-	if err != nil && !c.TookOver() && len(c.LastCheckpoint()) == 0 {
-		// A fresh claim, not a takeover: the job's record passed its
-		// retention between the read that found it and the claim, and the
-		// key names nothing now. Leave it absent, as it was.
-		return etcdstore.Outcome{}, etcdstore.EndRelease
-	}
 	if err != nil || st.Kind != k.Name {
 		// Not a job of this kind (a newer format, or damage): never run
 		// it, never rewrite it.
