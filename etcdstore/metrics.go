@@ -36,9 +36,18 @@ type Metrics struct {
 // and writes whose caller's context ended while they flew (the store waited
 // for etcd's answer, bounded by the request timeout, rather than leave the
 // outcome unknown).
+//
+// Beside counts the batches sent while others of the store flew, Full
+// those of them that went because a full batch waited (the others went once
+// the hold had passed). RoundTrip is the smoothed round trip of a batch and
+// Hold how long a write that finds a batch in flight now waits for company
+// before a further batch may go: group commit measures the first and
+// derives the second (docs/ARCHITECTURE.md, "Group commit").
 type BatchMetrics struct {
 	Batches, Members, Split int64
 	Left, Waited            int64
+	Beside, Full            int64
+	RoundTrip, Hold         time.Duration
 }
 
 // SweepMetrics counts the expiry sweeper: retention leases it emptied (and
@@ -74,7 +83,8 @@ func (s *Store) Metrics() Metrics {
 	m.Pending = s.bg.Pending()
 	m.Reaped = s.reaped.Load()
 	b := s.kv.Stats()
-	m.Batch = BatchMetrics{Batches: b.Batches, Members: b.Members, Split: b.Split, Left: b.Left, Waited: b.Waited}
+	m.Batch = BatchMetrics{Batches: b.Batches, Members: b.Members, Split: b.Split, Left: b.Left, Waited: b.Waited,
+		Beside: b.Beside, Full: b.Full, RoundTrip: b.RoundTrip, Hold: b.Hold}
 	if s.sweep != nil {
 		w := s.sweep.Stats()
 		m.Sweep = SweepMetrics{Leases: w.Leases, Records: w.Records}
@@ -90,7 +100,7 @@ func (s *Store) Metrics() Metrics {
 
 // Add returns the sum of m and o, as of several stores (the shards of a
 // set): counts add up, Live holds if both are, Full if either is, and the
-// cache's Lag is the larger.
+// cache's Lag, the batches' RoundTrip and Hold are the larger.
 func (m Metrics) Add(o Metrics) Metrics {
 	m.Live = m.Live && o.Live
 	m.Full = m.Full || o.Full
@@ -102,6 +112,10 @@ func (m Metrics) Add(o Metrics) Metrics {
 	m.Batch.Split += o.Batch.Split
 	m.Batch.Left += o.Batch.Left
 	m.Batch.Waited += o.Batch.Waited
+	m.Batch.Beside += o.Batch.Beside
+	m.Batch.Full += o.Batch.Full
+	m.Batch.RoundTrip = max(m.Batch.RoundTrip, o.Batch.RoundTrip)
+	m.Batch.Hold = max(m.Batch.Hold, o.Batch.Hold)
 	m.Sweep.Leases += o.Sweep.Leases
 	m.Sweep.Records += o.Sweep.Records
 	m.Cache.Entries += o.Cache.Entries

@@ -172,6 +172,9 @@ var expected = []string{
 	"path:liveness probe claimed a free key",
 	"config:claim deadline on the edges",
 	"path:a gRPC handler's context ended before its claim",
+	"config:small batches (--batch-max-writes)",
+	"path:batch sent beside another once the hold passed",
+	"path:full batch sent beside another",
 }
 
 // compactBehind compacts the shared etcd every few seconds, up to the
@@ -648,6 +651,8 @@ func (w *world) account(st *stats, final map[string]*etcdstore.Record) {
 	l.add("path:batch refused and split", int(m.Batch.Split))
 	l.add("path:caller left before its write was sent", int(m.Batch.Left))
 	l.add("path:caller left while its write flew", int(m.Batch.Waited))
+	l.add("path:batch sent beside another once the hold passed", int(m.Batch.Beside-m.Batch.Full))
+	l.add("path:full batch sent beside another", int(m.Batch.Full))
 	l.add("path:sweep deleted records", int(m.Sweep.Records))
 	l.add("path:sweep revoked a lease", int(m.Sweep.Leases))
 	l.add("path:dictionary published", int(m.Dictionaries.Published))

@@ -74,7 +74,10 @@ type config struct {
 	// claimDeadline is the edges' ClaimDeadline (idem serve
 	// --claim-deadline; idemgrpc.Config.ClaimDeadline): 0, none.
 	claimDeadline time.Duration
-	shards        bool // a shard world: a shard set over sub-prefixes, its placement changed by the nemesis
+	// batchMembers is idem serve's --batch-max-writes, when a world sets it
+	// low enough for its few writers to fill a batch: 0, the default.
+	batchMembers int
+	shards       bool // a shard world: a shard set over sub-prefixes, its placement changed by the nemesis
 }
 
 var worlds atomic.Int64
@@ -223,6 +226,10 @@ func (w *world) pickConfig() {
 		w.cfg.claimDeadline = []time.Duration{40 * time.Second, 2 * time.Minute}[w.rng.IntN(2)]
 		w.ledger.hit("config:claim deadline on the edges")
 	}
+	if w.rng.IntN(4) == 0 {
+		w.cfg.batchMembers = 2 + w.rng.IntN(2)
+		w.ledger.hit("config:small batches (--batch-max-writes)")
+	}
 	if w.cfg.shards = w.rng.IntN(4) == 0; w.cfg.shards {
 		w.pickShards()
 	}
@@ -263,6 +270,9 @@ func (w *world) newProcess(slot, gen int) (*process, error) {
 	}
 	if w.jobs.tight {
 		opts = append(opts, etcdstore.WithMaxRecordSize(4096))
+	}
+	if w.cfg.batchMembers > 0 {
+		opts = append(opts, etcdstore.WithBatchLimits(w.cfg.batchMembers, etcdstore.DefaultBatchBytes))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -572,6 +572,12 @@ func (s *server) registerMetrics(cache bool) {
 	counter("idem_etcd_batches_total", "etcd Txns that carried the store's writes (group commit): idem_etcd_batched_writes_total over this is the mean batch size.",
 		func(m etcdstore.Metrics) int64 { return m.Batch.Batches })
 	counter("idem_etcd_batched_writes_total", "The store's writes sent in those Txns.", func(m etcdstore.Metrics) int64 { return m.Batch.Members })
+	counter("idem_etcd_batches_beside_total", "Batches sent while others of this process flew: once a full batch waited, or once the hold had passed.",
+		func(m etcdstore.Metrics) int64 { return m.Batch.Beside })
+	gauge("idem_etcd_batch_round_trip_seconds", "Smoothed round trip of the store's batches, as group commit measures it.",
+		metric(func(m etcdstore.Metrics) float64 { return m.Batch.RoundTrip.Seconds() }))
+	gauge("idem_etcd_batch_hold_seconds", "How long a write that finds a batch in flight waits for company before a further batch may go (group commit derives it from the round trips it measures).",
+		metric(func(m etcdstore.Metrics) float64 { return m.Batch.Hold.Seconds() }))
 	counter("idem_etcd_batches_split_total", "Batches etcd refused as a whole, whose writes went again one by one.", func(m etcdstore.Metrics) int64 { return m.Batch.Split })
 	counter("idem_expired_records_swept_total", "Expired records this process deleted (the expiry sweeper), a few per etcd Txn.", func(m etcdstore.Metrics) int64 { return m.Sweep.Records })
 	counter("idem_expired_leases_swept_total", "Retention leases this process emptied and revoked.", func(m etcdstore.Metrics) int64 { return m.Sweep.Leases })

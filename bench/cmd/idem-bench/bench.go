@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,6 +18,8 @@ import (
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
+
+	"github.com/google/pprof/profile"
 )
 
 const benchUsage = `usage: idem-bench [flags]
@@ -62,6 +65,7 @@ type benchConfig struct {
 	jsonOut                      bool
 	histogram                    bool
 	fsync                        bool
+	clientCPU                    bool
 	batching                     bool
 	sweep                        bool
 	expiryKeys                   int
@@ -103,7 +107,8 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&c.expiryWidth, "expiry-width", 10*time.Second, "bucket width of the expiry suite's stores")
 	fs.BoolVar(&c.batching, "batching", true, "group commit in the idem stores measured (etcdstore.WithBatching)")
 	fs.BoolVar(&c.fsync, "fsync", true, "embedded etcd fsyncs (as in production); false only to look at CPU costs")
-	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file (each side's calling goroutines carry the label side=NAME)")
+	fs.BoolVar(&c.clientCPU, "client-cpu", false, "profile each comparison to report every side's CPU per operation on its calling goroutines: the client's share (idem's own work and its etcd client's, or the raw pair's), not etcd's; not with --cpuprofile")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -111,6 +116,8 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return usageError{fmt.Errorf("unexpected arguments: %q", fs.Args())}
 	}
 	switch {
+	case c.clientCPU && *cpuprofile != "":
+		return usageError{errors.New("--client-cpu and --cpuprofile both need the one CPU profiler: pick one")}
 	case c.concurrency < 1:
 		return usageError{errors.New("--concurrency must be at least 1")}
 	case c.rounds < 1:
@@ -208,9 +215,12 @@ type result struct {
 	P99      float64          `json:"p99_ms"`
 	Max      float64          `json:"max_ms"`
 	Outcomes map[string]int64 `json:"outcomes"`
-	Hist     []histBucket     `json:"histogram,omitempty"`
-	FirstErr string           `json:"first_error,omitempty"`
-	lat      []time.Duration
+	// ClientCPU is the CPU its calling goroutines spent per operation
+	// (--client-cpu), in microseconds.
+	ClientCPU float64      `json:"client_cpu_us_per_op,omitempty"`
+	Hist      []histBucket `json:"histogram,omitempty"`
+	FirstErr  string       `json:"first_error,omitempty"`
+	lat       []time.Duration
 }
 
 type histBucket struct {
@@ -257,6 +267,8 @@ func (b *bencher) compare(ctx context.Context, sides ...side) []*result {
 	if b.cfg.ops > 0 {
 		opsPer = max(1, b.cfg.ops/b.cfg.rounds)
 	}
+	var prof bytes.Buffer
+	profiling := b.cfg.clientCPU && pprof.StartCPUProfile(&prof) == nil
 	for r := 0; r < b.cfg.rounds; r++ {
 		for i, s := range sides {
 			b.measure(ctx, s, per, opsPer, out[i])
@@ -265,7 +277,43 @@ func (b *bencher) compare(ctx context.Context, sides ...side) []*result {
 	for _, r := range out {
 		r.finish(b.cfg.histogram)
 	}
+	if profiling {
+		pprof.StopCPUProfile()
+		if err := clientCPU(&prof, out); err != nil {
+			fmt.Fprintf(b.progress, "idem-bench: --client-cpu: %v\n", err)
+		}
+	}
 	return out
+}
+
+// clientCPU sets each result's ClientCPU from a CPU profile of its
+// comparison: the samples labelled with its side, over its operations.
+func clientCPU(data io.Reader, out []*result) error {
+	p, err := profile.Parse(data)
+	if err != nil {
+		return err
+	}
+	cpu := -1
+	for i, st := range p.SampleType {
+		if st.Type == "cpu" && st.Unit == "nanoseconds" {
+			cpu = i
+		}
+	}
+	if cpu < 0 {
+		return errors.New("the profile has no cpu nanoseconds")
+	}
+	ns := map[string]int64{}
+	for _, smp := range p.Sample {
+		for _, side := range smp.Label["side"] {
+			ns[side] += smp.Value[cpu]
+		}
+	}
+	for _, r := range out {
+		if r.Ops > 0 {
+			r.ClientCPU = math.Round(float64(ns[r.Name])/float64(r.Ops)/100) / 10
+		}
+	}
+	return nil
 }
 
 // measure runs s on the configured number of workers for d (or n ops),
@@ -279,7 +327,7 @@ func (b *bencher) measure(ctx context.Context, s side, d time.Duration, n int, r
 	stopProgress := b.showProgress(s.name, &count, d, n)
 	for w := 0; w < b.cfg.concurrency; w++ {
 		wg.Add(1)
-		go func() {
+		go pprof.Do(ctx, pprof.Labels("side", s.name), func(ctx context.Context) {
 			defer wg.Done()
 			lat := make([]time.Duration, 0, 1024)
 			outs := map[string]int64{}
@@ -316,7 +364,7 @@ func (b *bencher) measure(ctx context.Context, s side, d time.Duration, n int, r
 				r.FirstErr = firstErr.Error()
 			}
 			mu.Unlock()
-		}()
+		})
 	}
 	wg.Wait()
 	stopProgress()
@@ -386,9 +434,21 @@ func (b *bencher) print(s suiteReport) {
 		fmt.Fprintf(b.out, "   %s\n", n)
 	}
 	tw := tabwriter.NewWriter(b.out, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "\tops\tops/s\tp50 ms\tp90 ms\tp99 ms\tmax ms\terrors\toutcomes\t")
+	cpu := false
 	for _, r := range s.Results {
-		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%d\t%s\t\n", r.Name, r.Ops, r.OpsPerS, r.P50, r.P90, r.P99, r.Max, r.Errors, outcomes(r.Outcomes))
+		cpu = cpu || r.ClientCPU > 0
+	}
+	head := "\tops\tops/s\tp50 ms\tp90 ms\tp99 ms\tmax ms\terrors\toutcomes\t"
+	if cpu {
+		head += "client CPU µs/op\t"
+	}
+	fmt.Fprintln(tw, head)
+	for _, r := range s.Results {
+		line := fmt.Sprintf("%s\t%d\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%d\t%s\t", r.Name, r.Ops, r.OpsPerS, r.P50, r.P90, r.P99, r.Max, r.Errors, outcomes(r.Outcomes))
+		if cpu {
+			line += fmt.Sprintf("%.1f\t", r.ClientCPU)
+		}
+		fmt.Fprintln(tw, line)
 	}
 	tw.Flush()
 	for _, r := range s.Results {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"runtime/pprof"
 	"sync"
 	"time"
 
@@ -20,6 +21,11 @@ type rawBatcher struct {
 	inflight int
 	lastSent time.Time
 	timer    *time.Timer
+	pace     pacer // etcdstore's, copied (pace.go)
+	// labels: a caller's context, whose profiler labels (the side) the
+	// timer's goroutine takes, so that --client-cpu counts the batches it
+	// sends to this side.
+	labels context.Context
 }
 
 type rawReq struct {
@@ -32,12 +38,14 @@ type rawReq struct {
 const (
 	rawBatchMax     = 64
 	batchesInflight = 4
-	batchSpacing    = 2 * time.Millisecond // etcdstore's
 )
 
 func (b *rawBatcher) do(ctx context.Context, op clientv3.Op) (*clientv3.TxnResponse, error) {
 	r := &rawReq{op: op, done: make(chan struct{})}
 	b.mu.Lock()
+	if b.labels == nil {
+		b.labels = ctx
+	}
 	b.queue = append(b.queue, r)
 	b.launchLocked()
 	b.mu.Unlock()
@@ -50,13 +58,19 @@ func (b *rawBatcher) do(ctx context.Context, op clientv3.Op) (*clientv3.TxnRespo
 }
 
 // launchLocked follows idem's rule: a batch whenever none is in flight;
-// another when a full one waits or batchSpacing has passed since the last.
+// another when a full one waits or the pacer's hold has passed since the
+// last.
 func (b *rawBatcher) launchLocked() {
 	for len(b.queue) > 0 && b.inflight < batchesInflight {
 		if b.inflight > 0 && len(b.queue) < rawBatchMax {
-			if wait := batchSpacing - time.Since(b.lastSent); wait > 0 {
+			hold, ok := b.pace.hold()
+			if !ok {
+				return // the batch in flight is the first measurement
+			}
+			if wait := hold - time.Since(b.lastSent); wait > 0 {
 				if b.timer == nil {
 					b.timer = time.AfterFunc(wait, func() {
+						pprof.SetGoroutineLabels(b.labels)
 						b.mu.Lock()
 						b.timer = nil
 						b.launchLocked()
@@ -69,18 +83,26 @@ func (b *rawBatcher) launchLocked() {
 		n := min(len(b.queue), rawBatchMax)
 		batch := b.queue[:n:n]
 		b.queue = b.queue[n:]
+		alone := b.inflight == 0 && n == 1
 		b.inflight++
 		b.lastSent = time.Now()
-		go b.send(batch)
+		go b.send(batch, alone)
 	}
 }
 
-func (b *rawBatcher) send(batch []*rawReq) {
+func (b *rawBatcher) send(batch []*rawReq, alone bool) {
 	ops := make([]clientv3.Op, len(batch))
 	for i, r := range batch {
 		ops[i] = r.op
 	}
+	start := time.Now()
 	resp, err := b.cli.Txn(context.Background()).Then(ops...).Commit()
+	if err == nil {
+		now := time.Now()
+		b.mu.Lock()
+		b.pace.observe(now.Sub(start), alone, now)
+		b.mu.Unlock()
+	}
 	for i, r := range batch {
 		if err != nil {
 			r.err = err

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -217,15 +218,20 @@ func suiteDo(ctx context.Context, b *bencher) ([]suiteReport, error) {
 		rep := suiteReport{
 			Suite: "do", Title: fmt.Sprintf("idem Do (claim, trivial work, complete) against the raw claim + fenced complete Txn pair, %s, %d clients", t.name, b.cfg.concurrency),
 			Notes: []string{fmt.Sprintf("the raw pairs write %d- and %d-byte values, the sizes of idem's in-flight and done records", claimSize, doneSize),
-				"raw batched pair: the same Txns, each the inner Txn of an outer one, batched as idem batches (what waits goes together, at most 64; a new batch when none is in flight, or when a full one waits, or 2 ms after the last; at most 4 in flight)"},
+				"raw batched pair: the same Txns, each the inner Txn of an outer one, batched as idem batches (what waits goes together, at most 64; a new batch when none is in flight, or when a full one waits, or once the hold idem's pacer derives from the measured round trips has passed since the last; at most 4 in flight)"},
 			Results: res,
 			Ratios: []ratio{ratioOf("idem Do / raw txn pair", res[2], res[0], goalRaw),
 				ratioOf("idem Do / raw batched pair", res[2], res[1], goalBatched)},
 			Extra: map[string]string{"idem writes per etcd request": fmt.Sprintf("%.1f",
-				float64(after.Members-before.Members)/max(1, float64(after.Batches-before.Batches)))},
+				float64(after.Members-before.Members)/max(1, float64(after.Batches-before.Batches))),
+				"idem batches sent beside others (full, after the hold)": fmt.Sprintf("%d, %d", after.Full-before.Full, after.Beside-before.Beside-(after.Full-before.Full)),
+				"idem batch round trip, hold at the end":                 fmt.Sprintf("%v, %v", after.RoundTrip.Round(10*time.Microsecond), after.Hold.Round(10*time.Microsecond))},
 		}
 		if b.cfg.concurrency == 1 {
-			rep.Ratios = append(rep.Ratios, latencyRatio("p50 latency idem Do / raw txn pair", res[2].P50, res[0].P50, 1.1))
+			rep.Ratios = append(rep.Ratios, latencyRatio("p50 latency idem Do / raw txn pair", res[2].P50, res[0].P50, 1.05))
+		}
+		if res[0].ClientCPU > 0 {
+			rep.Ratios = append(rep.Ratios, ratio{Name: "client CPU per op, idem Do / raw txn pair", Value: math.Round(res[2].ClientCPU/res[0].ClientCPU*1000) / 1000})
 		}
 		reps = append(reps, rep)
 		t.close()

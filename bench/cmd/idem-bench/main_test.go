@@ -57,3 +57,21 @@ func TestSuitesListedEverywhere(t *testing.T) {
 		}
 	}
 }
+
+// The raw batched pair is batched by idem's own rule: its pacer is a copy
+// of etcdstore's, kept identical.
+func TestPacerIsEtcdstores(t *testing.T) {
+	orig, err := os.ReadFile("../../../etcdstore/internal/send/pace.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	copied, err := os.ReadFile("pace.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "// Code generated from etcdstore/internal/send/pace.go (a copy; TestPacerIsEtcdstores keeps it identical). DO NOT EDIT.\n\n" +
+		strings.Replace(string(orig), "package send", "package main", 1)
+	if string(copied) != want {
+		t.Fatalf("bench/cmd/idem-bench/pace.go differs from etcdstore/internal/send/pace.go: copy it again (see the first line)")
+	}
+}
