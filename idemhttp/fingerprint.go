@@ -4,10 +4,10 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
-	"hash"
 	"mime"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/idem-dev/idem/etcdstore"
@@ -21,29 +21,36 @@ import (
 // canonical form (repeated members, numbers that do not survive a float64
 // round trip, malformed) is an error wrapping etcdstore.ErrInvalidParams.
 func Fingerprint(r *http.Request, body []byte, headers []string) (etcdstore.Fingerprint, error) {
-	if isJSON(r.Header.Get("Content-Type")) && len(body) > 0 {
+	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if err == nil && isJSONType(mt) && len(body) > 0 {
 		c, err := canonjson.Canonical(body)
 		if err != nil {
 			return etcdstore.Fingerprint{}, fmt.Errorf("request body: %w: %w", etcdstore.ErrInvalidParams, err)
 		}
 		body = c
 	}
+	// The fields go to the hash length-prefixed, the small ones through
+	// one buffer (no allocation per field), the body as it is.
+	var small [512]byte
+	buf := field(small[:0], "idem-http-1")
+	buf = field(buf, r.Method)
+	buf = field(buf, r.URL.EscapedPath())
+	buf = field(buf, canonicalQuery(r.URL.RawQuery))
+	buf = field(buf, mt) // {"a":1} as text/plain is another request than as JSON
+	buf = binary.AppendUvarint(buf, uint64(len(body)))
 	h := sha256.New()
-	field(h, "idem-http-1")
-	field(h, r.Method)
-	field(h, r.URL.EscapedPath())
-	field(h, canonicalQuery(r.URL.RawQuery))
-	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	field(h, mt) // {"a":1} as text/plain is another request than as JSON
-	field(h, string(body))
+	h.Write(buf)
+	h.Write(body)
+	buf = buf[:0]
 	for _, name := range headers {
-		field(h, http.CanonicalHeaderKey(name))
+		buf = field(buf, http.CanonicalHeaderKey(name))
 		vs := r.Header.Values(name)
-		field(h, fmt.Sprint(len(vs)))
+		buf = field(buf, strconv.Itoa(len(vs)))
 		for _, v := range vs {
-			field(h, v)
+			buf = field(buf, v)
 		}
 	}
+	h.Write(buf)
 	var fp etcdstore.Fingerprint
 	h.Sum(fp[:0])
 	return fp, nil
@@ -65,19 +72,17 @@ func canonicalQuery(raw string) string {
 	return strings.Join(pairs, "&")
 }
 
-// field writes s length-prefixed, so no two field sequences hash alike.
-func field(h hash.Hash, s string) {
-	var n [binary.MaxVarintLen64]byte
-	h.Write(n[:binary.PutUvarint(n[:], uint64(len(s)))])
-	h.Write([]byte(s))
+// field appends s length-prefixed, so no two field sequences hash alike.
+func field(b []byte, s string) []byte {
+	return append(binary.AppendUvarint(b, uint64(len(s))), s...)
 }
 
 // isJSON reports whether a Content-Type is JSON: application/json or any
 // +json suffix type.
 func isJSON(ct string) bool {
 	mt, _, err := mime.ParseMediaType(ct)
-	if err != nil {
-		return false
-	}
-	return mt == "application/json" || strings.HasSuffix(mt, "+json")
+	return err == nil && isJSONType(mt)
 }
+
+// isJSONType reports whether a parsed media type is JSON.
+func isJSONType(mt string) bool { return mt == "application/json" || strings.HasSuffix(mt, "+json") }

@@ -197,7 +197,7 @@ type request struct {
 	key    etcdstore.Key
 	fp     etcdstore.Fingerprint
 	body   []byte
-	logKey string
+	logKey keyLog
 }
 
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) string {
@@ -284,7 +284,7 @@ func (m *Middleware) parse(w http.ResponseWriter, r *http.Request, id string) (*
 			fmt.Sprintf("request body is %d bytes, limit %d", r.ContentLength, m.cfg.MaxRequestBody))
 		return nil, &p
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, m.cfg.MaxRequestBody))
+	body, err := readBody(http.MaxBytesReader(w, r.Body, m.cfg.MaxRequestBody), r.ContentLength)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		p := NewProblem(http.StatusBadRequest, KindInvalidRequest, "reading the request body: "+err.Error())
@@ -299,11 +299,7 @@ func (m *Middleware) parse(w http.ResponseWriter, r *http.Request, id string) (*
 		p := ProblemFor(err)
 		return nil, &p
 	}
-	logKey := key.Digest()
-	if m.cfg.LogKeys {
-		logKey = key.String()
-	}
-	return &request{r: r, key: key, fp: fp, body: body, logKey: logKey}, nil
+	return &request{r: r, key: key, fp: fp, body: body, logKey: keyLog{key, m.cfg.LogKeys}}, nil
 }
 
 // run claims the key and serves the request once: it replays a done key,
@@ -452,7 +448,7 @@ func (m *Middleware) redact(req *request, err error) string {
 	if m.cfg.LogKeys {
 		return err.Error()
 	}
-	return strings.ReplaceAll(err.Error(), req.key.String(), "key#"+req.logKey)
+	return strings.ReplaceAll(err.Error(), req.key.String(), "key#"+req.logKey.String())
 }
 
 // refuse answers a request that was refused before any claim.
@@ -461,6 +457,22 @@ func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, p Problem) s
 	m.cfg.Logger.Info("idem: refused", "method", r.Method, "status", p.Status, "type", p.Type, "detail", p.Detail)
 	return labelInvalid
 }
+
+// keyLog is a key as the logs show it: its digest, or itself with
+// Config.LogKeys; computed only for a record a handler takes.
+type keyLog struct {
+	key  etcdstore.Key
+	full bool
+}
+
+func (k keyLog) String() string {
+	if k.full {
+		return k.key.String()
+	}
+	return k.key.Digest()
+}
+
+func (k keyLog) LogValue() slog.Value { return slog.StringValue(k.String()) }
 
 func (m *Middleware) log(req *request, outcome string, token fencing.Token, status int) {
 	m.cfg.Logger.Info("idem: served", "key", req.logKey, "outcome", outcome, "token", int64(token), "status", status)
@@ -499,4 +511,32 @@ func writeOutcome(w http.ResponseWriter, o etcdstore.Outcome, replayed bool, doc
 	}
 	w.WriteHeader(status)
 	_, _ = w.Write(o.Body)
+}
+
+// readBody reads a request body whole: into one buffer of the declared
+// length when there is one (no growing and copying), checking that no
+// more follows.
+func readBody(r io.Reader, declared int64) ([]byte, error) {
+	if declared <= 0 {
+		return io.ReadAll(r)
+	}
+	b := make([]byte, declared, declared+1)
+	if _, err := io.ReadFull(r, b); err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			err = fmt.Errorf("the body ended before its Content-Length of %d bytes: %w", declared, err)
+		}
+		return nil, err
+	}
+	var one [1]byte
+	switch n, err := io.ReadFull(r, one[:]); {
+	case n == 0 && errors.Is(err, io.EOF):
+		return b, nil
+	case n == 0:
+		return nil, err
+	}
+	rest, err := io.ReadAll(r) // more than declared: a reader that does not enforce it
+	if err != nil {
+		return nil, err
+	}
+	return append(append(b, one[0]), rest...), nil
 }

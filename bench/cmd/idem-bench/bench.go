@@ -422,8 +422,10 @@ func latencyRatio(name string, a, b, atMost float64) ratio {
 	if b > 0 {
 		r.Value = math.Round(a/b*1000) / 1000
 	}
-	met := r.Value <= atMost
-	r.Goal, r.Met = atMost, &met
+	if atMost > 0 {
+		met := r.Value <= atMost
+		r.Goal, r.Met = atMost, &met
+	}
 	return r
 }
 

@@ -7,7 +7,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"net/url"
+	"runtime/pprof"
 	"strconv"
 
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
@@ -31,12 +33,12 @@ func suiteHTTP(ctx context.Context, b *bencher) ([]suiteReport, error) {
 		return nil, err
 	}
 	body := payload(b.cfg.payload)
-	upstream, err := serveLoopback(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	upstream, err := serveLoopback(labelled("upstream", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
 		w.Write(body)
-	}))
+	})))
 	if err != nil {
 		return nil, err
 	}
@@ -50,7 +52,16 @@ func suiteHTTP(ctx context.Context, b *bencher) ([]suiteReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	front, err := serveLoopback(proxy)
+	// A plain reverse proxy, no idempotency: what one net/http hop costs.
+	// Its transport keeps as many idle connections as idem's does.
+	plainRP := httputil.NewSingleHostReverseProxy(up)
+	plainRP.Transport = &http.Transport{MaxIdleConns: 256, MaxIdleConnsPerHost: 256}
+	plain, err := serveLoopback(labelled("plain", plainRP))
+	if err != nil {
+		return nil, err
+	}
+	defer plain.Close()
+	front, err := serveLoopback(labelled("proxy", proxy))
 	if err != nil {
 		return nil, err
 	}
@@ -131,7 +142,15 @@ func suiteHTTP(ctx context.Context, b *bencher) ([]suiteReport, error) {
 		side{"idem proxy, new keys, traced (all spans sampled)", func(ctx context.Context, w int) (string, error) {
 			return post(ctx, tfront.URL+"/charges", tk.next())
 		}},
+		side{"plain reverse proxy (httputil, no idempotency)", func(ctx context.Context, w int) (string, error) {
+			return post(ctx, plain.URL+"/charges", "")
+		}},
 	)
+	// The hop: the time per request (on these shared cores) that a plain
+	// net/http reverse proxy adds to calling the upstream directly. The
+	// library with that hop added is what a sidecar on net/http can reach.
+	hop := 1/res[5].OpsPerS - 1/res[0].OpsPerS
+	withHop := &result{OpsPerS: 1 / (1/res[1].OpsPerS + hop)}
 	return []suiteReport{{
 		Suite: "http", Title: fmt.Sprintf("the HTTP proxy against the library and the upstream, %s, %d clients, loopback", t.name, b.cfg.concurrency),
 		Results: res,
@@ -142,7 +161,10 @@ func suiteHTTP(ctx context.Context, b *bencher) ([]suiteReport, error) {
 			// Untraced, idem runs no tracing code (a nil check per span);
 			// this is what turning tracing on costs.
 			ratioOf("proxy traced / untraced", res[4], res[2], 0),
+			ratioOf("the library with one net/http hop added / library", withHop, res[1], 0),
+			ratioOf("proxy / the library with one net/http hop added", res[2], withHop, 0),
 		},
+		Extra: map[string]string{"one net/http hop (plain proxy minus direct), µs of these cores per request": fmt.Sprintf("%.1f", hop*1e6)},
 	}}, nil
 }
 
@@ -150,6 +172,15 @@ func suiteHTTP(ctx context.Context, b *bencher) ([]suiteReport, error) {
 type loopbackServer struct {
 	URL string
 	srv *http.Server
+}
+
+// labelled runs h under the profiler label server=name, so that a profile
+// (--cpuprofile; go tool pprof -tagfocus server=proxy) tells the proxy's
+// own CPU from its client's and its upstream's.
+func labelled(name string, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		pprof.Do(r.Context(), pprof.Labels("server", name), func(context.Context) { h.ServeHTTP(w, r) })
+	})
 }
 
 func serveLoopback(h http.Handler) (*loopbackServer, error) {
