@@ -22,6 +22,9 @@ type redisSeed struct {
 	appendOn  string // CONFIG appendonly
 	fsync     string // CONFIG appendfsync
 	retention time.Duration
+	// replicas connected to this primary, and how many of them each write
+	// waits for (WAIT): a majority of the nodes, as a raft quorum.
+	replicas, wait int
 }
 
 // redisRecord is what a key holds.
@@ -54,6 +57,21 @@ func openRedis(ctx context.Context, addr string, conns int, retention time.Durat
 		}
 		*c.dst = v[c.name]
 	}
+	info, err := cli.Info(ctx, "replication").Result()
+	if err != nil {
+		cli.Close()
+		return nil, fmt.Errorf("--redis %s: %w", addr, err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "connected_slaves:"); ok {
+			r.replicas, _ = strconv.Atoi(v)
+		}
+	}
+	r.wait = (r.replicas + 1) / 2 // with the primary, a majority of the nodes
+	if err := completeScript.Load(ctx, cli).Err(); err != nil {
+		cli.Close()
+		return nil, fmt.Errorf("--redis %s: %w", addr, err)
+	}
 	if err := cli.FlushDB(ctx).Err(); err != nil {
 		cli.Close()
 		return nil, fmt.Errorf("--redis %s: %w", addr, err)
@@ -65,10 +83,38 @@ func (r *redisSeed) close() { r.cli.Close() }
 
 // name is the side's name: its durability setting.
 func (r *redisSeed) name() string {
-	if r.appendOn != "yes" {
-		return "redis, no AOF"
+	n := "redis, no AOF"
+	if r.appendOn == "yes" {
+		n = "redis, appendfsync " + r.fsync
 	}
-	return "redis, appendfsync " + r.fsync
+	if r.wait > 0 {
+		n += fmt.Sprintf(", WAIT %d of %d replicas", r.wait, r.replicas)
+	}
+	return n
+}
+
+// replicated waits, on the connection that wrote, until r.wait replicas
+// have the write (the pipeline sends both in one round trip).
+func (r *redisSeed) replicated(ctx context.Context, write func(redis.Pipeliner) redis.Cmder) (redis.Cmder, error) {
+	if r.wait == 0 {
+		var c redis.Cmder
+		_, err := r.cli.Pipelined(ctx, func(p redis.Pipeliner) error { c = write(p); return nil })
+		return c, err
+	}
+	var c redis.Cmder
+	var w *redis.Cmd
+	_, err := r.cli.Pipelined(ctx, func(p redis.Pipeliner) error {
+		c = write(p)
+		w = p.Do(ctx, "WAIT", r.wait, 2000) // under the client's 3 s read timeout
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if n, _ := w.Int64(); n < int64(r.wait) {
+		return nil, fmt.Errorf("WAIT %d: %d replicas acknowledged within 2 s", r.wait, n)
+	}
+	return c, nil
 }
 
 // run claims with SET NX PX, runs the work, completes fenced on the claim;
@@ -77,13 +123,19 @@ func (r *redisSeed) run(ctx context.Context, key string, params, resp []byte) (s
 	fp := strconv.FormatUint(hash(params), 16)
 	claim, _ := json.Marshal(redisRecord{FP: fp, State: "in_flight", Claim: strconv.FormatUint(rand.Uint64(), 36)})
 	k := "idem:" + key
-	ok, err := r.cli.SetNX(ctx, k, claim, r.retention).Result()
+	set, err := r.replicated(ctx, func(p redis.Pipeliner) redis.Cmder { return p.SetNX(ctx, k, claim, r.retention) })
 	if err != nil {
 		return "", err
 	}
-	if ok {
+	if set.(*redis.BoolCmd).Val() {
 		done, _ := json.Marshal(redisRecord{FP: fp, State: "done", Response: resp})
-		n, err := completeScript.Run(ctx, r.cli, []string{k}, claim, done, r.retention.Milliseconds()).Int()
+		ran, err := r.replicated(ctx, func(p redis.Pipeliner) redis.Cmder {
+			return p.EvalSha(ctx, completeScript.Hash(), []string{k}, claim, done, r.retention.Milliseconds())
+		})
+		if err != nil {
+			return "", err
+		}
+		n, err := ran.(*redis.Cmd).Int()
 		if err != nil {
 			return "", err
 		}
@@ -122,6 +174,9 @@ func redisGuarantees(rs []*redisSeed) string {
 			g = "an acknowledged claim is on its disk (fsync per write), on one node: a failover to a replica can lose it"
 		case r.appendOn == "yes" && r.fsync == "everysec":
 			g = "an acknowledged claim may be lost by a crash within a second (fsync every second), and by a failover"
+		}
+		if r.wait > 0 {
+			g = fmt.Sprintf("an acknowledged claim is on the primary's disk and in the memory of %d of %d replicas (WAIT: not on their disks, and Redis documents that a failover can still lose it: replication is asynchronous, WAIT does not make it a consensus)", r.wait, r.replicas)
 		}
 		ss = append(ss, r.name()+": "+g)
 	}
