@@ -82,7 +82,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	c.suites = list("do", "replay")
 	fs.Var(&c.suites, "suite", "suites to run, comma-separated: do, replay, mix, mutex, http, scale, wan, shards, expiry")
 	c.members = list("1", "3")
-	fs.Var(&c.members, "members", "embedded cluster sizes for the do and replay suites")
+	fs.Var(&c.members, "members", "embedded cluster sizes for the do, replay and mix suites")
 	fs.IntVar(&c.concurrency, "concurrency", 64, "concurrent clients")
 	fs.DurationVar(&c.duration, "duration", 5*time.Second, "time per side of a comparison, split over --rounds")
 	fs.IntVar(&c.ops, "ops", 0, "operations per side instead of --duration")

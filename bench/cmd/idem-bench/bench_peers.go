@@ -67,7 +67,24 @@ func (m *mixer) request(ctx context.Context, retries float64, run func(context.C
 // suiteMix: a realistic mix (50% retries) and fresh claims, idem against
 // a PostgreSQL table of keys when --pg is given.
 func suiteMix(ctx context.Context, b *bencher) ([]suiteReport, error) {
-	t, err := b.open(ctx, 1, etcdtest.Options{})
+	var reps []suiteReport
+	for _, m := range b.cfg.members.vals {
+		n, err := strconv.Atoi(m)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("--members %q", m)
+		}
+		rep, err := mixOn(ctx, b, n)
+		if err != nil {
+			return nil, err
+		}
+		reps = append(reps, rep...)
+	}
+	return reps, nil
+}
+
+// mixOn runs the mix suite on an embedded cluster of n members.
+func mixOn(ctx context.Context, b *bencher, n int) ([]suiteReport, error) {
+	t, err := b.open(ctx, n, etcdtest.Options{})
 	if err != nil {
 		return nil, err
 	}
@@ -158,7 +175,7 @@ func suiteMix(ctx context.Context, b *bencher) ([]suiteReport, error) {
 	for _, r := range fresh {
 		r.Name += ", fresh claims"
 	}
-	rep := suiteReport{Suite: "mix", Title: "a realistic mix and fresh claims", Notes: notes, Results: append(mix, fresh...)}
+	rep := suiteReport{Suite: "mix", Title: "a realistic mix and fresh claims, " + t.name, Notes: notes, Results: append(mix, fresh...)}
 	// The sides in order: idem with and without its cache, PostgreSQL,
 	// each Redis; fresh claims end with the raw pair.
 	rawAt := len(fresh) - 1
