@@ -95,7 +95,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Float64Var(&c.duplicates, "duplicates", 0, "fraction of requests sent twice at once (mix)")
 	fs.StringVar(&c.target, "target", "library", "what the mix suite drives: library, http or both")
 	fs.StringVar(&c.pg, "pg", "", "PostgreSQL DSN for the peer comparison (bench/bench-pg.sh starts one)")
-	fs.Var(&c.redis, "redis", "Redis addresses (host:port, comma-separated) for the mix suite's peer comparison, a side each (bench/bench-redis.sh starts one with appendfsync always and one with everysec)")
+	fs.Var(&c.redis, "redis", "Redis addresses (host:port, comma-separated) for the mix suite's peer comparison, a side each (bench/bench-redis.sh starts one with appendfsync always, one with everysec, and a primary with two replicas whose writes WAIT for one)")
 	c.scaleKeys = list("10000", "100000", "1000000")
 	fs.Var(&c.scaleKeys, "scale-keys", "retained key counts of the scale suite")
 	fs.BoolVar(&c.jsonOut, "json", false, "print results as JSON")
