@@ -45,6 +45,9 @@ func TestSuitesListedEverywhere(t *testing.T) {
 			t.Errorf("--suite's usage does not name %s: %q", name, flagUsage)
 		}
 	}
+	if !bytes.Contains(readme, bytes.TrimSpace(help.Bytes())) {
+		t.Errorf("bench/README.md does not show the help text as idem-bench prints it (idem-bench --help):\n%s", help.String())
+	}
 	suitesText := benchUsage[strings.Index(benchUsage, "Suites (--suite"):strings.Index(benchUsage, "Flags:")]
 	if !bytes.Contains(readme, []byte(suitesText)) {
 		t.Errorf("bench/README.md does not show the help text's suites:\n%s", suitesText)
