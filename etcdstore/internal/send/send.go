@@ -124,8 +124,7 @@ type Sender struct {
 	queue    []*member
 	inflight int
 	lastSent time.Time
-	changed  chan struct{} // closed (and replaced) when a slot frees or the hold passes
-	timer    func() bool   // the armed hold timer, or nil
+	timer    func() bool // the armed hold timer, or nil
 	pace     pacer
 
 	batches, members, split atomic.Int64
@@ -141,6 +140,11 @@ type member struct {
 	size  int
 	state int // queued, flying, answered
 	done  chan struct{}
+	// wake is closed to make a queued write look again at whether it may
+	// send a batch (it is the oldest: a slot freed, the hold passed, the
+	// write before it left) or at its answer; replaced when it waits again.
+	wake  chan struct{}
+	woken bool
 	resp  *pb.TxnResponse
 	err   error
 }
@@ -159,7 +163,7 @@ func New(cfg Config) *Sender {
 	if cfg.MaxBytes <= 0 {
 		cfg.MaxBytes = DefaultMaxBytes
 	}
-	return &Sender{cfg: cfg, changed: make(chan struct{})}
+	return &Sender{cfg: cfg}
 }
 
 // Stats are a Sender's counters: batches sent (a write alone is a batch
@@ -202,7 +206,7 @@ func (s *Sender) Txn(ctx context.Context, req *pb.TxnRequest, keys []string) (*p
 	if !s.cfg.Batching {
 		return s.Alone(ctx, req)
 	}
-	m := &member{ctx: ctx, req: req, keys: keys, size: sizeAtMost(req), done: make(chan struct{})}
+	m := &member{ctx: ctx, req: req, keys: keys, size: sizeAtMost(req), done: make(chan struct{}), wake: make(chan struct{})}
 	s.mu.Lock()
 	s.queue = append(s.queue, m)
 	for {
@@ -221,6 +225,7 @@ func (s *Sender) Txn(ctx context.Context, req *pb.TxnRequest, keys []string) (*p
 		if ctx.Err() != nil {
 			s.removeLocked(m)
 			s.left.Add(1)
+			s.signalLocked() // it may have been the oldest, told to look
 			s.mu.Unlock()
 			return nil, notSent(ctx)
 		}
@@ -235,6 +240,7 @@ func (s *Sender) Txn(ctx context.Context, req *pb.TxnRequest, keys []string) (*p
 				}
 				s.inflight++
 				s.lastSent = s.cfg.Clock.Now()
+				s.signalLocked() // the next oldest: a full batch may wait too
 				s.mu.Unlock()
 				s.send(ctx, batch, alone)
 				s.mu.Lock()
@@ -243,7 +249,10 @@ func (s *Sender) Txn(ctx context.Context, req *pb.TxnRequest, keys []string) (*p
 				continue
 			}
 		}
-		ch := s.changed
+		if m.woken {
+			m.wake, m.woken = make(chan struct{}), false
+		}
+		ch := m.wake
 		s.mu.Unlock()
 		s.cfg.Clock.Wait(ctx, ch) // ctx ending is seen above
 		s.mu.Lock()
@@ -295,10 +304,25 @@ func (s *Sender) mayLaunchLocked() int {
 	return wait
 }
 
-// signalLocked wakes every waiting caller.
+// signalLocked wakes the oldest queued write whose caller is still there:
+// the one that sends the next batch, if one may go. (Waking every waiting
+// caller on every event made each of them take the lock to find nothing
+// to do.)
 func (s *Sender) signalLocked() {
-	close(s.changed)
-	s.changed = make(chan struct{})
+	for _, m := range s.queue {
+		if m.state == queued && m.ctx.Err() == nil {
+			m.signal()
+			return
+		}
+	}
+}
+
+// signal wakes m (under the Sender's lock).
+func (m *member) signal() {
+	if !m.woken {
+		m.woken = true
+		close(m.wake)
+	}
 }
 
 func (s *Sender) removeLocked(m *member) {
@@ -358,6 +382,7 @@ func (s *Sender) send(ctx context.Context, batch []*member, alone bool) {
 		s.mu.Lock()
 		m.resp, m.err, m.state = resp, err, answered
 		close(m.done)
+		m.signal() // it may be waiting as it was while queued
 		s.mu.Unlock()
 	}
 	one := func(m *member) error {
