@@ -1,6 +1,7 @@
 package etcdstore
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/hex"
@@ -8,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -214,7 +216,7 @@ func (s *Store) encodeAs(ctx context.Context, format byte, r *Record, token fenc
 		return encode(r, token)
 	}
 	v2 := encode(r, token)
-	if r.Outcome == nil || len(r.Outcome.Body) < dict.Min {
+	if r.Outcome == nil || len(r.Outcome.Body) < dict.Min || encoded(r.Outcome) {
 		return v2
 	}
 	s.dicts.Sample(s.life, v2[1:]) // what is compressed: headers and metadata too
@@ -522,4 +524,34 @@ func isDone(v []byte) bool {
 		return len(m) >= 11 && string(m[:11]) == `{"s":"done"`
 	}
 	return false
+}
+
+// encoded reports whether an outcome's body is compressed already, by its
+// Content-Encoding or its first bytes (gzip, zstd, zip, PNG, JPEG, WebP):
+// compressing it again costs CPU and would not shrink the record.
+func encoded(o *Outcome) bool {
+	for k, vs := range o.Header {
+		if strings.EqualFold(k, "Content-Encoding") {
+			for _, v := range vs {
+				if v != "" && !strings.EqualFold(v, "identity") {
+					return true
+				}
+			}
+		}
+	}
+	for _, magic := range compressedMagic {
+		if bytes.HasPrefix(o.Body, magic) {
+			return true
+		}
+	}
+	return false
+}
+
+var compressedMagic = [][]byte{
+	{0x1f, 0x8b},             // gzip
+	{0x28, 0xb5, 0x2f, 0xfd}, // zstd
+	{'P', 'K', 3, 4},         // zip (and docx, jar...)
+	{0x89, 'P', 'N', 'G'},    // PNG
+	{0xff, 0xd8, 0xff},       // JPEG
+	[]byte("RIFF"),           // WebP (and other RIFF media)
 }

@@ -1,6 +1,7 @@
 package etcdstore
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -334,5 +335,49 @@ func TestClosedStoreIsNotCorrupt(t *testing.T) {
 	}
 	if _, err := st.Stats(ctx, 0); !errors.Is(err, ErrClosed) {
 		t.Errorf("Stats on a closed store: %v; want ErrClosed", err)
+	}
+}
+
+// A body that is compressed already (its Content-Encoding says so, or its
+// first bytes) is not compressed again: the attempt costs CPU and would
+// not shrink the record. A body like it in plain JSON is.
+func TestEncodedBodiesAreNotCompressedAgain(t *testing.T) {
+	cli := client(t)
+	prefix := testPrefix(t)
+	s := newStore(t, cli, prefix)
+	ctx := testCtx(t)
+	for i := 0; i < dict.Samples; i++ {
+		body := paymentLike(i)
+		if _, err := s.Do(ctx, Key{ID: "warm-" + strconv.Itoa(i)}, []byte(`{"p":1}`), func(context.Context, *Claim) ([]byte, error) { return body, nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the dictionary to be published", func() bool { return s.Metrics().Dictionaries.Published == 1 })
+	for _, c := range []struct {
+		id     string
+		header map[string][]string
+		body   []byte
+		format byte
+	}{
+		{"plain", map[string][]string{"Content-Type": {"application/json"}}, paymentLike(1000), recordV3},
+		{"identity", map[string][]string{"Content-Encoding": {"identity"}}, paymentLike(1001), recordV3},
+		{"said gzip", map[string][]string{"content-encoding": {"gzip"}}, paymentLike(1002), recordV2},
+		{"gzip bytes", nil, append([]byte{0x1f, 0x8b}, paymentLike(1003)...), recordV2},
+	} {
+		if _, err := s.Run(ctx, Key{ID: c.id}, Fingerprint{}, func(context.Context, *Claim) (Outcome, End) {
+			return Outcome{Status: 200, Header: c.header, Body: c.body}, EndSave
+		}); err != nil {
+			t.Fatal(err)
+		}
+		raw, err := cli.Get(ctx, s.ks.record(Key{ID: c.id}))
+		if err != nil || len(raw.Kvs) != 1 {
+			t.Fatal(err)
+		}
+		if got := raw.Kvs[0].Value[0]; got != c.format {
+			t.Errorf("%s: record format %d, want %d", c.id, got, c.format)
+		}
+		if rec, err := s.Get(ctx, Key{ID: c.id}); err != nil || !bytes.Equal(rec.Outcome.Body, c.body) {
+			t.Errorf("%s: read back %v", c.id, err)
+		}
 	}
 }

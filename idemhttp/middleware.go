@@ -513,11 +513,17 @@ func writeOutcome(w http.ResponseWriter, o etcdstore.Outcome, replayed bool, doc
 	_, _ = w.Write(o.Body)
 }
 
+// preallocBody is the largest declared body length read into a buffer
+// allocated before the body arrives.
+const preallocBody = 64 << 10
+
 // readBody reads a request body whole: into one buffer of the declared
-// length when there is one (no growing and copying), checking that no
-// more follows.
+// length when there is one and it is small (no growing and copying; a
+// larger one grows with what arrives, so that a client that declares much
+// and sends little does not pin the whole of it), checking that no more
+// follows.
 func readBody(r io.Reader, declared int64) ([]byte, error) {
-	if declared <= 0 {
+	if declared <= 0 || declared > preallocBody {
 		return io.ReadAll(r)
 	}
 	b := make([]byte, declared, declared+1)

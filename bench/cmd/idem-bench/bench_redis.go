@@ -129,9 +129,17 @@ func (r *redisSeed) run(ctx context.Context, key string, params, resp []byte) (s
 	}
 	if set.(*redis.BoolCmd).Val() {
 		done, _ := json.Marshal(redisRecord{FP: fp, State: "done", Response: resp})
-		ran, err := r.replicated(ctx, func(p redis.Pipeliner) redis.Cmder {
+		complete := func(p redis.Pipeliner) redis.Cmder {
 			return p.EvalSha(ctx, completeScript.Hash(), []string{k}, claim, done, r.retention.Milliseconds())
-		})
+		}
+		ran, err := r.replicated(ctx, complete)
+		if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			// The server lost its scripts (a restart, a failover, SCRIPT
+			// FLUSH): load it again; EVALSHA of an unknown script ran nothing.
+			if err = completeScript.Load(ctx, r.cli).Err(); err == nil {
+				ran, err = r.replicated(ctx, complete)
+			}
+		}
 		if err != nil {
 			return "", err
 		}

@@ -125,6 +125,8 @@ type Sender struct {
 	inflight int
 	lastSent time.Time
 	timer    func() bool // the armed hold timer, or nil
+	timerAt  time.Time   // when it fires
+	launched int64       // batches sent so far
 	pace     pacer
 
 	batches, members, split atomic.Int64
@@ -143,10 +145,11 @@ type member struct {
 	// wake is closed to make a queued write look again at whether it may
 	// send a batch (it is the oldest: a slot freed, the hold passed, the
 	// write before it left) or at its answer; replaced when it waits again.
-	wake  chan struct{}
-	woken bool
-	resp  *pb.TxnResponse
-	err   error
+	wake    chan struct{}
+	woken   bool
+	leading bool // its caller is sending a batch its own write was left out of
+	resp    *pb.TxnResponse
+	err     error
 }
 
 const (
@@ -239,11 +242,14 @@ func (s *Sender) Txn(ctx context.Context, req *pb.TxnRequest, keys []string) (*p
 					}
 				}
 				s.inflight++
+				s.launched++
 				s.lastSent = s.cfg.Clock.Now()
+				m.leading = true // deaf until it has sent: not the one to wake
 				s.signalLocked() // the next oldest: a full batch may wait too
 				s.mu.Unlock()
 				s.send(ctx, batch, alone)
 				s.mu.Lock()
+				m.leading = false
 				s.inflight--
 				s.signalLocked()
 				continue
@@ -293,10 +299,17 @@ func (s *Sender) mayLaunchLocked() int {
 	if left <= 0 {
 		return held
 	}
+	at := s.cfg.Clock.Now().Add(left)
+	if s.timer != nil && at.Before(s.timerAt) && s.timer() {
+		s.timer = nil // the hold shrank: a timer armed for a longer one is too late
+	}
 	if s.timer == nil {
+		s.timerAt = at
 		s.timer = s.cfg.Clock.AfterFunc(left, func() {
 			s.mu.Lock()
-			s.timer = nil
+			if s.timerAt.Equal(at) {
+				s.timer = nil
+			}
 			s.signalLocked()
 			s.mu.Unlock()
 		})
@@ -310,7 +323,7 @@ func (s *Sender) mayLaunchLocked() int {
 // to do.)
 func (s *Sender) signalLocked() {
 	for _, m := range s.queue {
-		if m.state == queued && m.ctx.Err() == nil {
+		if m.state == queued && !m.leading && m.ctx.Err() == nil {
 			m.signal()
 			return
 		}
@@ -369,10 +382,15 @@ func (s *Sender) takeLocked() []*member {
 // answers its members; alone says no other batch flew when it left.
 func (s *Sender) send(ctx context.Context, batch []*member, alone bool) {
 	start := s.cfg.Clock.Now()
+	s.mu.Lock()
+	launched := s.launched
+	s.mu.Unlock()
 	measure := func() {
 		now := s.cfg.Clock.Now()
 		s.mu.Lock()
-		s.pace.observe(now.Sub(start), alone && len(batch) == 1, now)
+		// Alone: one write, no other batch in flight when it left, and
+		// none sent beside it since.
+		s.pace.observe(now.Sub(start), alone && len(batch) == 1 && s.launched == launched, now)
 		s.mu.Unlock()
 	}
 	answer := func(m *member, resp *pb.TxnResponse, err error) {
@@ -476,7 +494,7 @@ func (s *Sender) call(ctx context.Context, f func(ctx context.Context) error) er
 
 // perField bounds the bytes protobuf adds to one compare or op beyond its
 // keys and values: tags, lengths, enums, revisions, leases, flags.
-const perField = 64
+const perField = 128
 
 // sizeAtMost returns an upper bound of req's encoded size, for the batch's
 // byte limit, without proto.Size's walk through reflection tables (a tenth
