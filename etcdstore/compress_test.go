@@ -361,8 +361,8 @@ func TestEncodedBodiesAreNotCompressedAgain(t *testing.T) {
 	}{
 		{"plain", map[string][]string{"Content-Type": {"application/json"}}, paymentLike(1000), recordV3},
 		{"identity", map[string][]string{"Content-Encoding": {"identity"}}, paymentLike(1001), recordV3},
-		{"said gzip", map[string][]string{"content-encoding": {"gzip"}}, paymentLike(1002), recordV2},
-		{"gzip bytes", nil, append([]byte{0x1f, 0x8b}, paymentLike(1003)...), recordV2},
+		{"said-gzip", map[string][]string{"content-encoding": {"gzip"}}, paymentLike(1002), recordV2},
+		{"gzip-bytes", nil, append([]byte{0x1f, 0x8b}, paymentLike(1003)...), recordV2},
 	} {
 		if _, err := s.Run(ctx, Key{ID: c.id}, Fingerprint{}, func(context.Context, *Claim) (Outcome, End) {
 			return Outcome{Status: 200, Header: c.header, Body: c.body}, EndSave
