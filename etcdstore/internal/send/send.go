@@ -145,11 +145,10 @@ type member struct {
 	// wake is closed to make a queued write look again at whether it may
 	// send a batch (it is the oldest: a slot freed, the hold passed, the
 	// write before it left) or at its answer; replaced when it waits again.
-	wake    chan struct{}
-	woken   bool
-	leading bool // its caller is sending a batch its own write was left out of
-	resp    *pb.TxnResponse
-	err     error
+	wake  chan struct{}
+	woken bool
+	resp  *pb.TxnResponse
+	err   error
 }
 
 const (
@@ -233,7 +232,7 @@ func (s *Sender) Txn(ctx context.Context, req *pb.TxnRequest, keys []string) (*p
 			return nil, notSent(ctx)
 		}
 		if why := s.mayLaunchLocked(); why != wait {
-			if batch := s.takeLocked(); len(batch) > 0 {
+			if batch := s.takeLocked(m); len(batch) > 0 {
 				alone := s.inflight == 0
 				if !alone {
 					s.beside.Add(1)
@@ -243,13 +242,12 @@ func (s *Sender) Txn(ctx context.Context, req *pb.TxnRequest, keys []string) (*p
 				}
 				s.inflight++
 				s.launched++
+				launched := s.launched
 				s.lastSent = s.cfg.Clock.Now()
-				m.leading = true // deaf until it has sent: not the one to wake
 				s.signalLocked() // the next oldest: a full batch may wait too
 				s.mu.Unlock()
-				s.send(ctx, batch, alone)
+				s.send(ctx, batch, alone, launched)
 				s.mu.Lock()
-				m.leading = false
 				s.inflight--
 				s.signalLocked()
 				continue
@@ -323,7 +321,7 @@ func (s *Sender) mayLaunchLocked() int {
 // to do.)
 func (s *Sender) signalLocked() {
 	for _, m := range s.queue {
-		if m.state == queued && !m.leading && m.ctx.Err() == nil {
+		if m.state == queued && m.ctx.Err() == nil {
 			m.signal()
 			return
 		}
@@ -347,26 +345,17 @@ func (s *Sender) removeLocked(m *member) {
 	}
 }
 
-// takeLocked takes the next batch from the queue, oldest first, within the
-// limits and without writing a key twice; members whose caller has left
-// stay, to take themselves out.
-func (s *Sender) takeLocked() []*member {
+// takeLocked takes the next batch for lead to send: lead's own write
+// first, then the others oldest first, within the limits and without
+// writing a key twice; members whose caller has left stay, to take
+// themselves out. The caller that sends a batch always carries its own
+// write: a write left out of the batch its own caller is sending would
+// wait, its caller deaf in an etcd call, for a batch it is not in.
+func (s *Sender) takeLocked(lead *member) []*member {
 	var batch, rest []*member
 	written := map[string]bool{}
 	bytes := 0
-	for i, m := range s.queue {
-		if len(batch) >= s.cfg.MaxMembers {
-			rest = append(rest, s.queue[i:]...)
-			break
-		}
-		fits := m.ctx.Err() == nil && (len(batch) == 0 || bytes+m.size <= s.cfg.MaxBytes)
-		for _, k := range m.keys {
-			fits = fits && !written[k]
-		}
-		if !fits {
-			rest = append(rest, m)
-			continue
-		}
+	take := func(m *member) {
 		m.state = flying
 		batch = append(batch, m)
 		bytes += m.size
@@ -374,17 +363,38 @@ func (s *Sender) takeLocked() []*member {
 			written[k] = true
 		}
 	}
+	take(lead)
+	for i, m := range s.queue {
+		if m == lead {
+			continue
+		}
+		if len(batch) >= s.cfg.MaxMembers {
+			for _, r := range s.queue[i:] {
+				if r != lead {
+					rest = append(rest, r)
+				}
+			}
+			break
+		}
+		fits := m.ctx.Err() == nil && bytes+m.size <= s.cfg.MaxBytes
+		for _, k := range m.keys {
+			fits = fits && !written[k]
+		}
+		if !fits {
+			rest = append(rest, m)
+			continue
+		}
+		take(m)
+	}
 	s.queue = rest
 	return batch
 }
 
 // send sends one batch under the context of the caller that leads it and
-// answers its members; alone says no other batch flew when it left.
-func (s *Sender) send(ctx context.Context, batch []*member, alone bool) {
+// answers its members; alone says no other batch flew when it left, and
+// launched is the count of batches sent, this one included, when it left.
+func (s *Sender) send(ctx context.Context, batch []*member, alone bool, launched int64) {
 	start := s.cfg.Clock.Now()
-	s.mu.Lock()
-	launched := s.launched
-	s.mu.Unlock()
 	measure := func() {
 		now := s.cfg.Clock.Now()
 		s.mu.Lock()
