@@ -95,6 +95,13 @@ func ReverseProxy(upstream *url.URL, o ProxyOptions) (http.Handler, error) {
 			IdleConnTimeout:       90 * time.Second,
 			ResponseHeaderTimeout: o.Timeout,
 			ExpectContinueTimeout: time.Second,
+			// The client's Accept-Encoding goes through as it came. net/http
+			// would otherwise ask the upstream for gzip on a request that
+			// named no encoding and unzip the answer itself: CPU on both
+			// sides of a hop that is most often loopback.
+			DisableCompression: true,
+			WriteBufferSize:    32 << 10,
+			ReadBufferSize:     32 << 10,
 		}
 	}
 	if o.WrapTransport != nil {

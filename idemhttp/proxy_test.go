@@ -2,6 +2,7 @@ package idemhttp
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -602,5 +603,36 @@ func TestForwardedRequestEndsBeforeItsClaimDeadline(t *testing.T) {
 	}
 	if c := up.calls.Load(); c != 1 {
 		t.Fatalf("upstream calls = %d; want 1", c)
+	}
+}
+
+// The proxy's transport passes the client's Accept-Encoding as it came: a
+// request that names no encoding is not turned into a gzip request to the
+// upstream (which net/http's default transport does, unzipping the answer
+// itself), and one that names gzip keeps it.
+func TestProxyKeepsTheClientsAcceptEncoding(t *testing.T) {
+	up := newUpstream(t)
+	front := newFront(t, Config{}, up, ProxyOptions{})
+	plain := &http.Client{Transport: &http.Transport{DisableCompression: true}}
+	for _, c := range []struct{ key, ae, want string }{{"ae-none", "", ""}, {"ae-gzip", "gzip", "gzip"}} {
+		req, _ := http.NewRequest("POST", front.URL+"/echo", strings.NewReader(`{}`))
+		req.Header.Set("Idempotency-Key", c.key)
+		req.Header.Set("Content-Type", "application/json")
+		if c.ae != "" {
+			req.Header.Set("Accept-Encoding", c.ae)
+		}
+		resp, err := plain.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var got map[string][]string
+		if err := json.Unmarshal(body, &got); err != nil {
+			t.Fatalf("%s: %v: %s", c.key, err, body)
+		}
+		if ae := strings.Join(got["Accept-Encoding"], ","); ae != c.want {
+			t.Errorf("%s: the upstream got Accept-Encoding %q, want %q", c.key, ae, c.want)
+		}
 	}
 }
