@@ -633,9 +633,19 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 			continue
 		}
 		high := 0
+		var token fencing.Token // of the version before
 		for _, v := range vs {
 			if v.deleted || slices.Contains(opStarts[key], int64(v.rec.Token)) {
 				high = 0 // released, or a new operation: its retention passed
+			}
+			if !v.deleted && v.rec.Token != token && v.rec.Takeovers == 0 {
+				// A claim that took nothing over: a new operation, whoever
+				// made it (a reaper's fence over an expired record is one no
+				// actor saw granted). A takeover always counts one more.
+				high = 0
+			}
+			if !v.deleted {
+				token = v.rec.Token
 			}
 			if v.deleted || v.rec.State != etcdstore.InFlight {
 				continue
