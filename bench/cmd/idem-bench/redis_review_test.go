@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"net"
-	"os/exec"
 	"strconv"
 	"testing"
 	"time"
@@ -14,21 +12,8 @@ import (
 // whose script cache is emptied (a restart, a failover to a replica, SCRIPT
 // FLUSH) fails every completion for the rest of the run.
 func TestReviewRedisCompletionSurvivesAnEmptiedScriptCache(t *testing.T) {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Skip("no redis-server")
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	srv := exec.Command(bin, "--bind", "127.0.0.1", "--port", strconv.Itoa(port), "--dir", t.TempDir(), "--save", "", "--appendonly", "no")
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+	port, _ := startRedis(t, "--appendonly", "no")
+	var err error
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var r *redisSeed

@@ -75,24 +75,9 @@ func TestRedisSide(t *testing.T) {
 // With replicas, each write of the Redis side waits (WAIT) until a majority
 // of the nodes have it: once run returns, the replica holds the outcome.
 func TestRedisSideWaitsForAReplica(t *testing.T) {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Skip("no redis-server on the PATH (.ci/run installs Debian's): the Redis side is not tested here")
-	}
 	var procs []*exec.Cmd
 	start := func(args ...string) int {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
-		srv := exec.Command(bin, append([]string{"--bind", "127.0.0.1", "--port", strconv.Itoa(port), "--dir", t.TempDir(), "--save", "",
-			"--appendonly", "yes", "--appendfsync", "always"}, args...)...)
-		if err := srv.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+		port, srv := startRedis(t, append([]string{"--appendonly", "yes", "--appendfsync", "always"}, args...)...)
 		procs = append(procs, srv)
 		return port
 	}
@@ -101,6 +86,7 @@ func TestRedisSideWaitsForAReplica(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var r *redisSeed
+	var err error
 	for {
 		if r, err = openRedis(ctx, "127.0.0.1:"+strconv.Itoa(primary), 4, time.Minute); err == nil && r.replicas == 1 {
 			break
@@ -150,4 +136,26 @@ func redisGet(ctx context.Context, port int, key string) (string, error) {
 	cli := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(port)})
 	defer cli.Close()
 	return cli.Get(ctx, key).Result()
+}
+
+// startRedis starts a throwaway redis-server on a free loopback port with
+// args, stopped when the test ends; it skips the test without one.
+func startRedis(t *testing.T, args ...string) (int, *exec.Cmd) {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Skip("no redis-server on the PATH (.ci/run installs Debian's): the Redis side is not tested here")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	srv := exec.Command(bin, append([]string{"--bind", "127.0.0.1", "--port", strconv.Itoa(port), "--dir", t.TempDir(), "--save", ""}, args...)...)
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+	return port, srv
 }
