@@ -24,6 +24,9 @@ type FollowOptions struct {
 	ID string
 	// Sessions follows the live sessions of every process too.
 	Sessions bool
+	// Values, when set, follows the values (Store.SetValue) whose names
+	// start with it too.
+	Values string
 	// Stall bounds how long the feed may go without proving itself
 	// current (the watch answers a progress request every Stall/4) before
 	// Next fails with ErrUnavailable: a watch whose connection stops moving
@@ -39,10 +42,12 @@ type Feed struct {
 	tenant  string
 	records []*Record
 	owners  []string
+	values  []Value
 	rev     int64
 
 	stream *watch.Stream
 	recW   int
+	valW   int
 	cancel context.CancelFunc
 	work   clock.Group
 	heard  atomic.Int64 // when the watch last delivered anything (clock time, unix ns)
@@ -63,6 +68,9 @@ type Change struct {
 	// Owner is a session's owner id, Alive whether it began or ended.
 	Owner string
 	Alive bool
+	// Value is a value that was written (FollowOptions.Values) or, with
+	// Revision 0 and no Value, deleted (its lease expired, say).
+	Value *Value
 	// Revision is the etcd revision of the change.
 	Revision int64
 }
@@ -80,6 +88,11 @@ func (s *Store) Follow(ctx context.Context, tenant string, o FollowOptions) (*Fe
 	}
 	if o.ID != "" {
 		if err := validateID(o.ID); err != nil {
+			return nil, fmt.Errorf("follow: %w", err)
+		}
+	}
+	if o.Values != "" {
+		if err := validValueName(o.Values); err != nil {
 			return nil, fmt.Errorf("follow: %w", err)
 		}
 	}
@@ -102,6 +115,10 @@ func (s *Store) Follow(ctx context.Context, tenant string, o FollowOptions) (*Fe
 	// request of a watch that starts in the future. Events at rev are state
 	// the read saw.
 	f.recW = f.stream.Add(s.client.Watch(wctx, key, opts...))
+	f.valW = -1
+	if o.Values != "" {
+		f.valW = f.stream.Add(s.client.Watch(wctx, s.ks.values()+o.Values, clientv3.WithPrefix(), clientv3.WithRev(f.rev)))
+	}
 	if o.Sessions {
 		f.stream.Add(s.client.Watch(wctx, s.ks.owners(), clientv3.WithPrefix(), clientv3.WithRev(f.rev)))
 	}
@@ -156,6 +173,23 @@ func (f *Feed) read(ctx context.Context, o FollowOptions) error {
 			f.owners = append(f.owners, strings.TrimPrefix(string(kv.Key), s.ks.owners()))
 		}
 	}
+	if o.Values != "" {
+		prefix := s.ks.values() + o.Values
+		end := clientv3.GetPrefixRangeEnd(prefix)
+		for from := prefix; ; {
+			resp, err := get(from, clientv3.WithRange(end), clientv3.WithLimit(500))
+			if err != nil {
+				return err
+			}
+			for _, kv := range resp.Kvs {
+				f.values = append(f.values, Value{Name: strings.TrimPrefix(string(kv.Key), s.ks.values()), Value: kv.Value, Revision: kv.ModRevision})
+			}
+			if !resp.More || len(resp.Kvs) == 0 {
+				break
+			}
+			from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+		}
+	}
 	now := s.now()
 	keep := func(kvs []*mvccpb.KeyValue) {
 		for _, kv := range kvs {
@@ -197,6 +231,10 @@ func (f *Feed) Records() []*Record { return f.records }
 // FollowOptions.Sessions).
 func (f *Feed) Owners() []string { return f.owners }
 
+// Values returns the values the feed started from (with
+// FollowOptions.Values), in name order.
+func (f *Feed) Values() []Value { return f.values }
+
 // Revision returns the revision the feed started from.
 func (f *Feed) Revision() int64 { return f.rev }
 
@@ -227,6 +265,15 @@ func (f *Feed) Next(ctx context.Context) ([]Change, error) {
 		out := make([]Change, 0, len(r.Events))
 		for _, ev := range r.Events {
 			c := Change{Revision: ev.Kv.ModRevision}
+			if r.Watch == f.valW {
+				v := &Value{Name: strings.TrimPrefix(string(ev.Kv.Key), f.s.ks.values())}
+				if ev.Type == mvccpb.PUT {
+					v.Value, v.Revision = ev.Kv.Value, ev.Kv.ModRevision
+				}
+				c.Value = v
+				out = append(out, c)
+				continue
+			}
 			if r.Watch != f.recW {
 				c.Owner, c.Alive = strings.TrimPrefix(string(ev.Kv.Key), f.s.ks.owners()), ev.Type == mvccpb.PUT
 				out = append(out, c)

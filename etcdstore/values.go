@@ -2,9 +2,11 @@ package etcdstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -84,13 +86,27 @@ func (a *Admin) values(ctx context.Context, key string, prefix bool) ([]Value, e
 	}
 }
 
+// ValueOption configures SetValue.
+type ValueOption func(*valueConfig)
+
+type valueConfig struct{ retained bool }
+
+// Retained puts the value on a retention lease, as a record: it is deleted
+// once the store's retention has passed since this write, instead of being
+// kept until it is deleted. Package jobs keeps its events so.
+func Retained() ValueOption { return func(c *valueConfig) { c.retained = true } }
+
 // SetValue writes value under name if the value's revision is still rev (0:
 // only if there is none), and reports whether it did; if not, it returns
 // the value as it stands. A write whose outcome is unknown is an error
 // wrapping ErrUnavailable: read the value again.
-func (s *Store) SetValue(ctx context.Context, name string, value []byte, rev int64) (Value, bool, error) {
+func (s *Store) SetValue(ctx context.Context, name string, value []byte, rev int64, opts ...ValueOption) (Value, bool, error) {
 	if err := validValueName(name); err != nil {
 		return Value{}, false, fmt.Errorf("set value: %w", err)
+	}
+	var cfg valueConfig
+	for _, o := range opts {
+		o(&cfg)
 	}
 	key := s.ks.values() + name
 	cmp := clientv3.Compare(clientv3.ModRevision(key), "=", rev)
@@ -100,10 +116,26 @@ func (s *Store) SetValue(ctx context.Context, name string, value []byte, rev int
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	var resp *clientv3.TxnResponse
-	err := s.kv.Do(ctx, func(ctx context.Context) (err error) {
-		resp, err = s.client.Txn(ctx).If(cmp).Then(clientv3.OpPut(key, string(value))).Else(clientv3.OpGet(key)).Commit()
-		return err
-	})
+	var err error
+	for refreshed := false; ; refreshed = true {
+		var put []clientv3.OpOption
+		var id clientv3.LeaseID
+		if cfg.retained {
+			if id, err = s.buckets.For(ctx, s.now()); err != nil {
+				return Value{}, false, fmt.Errorf("set value %q: %w", name, err)
+			}
+			put = append(put, clientv3.WithLease(id))
+		}
+		err = s.kv.Do(ctx, func(ctx context.Context) (err error) {
+			resp, err = s.client.Txn(ctx).If(cmp).Then(clientv3.OpPut(key, string(value), put...)).Else(clientv3.OpGet(key)).Commit()
+			return err
+		})
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) && !refreshed {
+			s.buckets.Invalidate(id) // nothing was written: try a fresh lease
+			continue
+		}
+		break
+	}
 	if err != nil {
 		return Value{}, false, fmt.Errorf("set value %q: %w: %w", name, ErrUnavailable, err)
 	}

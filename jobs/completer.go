@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,11 +24,12 @@ type completer struct {
 	w *Worker
 
 	mu     sync.Mutex
-	jobs   map[string]*entry // in-flight jobs of registered kinds, by id
-	owners map[string]bool   // live sessions
-	due    dueQueue          // when each entry may be tried, by time
-	free   int               // slots for jobs
-	kick   chan struct{}     // closed (and replaced) to wake dispatch
+	jobs   map[string]*entry          // in-flight jobs of registered kinds, by id
+	owners map[string]bool            // live sessions
+	events map[string]map[string]bool // events signalled, by job id and name
+	due    dueQueue                   // when each entry may be tried, by time
+	free   int                        // slots for jobs
+	kick   chan struct{}              // closed (and replaced) to wake dispatch
 }
 
 // entry is what the completer knows of one in-flight job.
@@ -41,6 +43,7 @@ type entry struct {
 	notBefore time.Time
 	expires   time.Time
 	parked    bool
+	awaiting  string // the event it waits for: it is due when that comes
 
 	// held: a claim at this revision found the job held by a live owner,
 	// or this worker already tried it at this revision: not again until
@@ -57,7 +60,7 @@ type entry struct {
 const stallAfter = 10 * time.Second
 
 func newCompleter(w *Worker) *completer {
-	return &completer{w: w, jobs: map[string]*entry{}, owners: map[string]bool{}, free: w.conc, kick: make(chan struct{})}
+	return &completer{w: w, jobs: map[string]*entry{}, owners: map[string]bool{}, events: map[string]map[string]bool{}, free: w.conc, kick: make(chan struct{})}
 }
 
 // start runs the completer's two pieces of work until the worker stops.
@@ -83,7 +86,8 @@ func (c *completer) wakeLocked() {
 // whenever the feed breaks or stalls.
 func (c *completer) follow(ctx context.Context) {
 	for fails := 0; ctx.Err() == nil; fails++ {
-		feed, err := c.w.q.store.Follow(ctx, c.w.q.tenant, etcdstore.FollowOptions{Sessions: true, Stall: stallAfter})
+		feed, err := c.w.q.store.Follow(ctx, c.w.q.tenant, etcdstore.FollowOptions{Sessions: true, Stall: stallAfter,
+			Values: eventPrefix(c.w.q.tenant)})
 		if err == nil {
 			fails = 0
 			c.load(feed)
@@ -106,6 +110,15 @@ func (c *completer) load(feed *etcdstore.Feed) {
 	for _, o := range feed.Owners() {
 		owners[o] = true
 	}
+	events := map[string]map[string]bool{}
+	for _, v := range feed.Values() {
+		if id, name, ok := parseEvent(v.Name[len(eventPrefix(c.w.q.tenant)):]); ok {
+			if events[id] == nil {
+				events[id] = map[string]bool{}
+			}
+			events[id][name] = true
+		}
+	}
 	jobs := map[string]*entry{}
 	for _, rec := range feed.Records() {
 		if e := c.entryOf(rec); e != nil {
@@ -119,7 +132,7 @@ func (c *completer) load(feed *etcdstore.Feed) {
 			e.running, e.held = true, old.held
 		}
 	}
-	c.jobs, c.owners, c.due = jobs, owners, nil
+	c.jobs, c.owners, c.events, c.due = jobs, owners, events, nil
 	for _, e := range jobs {
 		c.schedule(e)
 	}
@@ -136,6 +149,8 @@ func (c *completer) watch(ctx context.Context, feed *etcdstore.Feed) error {
 		c.mu.Lock()
 		for _, ch := range changes {
 			switch {
+			case ch.Value != nil:
+				c.eventChanged(ch.Value)
 			case ch.Owner != "" && ch.Alive:
 				c.owners[ch.Owner] = true
 			case ch.Owner != "":
@@ -169,6 +184,30 @@ func (c *completer) recordChanged(ch etcdstore.Change) {
 	c.schedule(e)
 }
 
+// eventChanged notes an event signalled (or deleted, its retention past),
+// and wakes the job that waits for it.
+func (c *completer) eventChanged(v *etcdstore.Value) {
+	id, name, ok := parseEvent(strings.TrimPrefix(v.Name, eventPrefix(c.w.q.tenant)))
+	if !ok {
+		return
+	}
+	switch {
+	case v.Revision == 0 && c.events[id] != nil:
+		delete(c.events[id], name)
+		if len(c.events[id]) == 0 {
+			delete(c.events, id)
+		}
+	case v.Revision != 0:
+		if c.events[id] == nil {
+			c.events[id] = map[string]bool{}
+		}
+		c.events[id][name] = true
+	}
+	if e := c.jobs[id]; e != nil && e.awaiting == name {
+		c.schedule(e)
+	}
+}
+
 func (c *completer) drop(id string) {
 	if e := c.jobs[id]; e != nil {
 		e.version++
@@ -187,7 +226,7 @@ func (c *completer) entryOf(rec *etcdstore.Record) *entry {
 		return nil
 	}
 	e := &entry{id: rec.Key.ID, fp: rec.Fingerprint, kind: c.w.kinds[st.Kind], rev: rec.Revision, owner: rec.Owner,
-		deadline: rec.Deadline, expires: rec.Expires, parked: st.Parked}
+		deadline: rec.Deadline, expires: rec.Expires, parked: st.Parked, awaiting: st.Awaiting}
 	if st.NotBefore != 0 {
 		e.notBefore = time.UnixMilli(st.NotBefore)
 	}
@@ -210,7 +249,9 @@ func (c *completer) when(e *entry, now time.Time) (time.Time, bool) {
 	}
 	var t time.Time
 	switch {
-	case e.owner == "": // queued, abandoned, or scheduled for later
+	case e.owner == "" && e.awaiting != "" && c.events[e.id][e.awaiting]:
+		t = now // its event came
+	case e.owner == "": // queued, abandoned, scheduled for later, waiting for an event until its timeout
 		t = e.notBefore
 	case !c.owners[e.owner] && e.owner != c.w.q.store.Owner():
 		t = now // its worker's session is gone

@@ -65,5 +65,6 @@ func (st *state) clone() *state {
 	c.Done = slices.Clone(st.Done)
 	c.Errors = slices.Clone(st.Errors)
 	c.Truncated = slices.Clone(st.Truncated)
+	c.Waits = slices.Clone(st.Waits)
 	return &c
 }

@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -178,6 +179,11 @@ type Run struct {
 	attempt      int
 	compensating bool
 	ops          []clientv3.Op
+
+	q       *Queue
+	ctx     context.Context // the attempt's, for the checkpoints of waits
+	calls   int             // waits reached in this run of the step
+	suspend *wait           // set when a wait gives the job back
 }
 
 // Key returns the job's key.
@@ -237,3 +243,168 @@ func (r *Run) Commit(ops ...clientv3.Op) { r.ops = append(r.ops, ops...) }
 // Claim returns the attempt's claim: its IsOwner comparison fences the
 // caller's own etcd Txns.
 func (r *Run) Claim() *etcdstore.Claim { return r.claim }
+
+// ErrSuspended is returned by Run.Sleep and Run.Await when the job must
+// wait: the step returns it (or any error: the worker knows), and the worker
+// saves the wait with the job and gives the job back. No attempt is counted
+// for it. When the wait is over (the time came, the event was signalled,
+// or it timed out) a worker resumes the job by running the step again from
+// its start: the waits it passed return at once what they returned before,
+// and the one that suspended it returns.
+var ErrSuspended = errors.New("jobs: the job waits (return this error from the step)")
+
+// ErrTimeout is returned by Run.Await when its event did not come within
+// its timeout. Every later run of the step sees the same.
+var ErrTimeout = errors.New("jobs: the event did not come in time")
+
+// ErrNondeterministic is returned by Run.Sleep and Run.Await when a step's
+// run reaches its waits in another order than its first run did (an Await
+// where a Sleep was, another event's name): the step's waits must come in
+// the same order on every run.
+var ErrNondeterministic = errors.New("jobs: the step's waits changed between runs")
+
+// Sleep makes the job wait for d, durably: the first time a run of the
+// step reaches this call, the wake-up time (now + d, on the worker's clock)
+// is saved with the job, and Sleep returns ErrSuspended, which the step
+// returns. The worker gives the job back; no worker holds it while it
+// sleeps. From the wake-up time on, a worker resumes the job: the step runs
+// again from its start, and this call returns nil. A job resumed after a
+// crash sleeps only what was left: the wake-up time was saved once.
+//
+// A step's code before a Sleep runs again after it: put what must not run
+// twice in an earlier step, or give the sleep a step of its own
+// (SleepStep). d is at most half the store's retention.
+func (r *Run) Sleep(d time.Duration) error {
+	if d < 0 {
+		return fmt.Errorf("sleep: %w: negative duration %v", ErrInvalid, d)
+	}
+	return r.sleep(r.now().Add(d), d)
+}
+
+// SleepUntil is Sleep until t, which the first run to reach the call saves:
+// later runs wait for that t, whatever they pass.
+func (r *Run) SleepUntil(t time.Time) error { return r.sleep(t, t.Sub(r.now())) }
+
+func (r *Run) sleep(until time.Time, d time.Duration) error {
+	w, err := r.reach("")
+	if err != nil {
+		return err
+	}
+	if w == nil {
+		if d >= r.q.store.Retention()/2 {
+			return fmt.Errorf("sleep: %w: %v is past half the store's retention (%v): the job could be forgotten while it sleeps",
+				ErrInvalid, d, r.q.store.Retention())
+		}
+		w = r.add(wait{Until: until.UnixMilli()})
+	}
+	if r.now().UnixMilli() >= w.Until {
+		return nil
+	}
+	r.suspend = w
+	return ErrSuspended
+}
+
+// Await waits, durably, for the event name of this job (Queue.Signal), for
+// at most timeout (0: as long as the job is kept, half the store's
+// retention). It returns the event's payload; an event signalled before the
+// job waits is there already. The first time a run of the step reaches the
+// call without the event, the wait is saved with the job and Await returns
+// ErrSuspended, which the step returns: the worker gives the job back, and
+// a worker resumes it when the event is signalled or the timeout passes;
+// the step runs again from its start, and this call returns the payload,
+// or ErrTimeout. What it returned is saved with the job before it returns,
+// so every later run of the step sees the same payload, or the same
+// timeout, once and for all.
+func (r *Run) Await(name string, timeout time.Duration) ([]byte, error) {
+	if err := validName(name, 64, true); err != nil {
+		return nil, fmt.Errorf("await: %w: event name %q: %v", ErrInvalid, name, err)
+	}
+	if timeout < 0 || timeout >= r.q.store.Retention()/2 {
+		return nil, fmt.Errorf("await %s: %w: timeout %v must be 0 or under half the store's retention (%v)", name, ErrInvalid, timeout, r.q.store.Retention())
+	}
+	w, err := r.reach(name)
+	if err != nil {
+		return nil, err
+	}
+	if w == nil {
+		if timeout == 0 {
+			timeout = r.q.store.Retention()/2 - time.Second
+		}
+		w = r.add(wait{Event: name, Until: r.now().Add(timeout).UnixMilli()})
+	}
+	switch {
+	case w.Got:
+		return w.Payload, nil
+	case w.TimedOut:
+		return nil, fmt.Errorf("await %s: %w", name, ErrTimeout)
+	}
+	v, err := r.q.store.Value(r.ctx, eventName(r.tenant, r.Key().ID, name))
+	if err != nil {
+		return nil, fmt.Errorf("await %s: %w", name, err)
+	}
+	switch {
+	case v.Revision != 0:
+		w.Got, w.Payload = true, v.Value
+	case r.now().UnixMilli() >= w.Until:
+		w.TimedOut = true
+	default:
+		r.suspend = w
+		return nil, ErrSuspended
+	}
+	// Decided: saved before the step sees it, so that no later run of
+	// the step decides otherwise.
+	awaiting, notBefore := r.st.Awaiting, r.st.NotBefore
+	r.st.Awaiting, r.st.NotBefore = "", 0
+	if err := checkpoint(r.ctx, r.q.clock, r.claim, r.st.encode(), nil); err != nil {
+		w.Got, w.Payload, w.TimedOut = false, nil, false
+		r.st.Awaiting, r.st.NotBefore = awaiting, notBefore
+		return nil, fmt.Errorf("await %s: saving what it received: %w", name, err)
+	}
+	if w.TimedOut {
+		return nil, fmt.Errorf("await %s: %w", name, ErrTimeout)
+	}
+	return w.Payload, nil
+}
+
+// reach finds the wait this call is in the step's run (event "" for a
+// sleep), or nil when no run reached it before.
+func (r *Run) reach(event string) (*wait, error) {
+	if r.compensating {
+		return nil, fmt.Errorf("%w: a compensation cannot wait", ErrInvalid)
+	}
+	if r.suspend != nil {
+		return nil, fmt.Errorf("%w: the step went on after a wait returned ErrSuspended", ErrNondeterministic)
+	}
+	r.calls++
+	for i := range r.st.Waits {
+		w := &r.st.Waits[i]
+		if w.Step == r.step && w.N == r.calls {
+			if w.Event != event {
+				return nil, fmt.Errorf("%w: wait %d of step %s was for event %q, now %q", ErrNondeterministic, w.N, r.step, w.Event, event)
+			}
+			return w, nil
+		}
+	}
+	return nil, nil
+}
+
+func (r *Run) add(w wait) *wait {
+	w.Step, w.N = r.step, r.calls
+	r.st.Waits = append(r.st.Waits, w)
+	return &r.st.Waits[len(r.st.Waits)-1]
+}
+
+func (r *Run) now() time.Time { return r.q.clock.Now() }
+
+// SleepStep is a step that sleeps for d, durably (Run.Sleep), and does
+// nothing else: a timer between two steps that nothing runs twice around.
+func SleepStep(name string, d time.Duration) Step {
+	return Step{Name: name, Run: func(ctx context.Context, r *Run) ([]byte, error) { return nil, r.Sleep(d) }}
+}
+
+// AwaitStep is a step that waits for event (Run.Await) for at most
+// timeout, and whose output is the event's payload: later steps read it with
+// Run.Output(name). A timeout fails the step as onError says.
+func AwaitStep(name, event string, timeout time.Duration, onError OnError) Step {
+	return Step{Name: name, OnError: onError, Run: func(ctx context.Context, r *Run) ([]byte, error) { return r.Await(event, timeout) }}
+}

@@ -49,6 +49,32 @@ type state struct {
 	// Truncated says what was cut for the job's end to fit the record's
 	// limit ("error", "errors", "failure", "output:<step>").
 	Truncated []string `json:"truncated,omitempty"`
+	// Waits are the durable waits (Run.Sleep, Run.Await) of the steps not
+	// finished yet, in the order they were first reached: what each was
+	// asked and, once decided, what it returned. A step's waits are
+	// dropped with its checkpoint.
+	Waits []wait `json:"waits,omitempty"`
+	// Awaiting is the event the job was given back to wait for (with
+	// NotBefore its timeout, or 0 for none).
+	Awaiting string `json:"awaiting,omitempty"`
+}
+
+// wait is one durable wait of a step: the N-th call of Run.Sleep or
+// Run.Await in a run of Step.
+type wait struct {
+	Step string `json:"step"`
+	N    int    `json:"n"`
+	// Until (unix ms, on the clock of the worker that reached the wait
+	// first) is when a sleep ends, or an await times out (0: never).
+	Until int64 `json:"until,omitempty"`
+	// Event is the event an await waits for ("" for a sleep).
+	Event string `json:"event,omitempty"`
+	// Got is set once the event was received; Payload is what it carried.
+	Got     bool   `json:"got,omitempty"`
+	Payload []byte `json:"payload,omitempty"`
+	// TimedOut is set once the await timed out: every later run of the
+	// step sees the same.
+	TimedOut bool `json:"timed_out,omitempty"`
 }
 
 type doneStep struct {
@@ -143,8 +169,11 @@ const (
 	// Queued: waiting for a worker to claim it.
 	Queued State = "queued"
 	// Scheduled: waiting for its time: a retry after a failed attempt,
-	// or a job submitted with RunAt.
+	// a job submitted with RunAt, or a step's durable sleep (Run.Sleep).
 	Scheduled State = "scheduled"
+	// Waiting: a step waits for an event (Run.Await) that has not come;
+	// NotBefore is when its wait times out, if it does.
+	Waiting State = "waiting"
 	// Running: claimed by a worker (whose session, or the claim's
 	// deadline, may since have ended: the next worker takes it over).
 	Running State = "running"
@@ -184,8 +213,11 @@ type Job struct {
 	// ("error", "errors", "failure", "output:<step>"): the record's size
 	// limit (etcdstore.WithMaxRecordSize) is too small for this job.
 	Truncated []string
-	// NotBefore is when a Scheduled job's next attempt may start.
+	// NotBefore is when a Scheduled job's next attempt may start, or when
+	// a Waiting job's wait times out.
 	NotBefore time.Time
+	// Awaiting is the event a Waiting job waits for.
+	Awaiting string
 	// Owner is the session of the worker running it (Running).
 	Owner string
 	// Token is the fencing token of the job's last claim.
@@ -280,6 +312,11 @@ func FromRecord(rec *etcdstore.Record, now time.Time) (*Job, error) {
 		j.State, j.Owner = Running, rec.Owner
 	case st.Parked:
 		j.State = Parked
+	case st.Awaiting != "":
+		j.State, j.Awaiting = Waiting, st.Awaiting
+		if st.NotBefore != 0 {
+			j.NotBefore = time.UnixMilli(st.NotBefore)
+		}
 	case st.NotBefore > now.UnixMilli():
 		j.State, j.NotBefore = Scheduled, time.UnixMilli(st.NotBefore)
 	default:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -159,7 +160,9 @@ func (w *Worker) Run(ctx context.Context, id string) (*Job, error) {
 	switch {
 	case k == nil:
 		return j, fmt.Errorf("run %s: %w: %s", rec.Key, ErrUnknownKind, j.Kind)
-	case j.State != Queued && j.State != Running:
+	case j.State == Waiting && j.NotBefore.After(w.q.clock.Now()) && !w.q.eventCame(ctx, j.Awaiting, id):
+		return j, nil // its event has not come, nor its timeout
+	case j.State != Queued && j.State != Running && j.State != Waiting:
 		return j, nil
 	}
 	if err := w.execute(ctx, id, rec.Fingerprint, k); err != nil && !errors.Is(err, etcdstore.ErrConflict) {
@@ -218,7 +221,7 @@ func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind) (etcd
 	}
 	n := c.Takeovers() - st.Base
 	switch {
-	case st.Parked || st.NotBefore > w.q.clock.Now().UnixMilli():
+	case st.Parked || st.NotBefore > w.q.clock.Now().UnixMilli() && !w.q.eventCame(ctx, st.Awaiting, c.Key().ID):
 		return w.giveBack(ctx, c, st) // not this attempt's to run now
 	case n > k.MaxAttempts:
 		st.addError(w.errorOf(c, n, "", fmt.Errorf("attempt %d of %d: a previous attempt ended without saying why (its worker died or was cut off)", n, k.MaxAttempts)))
@@ -234,6 +237,7 @@ func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind) (etcd
 	// unsaved: the last step finished in this attempt without ops, and its
 	// output is saved only with the job's end (no checkpoint of its own).
 	unsaved := false
+	var lastWaits []wait // the last step's waits, should its end not fit
 	for i := range k.Steps {
 		step := &k.Steps[i]
 		if st.finished(step.Name) != nil {
@@ -242,15 +246,23 @@ func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind) (etcd
 		if ctx.Err() != nil {
 			return w.interrupted(ctx, c, st)
 		}
-		r := &Run{claim: c, tenant: w.q.tenant, st: st, step: step.Name, attempt: n}
+		r := &Run{claim: c, tenant: w.q.tenant, st: st, step: step.Name, attempt: n, q: w.q, ctx: ctx}
 		out, err := callStep(ctx, step, r)
+		if r.suspend != nil {
+			return w.suspended(ctx, c, st, r.suspend)
+		}
 		if err != nil {
 			return w.stepFailed(ctx, c, st, k, step, n, err)
+		}
+		waits := st.Waits
+		st.Waits = slices.DeleteFunc(slices.Clone(st.Waits), func(wt wait) bool { return wt.Step == step.Name })
+		if len(st.Waits) == 0 {
+			st.Waits = nil
 		}
 		st.Done = append(st.Done, doneStep{Name: step.Name, Token: int64(c.Token()), At: w.q.clock.Now().UnixMilli(), Output: out})
 		if i == len(k.Steps)-1 {
 			if len(r.ops) == 0 {
-				unsaved = true
+				unsaved, lastWaits = true, waits
 				break // the job's end saves it
 			}
 			// Its ops commit with this checkpoint, and then the step is
@@ -258,13 +270,13 @@ func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind) (etcd
 			end := st.clone()
 			end.Outcome = Succeeded
 			if size, ok := fits(end, "", w.q.store.MaxRecordSize()); !ok {
-				st.Done = st.Done[:len(st.Done)-1]
+				st.Done, st.Waits = st.Done[:len(st.Done)-1], waits
 				return w.stepFailed(ctx, c, st, k, step, n, fmt.Errorf("its checkpoint was refused: %w: the job's end would be %d bytes, limit %d",
 					etcdstore.ErrTooLarge, size, w.q.store.MaxRecordSize()))
 			}
 		}
 		if err := checkpoint(ctx, w.q.clock, c, st.encode(), r.ops); err != nil {
-			st.Done = st.Done[:len(st.Done)-1]
+			st.Done, st.Waits = st.Done[:len(st.Done)-1], waits
 			if refused(err) {
 				// Its output outgrew the record, or its ops are not
 				// allowed: a failure of the step.
@@ -273,7 +285,7 @@ func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind) (etcd
 			return w.notSaved(c, step, err)
 		}
 	}
-	st.Outcome = Succeeded
+	st.Outcome, st.Waits, st.Awaiting = Succeeded, nil, ""
 	last := &k.Steps[len(k.Steps)-1]
 	// A step whose checkpoint landed (in this attempt, with its ops, or in
 	// an earlier one) is finished, whatever its size: every output may be
@@ -291,6 +303,7 @@ func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind) (etcd
 		*st = *saved
 		st.Outcome = ""
 		st.Done = st.Done[:len(st.Done)-1]
+		st.Waits = slices.Clone(lastWaits)
 		return w.stepFailed(ctx, c, st, k, last, n, fmt.Errorf("its checkpoint was refused: %w: the job's state would be %d bytes, limit %d",
 			etcdstore.ErrTooLarge, len(saved.encode()), w.q.store.MaxRecordSize()))
 	}
@@ -305,6 +318,7 @@ func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind) (etcd
 // within the record's limit: see fit. A state that cannot fit even so
 // (its parameters alone fill the record) ends with its error alone.
 func (w *Worker) end(c *etcdstore.Claim, st *state, errText string) (etcdstore.Outcome, etcdstore.End) {
+	st.Waits, st.Awaiting = nil, ""
 	out, ok := fit(st, errText, w.q.store.MaxRecordSize(), len(st.Done))
 	if len(st.Truncated) > 0 {
 		w.log.Warn("idem: a job's end was cut to fit the record", "job", c.Key().Digest(), "cut", st.Truncated)
@@ -415,6 +429,16 @@ func (w *Worker) park(ctx context.Context, c *etcdstore.Claim, st *state, n int)
 	st.Parked, st.NotBefore = true, 0
 	w.log.Warn("idem: job parked after its last attempt", "job", c.Key().Digest(), "attempts", n, "err", st.lastError())
 	return w.keep(ctx, c, st) // not saved: the next attempt finds the count past the limit and parks it
+}
+
+// suspended gives back a job one of whose steps waits (Run.Sleep,
+// Run.Await): the wait is saved with it, and NotBefore holds it until the
+// wait ends (a sleep's end, an await's timeout; an event that comes ends an
+// await sooner). The attempt is not counted: it did not fail.
+func (w *Worker) suspended(ctx context.Context, c *etcdstore.Claim, st *state, wt *wait) (etcdstore.Outcome, etcdstore.End) {
+	st.NotBefore, st.Awaiting = wt.Until, wt.Event
+	w.log.Debug("idem: job waits", "job", c.Key().Digest(), "step", wt.Step, "event", wt.Event, "until", time.UnixMilli(wt.Until))
+	return w.giveBack(ctx, c, st)
 }
 
 // giveBack ends a claim that ran nothing: the job is abandoned as it was,

@@ -1,0 +1,83 @@
+package jobs
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/idem-dev/idem/etcdstore"
+)
+
+// ErrSignalMismatch is returned by Queue.Signal for an event that was
+// signalled before with another payload: an event is delivered once, with
+// the payload it was first signalled with. Nothing was written.
+var ErrSignalMismatch = errors.New("event signalled before with another payload")
+
+// eventPrefix is the start of the names (among the store's values) of the
+// events of tenant's jobs: e/<tenant>/<job id>/<event>. Ids and tenants hold
+// no '/', and event names neither.
+func eventPrefix(tenant string) string { return "e/" + tenant + "/" }
+
+func eventName(tenant, id, event string) string { return eventPrefix(tenant) + id + "/" + event }
+
+// parseEvent splits an event's value name (without the tenant's prefix)
+// into its job id and event name.
+func parseEvent(rest string) (id, event string, ok bool) {
+	id, event, ok = strings.Cut(rest, "/")
+	return id, event, ok && id != "" && event != ""
+}
+
+// Signal delivers event name, with payload, to job id: the job's
+// Run.Await(name) returns payload, whether it waits already or reaches the
+// call later. An event is delivered once: signalling it again with the same
+// payload (a retried signal, or the same signal sent from two places)
+// changes nothing and succeeds; with another payload it is refused with
+// ErrSignalMismatch. The event is one etcd value, kept for the store's
+// retention.
+//
+// The job must exist and not have ended (etcdstore.ErrNotFound, ErrFinal).
+// A signal whose outcome is unknown is an error wrapping
+// etcdstore.ErrUnavailable: send it again, which is safe.
+func (q *Queue) Signal(ctx context.Context, id, name string, payload []byte) error {
+	key := q.Key(id)
+	if err := key.Validate(); err != nil {
+		return fmt.Errorf("signal: %w", err)
+	}
+	if err := validName(name, 64, true); err != nil {
+		return fmt.Errorf("signal %s: %w: event name %q: %v", key, ErrInvalid, name, err)
+	}
+	if limit := q.store.MaxRecordSize() / 2; len(payload) > limit {
+		return fmt.Errorf("signal %s %s: %w: a payload of %d bytes, limit %d (half the store's record size: it is saved with the job)",
+			key, name, ErrInvalid, len(payload), limit)
+	}
+	j, err := q.Get(ctx, id)
+	switch {
+	case err != nil:
+		return fmt.Errorf("signal %s: %w", name, err)
+	case j.State.Final():
+		return fmt.Errorf("signal %s %s: %w: %s", key, name, ErrFinal, j.State)
+	}
+	if payload == nil {
+		payload = []byte{}
+	}
+	v, ok, err := q.store.SetValue(ctx, eventName(q.tenant, id, name), payload, 0, etcdstore.Retained())
+	switch {
+	case err != nil:
+		return fmt.Errorf("signal %s %s: %w", key, name, err)
+	case !ok && !bytes.Equal(v.Value, payload):
+		return fmt.Errorf("signal %s %s: %w", key, name, ErrSignalMismatch)
+	}
+	return nil
+}
+
+// eventCame reports whether event (of job id) was signalled; "" never
+// was. An error reading it counts as not yet.
+func (q *Queue) eventCame(ctx context.Context, event, id string) bool {
+	if event == "" {
+		return false
+	}
+	v, err := q.store.Value(ctx, eventName(q.tenant, id, event))
+	return err == nil && v.Revision != 0
+}
