@@ -124,6 +124,11 @@ func (c *Claim) Key() Key { return c.key }
 // is refused there too.
 func (c *Claim) Token() fencing.Token { return c.token }
 
+// Created returns when the claimed record was created: when its operation
+// began. A key whose record passed its retention names a new operation,
+// with a new Created.
+func (c *Claim) Created() time.Time { return c.created }
+
 // Fingerprint returns the fingerprint the key was claimed with.
 func (c *Claim) Fingerprint() Fingerprint { return c.fp }
 

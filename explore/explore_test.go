@@ -175,6 +175,15 @@ var expected = []string{
 	"config:small batches (--batch-max-writes)",
 	"path:batch sent beside another once the hold passed",
 	"path:full batch sent beside another",
+	"config:durable waits",
+	"path:job slept and woke",
+	"path:sleep resumed by another process",
+	"path:job woken by an event",
+	"path:event there before the job waited",
+	"path:await timed out",
+	"path:event signalled twice",
+	"path:event's effect committed with the await's checkpoint",
+	"path:signal refused: another payload",
 }
 
 // compactBehind compacts the shared etcd every few seconds, up to the
@@ -470,7 +479,7 @@ func (w *world) heal(fatal func(string, ...any)) {
 		if !drainer && w.clientsDone() {
 			drainer = true
 			p := w.procs[0]
-			w.s.spawn("drain/jobs", p, false, func(a *actor) { drained = w.drainJobs(a); drainerDone = true })
+			w.s.spawn("drain/jobs", p, false, func(a *actor) { drained = append(w.drainJobs(a), w.drainWaits(a)...); drainerDone = true })
 		}
 		now := w.s.Now()
 		if drainerDone && w.clientsDone() && (now.Sub(lastCheck) >= time.Second || !now.Before(healedAt.Add(bound))) {
@@ -593,6 +602,11 @@ func (w *world) keys() []string {
 	}
 	for _, id := range jobKeys {
 		seen[jobKey(id)] = true
+	}
+	if w.durable.on {
+		for _, id := range waitKeys {
+			seen[jobKey(id)] = true
+		}
 	}
 	w.mu.Lock()
 	for _, e := range w.events {

@@ -101,10 +101,12 @@ type world struct {
 	ledger  *ledger
 
 	faults     faults
-	jobs       jobsConfig // how the schedule's jobs fail
-	healed     bool       // no more faults
-	faultCount int        // faults injected
-	attempts   int        // attempt ids handed out
+	jobs       jobsConfig  // how the schedule's jobs fail
+	durable    waitsConfig // a wait world's sleeps and awaits
+	waitLog    []waitEv    // what the wait jobs and signals did
+	healed     bool        // no more faults
+	faultCount int         // faults injected
+	attempts   int         // attempt ids handed out
 
 	mu     sync.Mutex
 	events []event // the log the invariants are checked on
@@ -171,6 +173,7 @@ func newWorld(seed uint64) (*world, error) {
 	}
 	w.pickConfig()
 	w.pickJobs()
+	w.pickWaits()
 	admin, err := cluster.Client()
 	if err != nil {
 		return nil, err
@@ -293,6 +296,7 @@ func (w *world) newProcess(slot, gen int) (*process, error) {
 	}
 	p.owner = p.keys.Owner()
 	w.startScheduler(p)
+	w.startWaitWorker(p)
 	mw, err := idemhttp.New(idemhttp.Config{Store: p.keys, OnUnknownOutcome: etcdstore.EndSave, ClaimDeadline: w.cfg.claimDeadline, Logger: slog.New(&ledgerLog{w: w, p: p})})
 	if err != nil {
 		return nil, err
@@ -352,7 +356,9 @@ func (l *ledgerLog) Handle(_ context.Context, r slog.Record) error {
 		case "key":
 			key = a.Value.String()
 		case "token":
-			token = a.Value.Int64()
+			if a.Value.Kind() == slog.KindInt64 {
+				token = a.Value.Int64()
+			} // (package jobs logs a fencing.Token)
 		}
 		return true
 	})

@@ -516,7 +516,7 @@ func TestRunAt(t *testing.T) {
 	}}}}
 	at := time.Now().Add(700 * time.Millisecond)
 	j, err := q.Submit(ctx, "l-1", "later", nil, RunAt(at))
-	if err != nil || j.State != Scheduled || !j.NotBefore.Equal(time.UnixMilli(at.UnixMilli())) {
+	if err != nil || j.State != Scheduled || !j.NotBefore.Equal(time.UnixMilli(ceilMilli(at))) {
 		t.Fatalf("Submit = %+v, %v; want scheduled for %v", j, err, at)
 	}
 	newWorker(t, q, []Kind{k}, Concurrency(1))

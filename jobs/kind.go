@@ -295,7 +295,7 @@ func (r *Run) sleep(until time.Time, d time.Duration) error {
 			return fmt.Errorf("sleep: %w: %v is past half the store's retention (%v): the job could be forgotten while it sleeps",
 				ErrInvalid, d, r.q.store.Retention())
 		}
-		w = r.add(wait{Until: until.UnixMilli()})
+		w = r.add(wait{Until: ceilMilli(until)})
 	}
 	if r.now().UnixMilli() >= w.Until {
 		return nil
@@ -330,7 +330,7 @@ func (r *Run) Await(name string, timeout time.Duration) ([]byte, error) {
 		if timeout == 0 {
 			timeout = r.q.store.Retention()/2 - time.Second
 		}
-		w = r.add(wait{Event: name, Until: r.now().Add(timeout).UnixMilli()})
+		w = r.add(wait{Event: name, Until: ceilMilli(r.now().Add(timeout))})
 	}
 	switch {
 	case w.Got:
@@ -395,6 +395,16 @@ func (r *Run) add(w wait) *wait {
 }
 
 func (r *Run) now() time.Time { return r.q.clock.Now() }
+
+// ceilMilli is t in unix milliseconds, rounded up: a wait saved in
+// milliseconds must not end before its time.
+func ceilMilli(t time.Time) int64 {
+	ms := t.UnixMilli()
+	if !time.UnixMilli(ms).Equal(t) {
+		ms++
+	}
+	return ms
+}
 
 // SleepStep is a step that sleeps for d, durably (Run.Sleep), and does
 // nothing else: a timer between two steps that nothing runs twice around.

@@ -80,7 +80,7 @@ type SubmitOption func(*state)
 // RunAt holds the job's first attempt back until t: it is Scheduled until
 // then. t must lie within half the store's retention.
 func RunAt(t time.Time) SubmitOption {
-	return func(s *state) { s.NotBefore = t.UnixMilli() }
+	return func(s *state) { s.NotBefore = ceilMilli(t) } // never before t
 }
 
 // Submit submits job id of kind with params, to be run by a worker that

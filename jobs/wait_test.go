@@ -299,3 +299,31 @@ func TestSignalRefusals(t *testing.T) {
 		t.Fatalf("events after refused signals: %v, %v; want none", vs, err)
 	}
 }
+
+// A wait is saved in milliseconds: its end is rounded up, never down, so a
+// sleep that began between two milliseconds does not end early (found by
+// the explorer, invariant W1).
+func TestSleepBetweenMillisecondsIsNotShort(t *testing.T) {
+	ctx := testCtx(t)
+	base := time.Date(2026, 12, 3, 8, 0, 0, 0, time.UTC)
+	t0 := base.Add(300 * time.Microsecond)
+	fc := newFakeClock(t0)
+	q := newQueue(t, newStore(t, testPrefix(t)))
+	q.setClock(fc.view(0))
+	k := Kind{Name: "nap", Steps: []Step{SleepStep("nap", time.Second)}}
+	w := newWorker(t, q, []Kind{k}, Concurrency(0))
+	if _, err := q.Submit(ctx, "n-1", "nap", nil); err != nil {
+		t.Fatal(err)
+	}
+	if j, err := w.Run(ctx, "n-1"); err != nil || j.State != Scheduled {
+		t.Fatalf("Run = %+v, %v; want it asleep", j, err)
+	}
+	fc.set(base.Add(time.Second)) // 999.7 ms after the sleep began
+	if j, err := w.Run(ctx, "n-1"); err != nil || j.State != Scheduled {
+		t.Fatalf("Run 999.7 ms into a 1 s sleep = %+v, %v; want it still asleep", j, err)
+	}
+	fc.set(base.Add(time.Second + time.Millisecond)) // rounded up: at most a millisecond more
+	if j, err := w.Run(ctx, "n-1"); err != nil || j.State != Succeeded {
+		t.Fatalf("Run 1.0007 s into a 1 s sleep = %+v, %v; want it woken and done", j, err)
+	}
+}
