@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/jobs"
 )
 
 // Defaults of APIConfig.
@@ -38,6 +39,9 @@ var apiRoutes = []Route{
 	{"POST", "/v1/release", "release"},
 	{"POST", "/v1/abandon", "abandon"},
 	{"GET", "/v1/keys/{key}", "get"},
+	{"POST", "/v1/jobs", "submitJob"},
+	{"GET", "/v1/jobs/{id}", "getJob"},
+	{"POST", "/v1/jobs/{id}/signals/{event}", "signalJob"},
 }
 
 // APIConfig configures the worker API.
@@ -64,6 +68,9 @@ type APIConfig struct {
 	// limits).
 	Limiter *Limiter
 	Metrics *Metrics
+	// Jobs serves the jobs routes (/v1/jobs...); nil answers them 404
+	// no-such-route (a shard set has no jobs).
+	Jobs *JobsConfig
 }
 
 // DefaultMaxCheckpoint is the default of APIConfig.MaxCheckpoint: a
@@ -125,6 +132,16 @@ func NewAPI(cfg APIConfig) (*API, error) {
 	handlers := map[string]http.HandlerFunc{
 		"claim": a.claim, "complete": a.complete, "checkpoint": a.checkpoint,
 		"renew": a.renew, "release": a.release, "abandon": a.abandon, "get": a.get,
+		"submitJob": a.submitJob, "getJob": a.getJob, "signalJob": a.signalJob,
+	}
+	if cfg.Jobs == nil {
+		for _, op := range []string{"submitJob", "getJob", "signalJob"} {
+			handlers[op] = func(w http.ResponseWriter, r *http.Request) {
+				a.problem(w, NewProblem(http.StatusNotFound, KindNoSuchRoute, "this idem serves no jobs (they run on one etcd cluster, not a shard set)"))
+			}
+		}
+	} else if cfg.Jobs.Tenant == nil {
+		cfg.Jobs.Tenant = FixedTenant(jobs.DefaultTenant)
 	}
 	for _, rt := range apiRoutes {
 		a.mux.HandleFunc(rt.Method+" "+rt.Pattern, handlers[rt.Op])

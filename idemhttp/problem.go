@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/jobs"
 )
 
 // Problem is an RFC 9457 problem detail, the body of every error idem
@@ -79,6 +80,9 @@ const (
 	KindUnauthorized        = "unauthorized"
 	KindStoreFull           = "store-full"
 	KindRateLimited         = "rate-limited"
+	KindDuplicateJob        = "duplicate-job"
+	KindSignalMismatch      = "signal-mismatch"
+	KindJobEnded            = "job-ended"
 )
 
 var titles = map[string]string{
@@ -91,6 +95,9 @@ var titles = map[string]string{
 	KindRequestTooLarge:     "Request too large",
 	KindConflict:            "Request with this Idempotency-Key is still in flight",
 	KindMismatch:            "Idempotency-Key reused with different parameters",
+	KindDuplicateJob:        "A job of this id was submitted before",
+	KindSignalMismatch:      "Event signalled before with another payload",
+	KindJobEnded:            "The job has ended",
 	KindFenced:              "Claim lost to a newer owner",
 	KindNotFound:            "No such idempotency key",
 	KindNoSuchRoute:         "No such API route",
@@ -145,6 +152,16 @@ func ProblemFor(err error) Problem {
 		p := NewProblem(http.StatusConflict, KindConflict, "retry later with the same key and parameters")
 		p.RetryAfter = retrySeconds(ce.RetryAfter)
 		return p
+	case errors.Is(err, jobs.ErrDuplicate):
+		return NewProblem(http.StatusConflict, KindDuplicateJob, err.Error())
+	case errors.Is(err, jobs.ErrSignalMismatch):
+		return NewProblem(http.StatusConflict, KindSignalMismatch, err.Error())
+	case errors.Is(err, jobs.ErrFinal):
+		return NewProblem(http.StatusConflict, KindJobEnded, err.Error())
+	case errors.Is(err, jobs.ErrInvalid):
+		return NewProblem(http.StatusBadRequest, KindInvalidRequest, err.Error())
+	case errors.Is(err, jobs.ErrNotJob):
+		return NewProblem(http.StatusNotFound, KindNotFound, err.Error())
 	case errors.Is(err, etcdstore.ErrMismatch):
 		return NewProblem(http.StatusUnprocessableEntity, KindMismatch,
 			"this key was first used with other parameters; do not retry: use a new key for a new operation")

@@ -26,6 +26,11 @@ var (
 	// new run needs a new job id.
 	ErrFinal = errors.New("job has ended")
 
+	// ErrDuplicate is returned by Queue.Submit with RefuseDuplicate for a
+	// job id that names a job another submission wrote; the job is returned
+	// with it. Nothing was written.
+	ErrDuplicate = errors.New("job submitted before")
+
 	// ErrInvalid is returned for a bad argument: a kind, step or schedule
 	// that does not validate, an option out of range. Nothing was written.
 	ErrInvalid = errors.New("invalid argument")

@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -75,21 +76,44 @@ func (q *Queue) Store() *etcdstore.Store { return q.store }
 func (q *Queue) Key(id string) etcdstore.Key { return etcdstore.Key{Tenant: q.tenant, ID: id} }
 
 // SubmitOption configures Submit.
-type SubmitOption func(*state)
+type SubmitOption func(*submitConfig)
+
+type submitConfig struct {
+	st     *state
+	refuse bool
+	window time.Duration
+}
 
 // RunAt holds the job's first attempt back until t: it is Scheduled until
 // then. t must lie within half the store's retention.
 func RunAt(t time.Time) SubmitOption {
-	return func(s *state) { s.NotBefore = ceilMilli(t) } // never before t
+	return func(c *submitConfig) { c.st.NotBefore = ceilMilli(t) } // never before t
 }
+
+// RefuseDuplicate makes Submit refuse a job id that names a job already
+// (submitted before, by anyone, and not forgotten): it returns that job
+// and an error wrapping ErrDuplicate, instead of returning it as its own.
+// A submission retried after a lost reply recognises its own job: only
+// another submission's is a duplicate.
+func RefuseDuplicate() SubmitOption { return func(c *submitConfig) { c.refuse = true } }
+
+// DedupWindow makes a job id name one job for d after it was submitted,
+// rather than for the store's whole retention: a Submit of an id whose job
+// was submitted d or longer ago and has ended replaces it with a new job
+// (of these params, which may differ). A job that has not ended is never
+// replaced. Without it, or with d 0, an id names its job until the store
+// forgets it.
+func DedupWindow(d time.Duration) SubmitOption { return func(c *submitConfig) { c.window = d } }
 
 // Submit submits job id of kind with params, to be run by a worker that
 // registered kind (the completer of any Worker on this tenant finds it). It
 // is idempotent: submitting an id again with the same kind and params
 // changes nothing and returns the job as it stands, whatever state it is
-// in; with other params it is an error wrapping etcdstore.ErrMismatch. One
-// etcd Txn (etcdstore.Store.Enqueue) writes the job with its params, so any
-// worker can run it, in any data centre. The submitter needs no Worker.
+// in (RefuseDuplicate makes that an error; DedupWindow lets an ended job's
+// id name a new job); with other params it is an error wrapping
+// etcdstore.ErrMismatch. One etcd Txn (etcdstore.Store.Enqueue) writes the
+// job with its params, so any worker can run it, in any data centre. The
+// submitter needs no Worker.
 //
 // id is 1 to 255 bytes of visible ASCII without '/', as any idempotency
 // key. The job's params and the outputs of its steps share the store's
@@ -106,22 +130,70 @@ func (q *Queue) Submit(ctx context.Context, id, kind string, params []byte, opts
 	if err != nil {
 		return nil, fmt.Errorf("submit %s: %w", id, err)
 	}
-	st := &state{Kind: kind, Params: params}
+	// Submission tells this call's job from one another submission
+	// wrote: it stays in the job's state for good.
+	cfg := submitConfig{st: &state{Kind: kind, Params: params, Submission: rand.Text()}}
 	for _, o := range opts {
-		o(st)
+		o(&cfg)
 	}
-	if st.NotBefore != 0 && time.UnixMilli(st.NotBefore).After(q.clock.Now().Add(q.store.Retention()/2)) {
+	st := cfg.st
+	switch {
+	case cfg.window < 0:
+		return nil, fmt.Errorf("submit %s: %w: negative dedup window %v", id, ErrInvalid, cfg.window)
+	case st.NotBefore != 0 && time.UnixMilli(st.NotBefore).After(q.clock.Now().Add(q.store.Retention()/2)):
 		return nil, fmt.Errorf("submit %s: %w: RunAt %v is past half the store's retention (%v): the job could be forgotten before it runs",
 			id, ErrInvalid, time.UnixMilli(st.NotBefore), q.store.Retention())
 	}
-	rec, err := q.store.Enqueue(ctx, key, fp, st.encode())
-	if errors.Is(err, etcdstore.ErrTooLarge) {
-		return nil, fmt.Errorf("submit %s: params of %d bytes do not fit the store's %d-byte records: %w", id, len(params), q.store.MaxRecordSize(), err)
+	for round := 0; ; round++ {
+		rec, err := q.store.Enqueue(ctx, key, fp, st.encode())
+		if errors.Is(err, etcdstore.ErrTooLarge) {
+			return nil, fmt.Errorf("submit %s: params of %d bytes do not fit the store's %d-byte records: %w", id, len(params), q.store.MaxRecordSize(), err)
+		}
+		if cfg.window > 0 && round < 3 && (err == nil || errors.Is(err, etcdstore.ErrMismatch)) {
+			// The job of this id may be past its window: replace it.
+			if err != nil {
+				if rec, err = q.store.Get(ctx, key); err != nil {
+					return nil, fmt.Errorf("submit: %w", err)
+				}
+			}
+			if q.pastWindow(rec, st.Submission, cfg.window) {
+				if _, err := q.store.EvictIf(ctx, key, rec.Revision); err != nil {
+					return nil, fmt.Errorf("submit %s: replacing the job past its dedup window: %w", id, err)
+				}
+				continue // evicted, or changed meanwhile: enqueue again
+			}
+			if rec.Fingerprint != fp {
+				return nil, fmt.Errorf("submit: %w", &etcdstore.MismatchError{Key: key})
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("submit: %w", err)
+		}
+		j, err := FromRecord(rec, q.clock.Now())
+		if err != nil {
+			return nil, fmt.Errorf("submit: %w", err)
+		}
+		if cfg.refuse && !q.submittedBy(rec, st.Submission) {
+			return j, fmt.Errorf("submit %s: %w (%s, submitted %v)", key, ErrDuplicate, j.State, j.Created.Format(time.RFC3339))
+		}
+		return j, nil
 	}
-	if err != nil {
-		return nil, fmt.Errorf("submit: %w", err)
+}
+
+// submittedBy reports whether rec holds the job of the submission nonce.
+func (q *Queue) submittedBy(rec *etcdstore.Record, nonce string) bool {
+	raw := rec.Checkpoint
+	if rec.State == etcdstore.Done && rec.Outcome != nil {
+		raw = rec.Outcome.Body
 	}
-	return FromRecord(rec, q.clock.Now())
+	st, err := decodeState(raw)
+	return err == nil && st.Submission == nonce
+}
+
+// pastWindow reports whether rec's job is another submission's, ended, and
+// was submitted window or longer ago.
+func (q *Queue) pastWindow(rec *etcdstore.Record, nonce string, window time.Duration) bool {
+	return rec.State == etcdstore.Done && !q.submittedBy(rec, nonce) && !q.clock.Now().Before(rec.Created.Add(window))
 }
 
 // fingerprint is what a job's key is claimed with: its kind and params, in

@@ -21,6 +21,9 @@ type state struct {
 	Format int    `json:"idem_job"`
 	Kind   string `json:"kind"`
 	Params []byte `json:"params,omitempty"`
+	// Submission is a nonce of the Submit that wrote the job: how a
+	// submission retried after a lost reply knows the job as its own.
+	Submission string `json:"submission,omitempty"`
 	// Base is the record's takeover count before the job's first attempt:
 	// attempt n is the claim whose takeover count is Base+n. Every
 	// attempt starts with a takeover (a job is enqueued unclaimed), and a

@@ -21,7 +21,8 @@ Jobs (package jobs) are records of a tenant ("jobs" by default) that
 workers run step by step; these commands show and administer them.
 
 Commands:
-  submit     submit a job:              idem jobs submit [--params JSON] [--run-at T] ID KIND
+  submit     submit a job:              idem jobs submit [--params JSON] [--run-at T] [--if-exists return|refuse] [--dedup-window D] ID KIND
+  signal     deliver an event to a job: idem jobs signal [--payload JSON] ID EVENT
   ls         list jobs:                 idem jobs ls [--state running|queued|scheduled|parked|succeeded|failed|cancelled]
   get        one job, steps, attempts:  idem jobs get ID
   retry      queue a parked job again:  idem jobs retry [--retention D] ID
@@ -40,6 +41,8 @@ func jobsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	switch args[0] {
 	case "submit":
 		return jobsSubmit(ctx, args[1:], stdout, stderr)
+	case "signal":
+		return jobsSignal(ctx, args[1:], stdout, stderr)
 	case "ls":
 		return jobsList(ctx, args[1:], stdout, stderr)
 	case "get":
@@ -100,12 +103,23 @@ func (a *adminCmd) openJobs(ctx context.Context, args []string, nargs int) (clus
 // jobsSubmit submits a job from the command line (or a script in any
 // language): idempotent by ID, as Queue.Submit is.
 func jobsSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
-	a := newJobsCmd("submit", "submit [--tenant T] [--params JSON | --params-file F] [--run-at RFC3339] [--retention D] ID KIND", stderr)
+	a := newJobsCmd("submit", "submit [--tenant T] [--params JSON | --params-file F] [--run-at RFC3339] [--if-exists return|refuse] [--dedup-window D] [--retention D] ID KIND", stderr)
 	defer func() { err = a.explain(err) }()
 	params := a.fs.String("params", "", "the job's params (JSON, or any bytes); the same on every retry of the submission")
 	paramsFile := a.fs.String("params-file", "", "read the params from this file (- : standard input)")
 	runAt := a.fs.String("run-at", "", "run it no earlier than this time (RFC 3339), within half the store's retention")
+	ifExists := a.fs.String("if-exists", "return", "when ID names a job another submission wrote: return it (exit 0), or refuse (exit 1, the job printed)")
+	window := a.fs.Duration("dedup-window", 0, "ID names one job for this long after it was submitted (0: the store's retention); past it, an ended job is replaced")
 	retention := a.fs.Duration("retention", etcdstore.DefaultRetention, "the retention of the workers' store (idem serve --retention, etcdstore.WithRetention)")
+	if err := parseFlags(a.fs, args); err != nil {
+		return err
+	}
+	if *ifExists != "return" && *ifExists != "refuse" {
+		return usageError{fmt.Errorf("--if-exists %q: return or refuse", *ifExists)}
+	}
+	if *window < 0 {
+		return usageError{fmt.Errorf("--dedup-window %v: negative", *window)}
+	}
 	c, ctx, done, err := a.openJobs(ctx, args, 2)
 	if err != nil {
 		return err
@@ -131,7 +145,10 @@ func jobsSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	default:
 		p = []byte(*params)
 	}
-	var opts []jobs.SubmitOption
+	opts := []jobs.SubmitOption{jobs.DedupWindow(*window)}
+	if *ifExists == "refuse" {
+		opts = append(opts, jobs.RefuseDuplicate())
+	}
 	if *runAt != "" {
 		t, err := time.Parse(time.RFC3339, *runAt)
 		if err != nil {
@@ -145,6 +162,10 @@ func jobsSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	}
 	defer closeQueue()
 	j, err := q.Submit(ctx, key.ID, kind, p, opts...)
+	if errors.Is(err, jobs.ErrDuplicate) {
+		printJobs(stdout, a.format, []*jobs.Job{j}, false)
+		return err
+	}
 	if err != nil {
 		if errors.Is(err, jobs.ErrInvalid) || errors.Is(err, etcdstore.ErrInvalidArgument) || errors.Is(err, etcdstore.ErrInvalidKey) ||
 			errors.Is(err, etcdstore.ErrInvalidParams) || errors.Is(err, etcdstore.ErrTooLarge) {
@@ -153,6 +174,53 @@ func jobsSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 		return err
 	}
 	return printJobs(stdout, a.format, []*jobs.Job{j}, false)
+}
+
+// jobsSignal delivers an event to a job (Queue.Signal): once, however
+// often it is sent.
+func jobsSignal(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
+	a := newJobsCmd("signal", "signal [--tenant T] [--payload JSON | --payload-file F] [--retention D] ID EVENT", stderr)
+	defer func() { err = a.explain(err) }()
+	payload := a.fs.String("payload", "", "the event's payload (JSON, or any bytes): what the job's Run.Await returns; the same on every retry")
+	payloadFile := a.fs.String("payload-file", "", "read the payload from this file (- : standard input)")
+	retention := a.fs.Duration("retention", etcdstore.DefaultRetention, "the retention of the workers' store: how long the event is kept")
+	c, ctx, done, err := a.openJobs(ctx, args, 2)
+	if err != nil {
+		return err
+	}
+	defer done()
+	key, err := a.key()
+	if err != nil {
+		return err
+	}
+	var p []byte
+	switch {
+	case *payload != "" && *payloadFile != "":
+		return usageError{errors.New("--payload and --payload-file: give one")}
+	case *payloadFile == "-":
+		if p, err = io.ReadAll(os.Stdin); err != nil {
+			return usageError{fmt.Errorf("--payload-file -: %w", err)}
+		}
+	case *payloadFile != "":
+		if p, err = os.ReadFile(*payloadFile); err != nil {
+			return usageError{fmt.Errorf("--payload-file: %w", err)}
+		}
+	default:
+		p = []byte(*payload)
+	}
+	q, closeQueue, err := a.queue(ctx, c, *retention)
+	if err != nil {
+		return err
+	}
+	defer closeQueue()
+	if err := q.Signal(ctx, key.ID, a.fs.Arg(1), p); err != nil {
+		if errors.Is(err, jobs.ErrInvalid) || errors.Is(err, etcdstore.ErrInvalidKey) {
+			return usageError{err} // bad input: nothing was sent
+		}
+		return err
+	}
+	fmt.Fprintf(stdout, "signalled %s to %s\n", a.fs.Arg(1), key)
+	return nil
 }
 
 func jobsList(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {

@@ -267,3 +267,72 @@ func TestLibraryReachesServesEmbeddedEtcd(t *testing.T) {
 		t.Fatalf("idem get of the library's key: %v\n%s", err, out)
 	}
 }
+
+// idem jobs submit --if-exists refuse refuses another submission's job
+// (exit 1, the job printed); bad flags exit 2 before etcd is reached; idem
+// jobs signal delivers an event once, refuses another payload, and names
+// what is wrong with bad input.
+func TestJobsSubmitRefuseAndSignal(t *testing.T) {
+	c, err := etcdtest.New(t.TempDir(), 1, etcdtest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	ep := c.Endpoints()[0]
+	if out, err := runCmd(t, "jobs", "submit", "--endpoints", ep, "--if-exists", "refuse", "approve-7", "approve"); err != nil {
+		t.Fatalf("first submit: %v\n%s", err, out)
+	}
+	out, err := runCmd(t, "jobs", "submit", "--endpoints", ep, "--if-exists", "refuse", "approve-7", "approve")
+	if exitCode(err) != 1 || !errors.Is(err, jobs.ErrDuplicate) || !strings.Contains(out, "approve-7") {
+		t.Fatalf("second submit with --if-exists refuse: %v (exit %d)\n%s; want exit 1, ErrDuplicate, the job printed", err, exitCode(err), out)
+	}
+	for _, bad := range [][]string{
+		{"--if-exists", "replace", "x", "approve"},
+		{"--dedup-window", "-1s", "x", "approve"},
+	} {
+		// A closed port: a configuration error must exit 2 before etcd is asked.
+		if out, err := runCmd(t, append([]string{"jobs", "submit", "--endpoints", "127.0.0.1:1", "--timeout", "1s"}, bad...)...); exitCode(err) != 2 {
+			t.Fatalf("jobs submit %q: %v\n%s; want exit 2", bad, err, out)
+		}
+	}
+	for range 2 { // a retried signal
+		if out, err := runCmd(t, "jobs", "signal", "--endpoints", ep, "--payload", `{"ok":true}`, "approve-7", "approved"); err != nil || !strings.Contains(out, "signalled approved") {
+			t.Fatalf("jobs signal: %v\n%s", err, out)
+		}
+	}
+	if out, err := runCmd(t, "jobs", "signal", "--endpoints", ep, "--payload", `{"ok":false}`, "approve-7", "approved"); exitCode(err) != 1 || !errors.Is(err, jobs.ErrSignalMismatch) {
+		t.Fatalf("jobs signal with another payload: %v\n%s; want exit 1 and ErrSignalMismatch", err, out)
+	}
+	for _, bad := range [][]string{
+		{"approve-7", "bad/name"},
+		{"approve-7"},
+		{"--payload", "x", "--payload-file", "f", "approve-7", "approved"},
+	} {
+		if out, err := runCmd(t, append([]string{"jobs", "signal", "--endpoints", ep}, bad...)...); exitCode(err) != 2 {
+			t.Fatalf("jobs signal %q: %v\n%s; want exit 2", bad, err, out)
+		}
+	}
+	if out, err := runCmd(t, "jobs", "signal", "--endpoints", ep, "nobody", "approved"); exitCode(err) != 1 || !errors.Is(err, etcdstore.ErrNotFound) {
+		t.Fatalf("jobs signal to no job: %v\n%s; want exit 1, not found", err, out)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	store, err := etcdstore.New(ctx, c.MustClient(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	q, err := jobs.New(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := jobs.NewWorker(q, []jobs.Kind{{Name: "approve", Steps: []jobs.Step{jobs.AwaitStep("wait", "approved", time.Minute, jobs.Fail)}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if j, err := q.Wait(ctx, "approve-7"); err != nil || j.State != jobs.Succeeded || string(j.Output("wait")) != `{"ok":true}` {
+		t.Fatalf("approve-7: %+v %v; want succeeded with the first payload", j, err)
+	}
+}

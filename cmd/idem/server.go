@@ -29,6 +29,7 @@ import (
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/idemhttp"
 	"github.com/idem-dev/idem/internal/embedded"
+	"github.com/idem-dev/idem/jobs"
 	"github.com/idem-dev/idem/shard"
 )
 
@@ -281,9 +282,16 @@ func (c *serveConfig) edge(store backend, metrics *idemhttp.Metrics, log *slog.L
 		return nil, err
 	}
 	if c.upstream == "" {
+		var jc *idemhttp.JobsConfig
+		if st, ok := store.(*etcdstore.Store); ok { // jobs run on one cluster, not a shard set
+			jc = &idemhttp.JobsConfig{Queue: func(t string) (*jobs.Queue, error) { return jobs.New(st, jobs.WithTenant(t)) }}
+			if c.tlsClientCAFile != "" || c.tokens != nil || c.tenantHeader != "" {
+				jc.Tenant = tenant // the caller's tenant, as for keys
+			}
+		}
 		return idemhttp.NewAPI(idemhttp.APIConfig{
 			Store: store, Tenant: tenant, Deadline: c.apiDeadline, MaxWait: c.maxWait, Metrics: metrics, ProblemDocs: c.problemDocs,
-			MaxCheckpoint: c.maxCheckpoint, Limiter: limiter,
+			MaxCheckpoint: c.maxCheckpoint, Limiter: limiter, Jobs: jc,
 		})
 	}
 	cfg := idemhttp.Config{
