@@ -193,3 +193,57 @@ func Example_invoiceRun() {
 func accountsToBill(ctx context.Context, month []byte) []string           { return nil }
 func chargeAccount(req *http.Request) error                               { return nil }
 func sendInvoiceEmail(ctx context.Context, key string, acct []byte) error { return nil }
+
+// A refund that waits for a manager's approval (an event, signalled by
+// another service, or twice: it is delivered once), then a cooling-off
+// period (a durable sleep), then pays. No worker holds the job while it
+// waits or sleeps; a worker that dies meanwhile changes nothing.
+func Example_approval() {
+	ctx, stop := context.WithTimeout(context.Background(), 30*time.Second)
+	defer stop()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints(), Logger: zap.NewNop()})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cli.Close()
+	store, err := etcdstore.New(ctx, cli, etcdstore.WithPrefix("/idem-example-approval/"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	q, err := jobs.New(store)
+	if err != nil {
+		log.Fatal(err)
+	}
+	refund := jobs.Kind{Name: "refund", Steps: []jobs.Step{
+		// The payload is this step's output; no approval in 8 h fails the job
+		// (a wait is at most half the store's retention, 24 h by default).
+		jobs.AwaitStep("approval", "approved", 8*time.Hour, jobs.Fail),
+		jobs.SleepStep("cool-off", time.Second), // a day, in production
+		{Name: "pay", Run: func(ctx context.Context, r *jobs.Run) ([]byte, error) {
+			fmt.Printf("paying %s, approved by %s\n", r.Params(), r.Output("approval"))
+			return nil, nil
+		}},
+	}}
+	w, err := jobs.NewWorker(q, []jobs.Kind{refund})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := q.Submit(ctx, "refund-81", "refund", []byte(`"42 EUR"`)); err != nil { // or POST /v1/jobs
+		log.Fatal(err)
+	}
+	for range 2 { // a retried signal: or idem jobs signal, or POST /v1/jobs/refund-81/signals/approved
+		if err := q.Signal(ctx, "refund-81", "approved", []byte(`"ada"`)); err != nil {
+			log.Fatal(err)
+		}
+	}
+	j, err := q.Wait(ctx, "refund-81")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(j.State, j.Attempts)
+	// Output:
+	// paying "42 EUR", approved by "ada"
+	// succeeded 1
+}

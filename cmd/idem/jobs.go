@@ -23,7 +23,7 @@ workers run step by step; these commands show and administer them.
 Commands:
   submit     submit a job:              idem jobs submit [--params JSON] [--run-at T] [--if-exists return|refuse] [--dedup-window D] ID KIND
   signal     deliver an event to a job: idem jobs signal [--payload JSON] ID EVENT
-  ls         list jobs:                 idem jobs ls [--state running|queued|scheduled|parked|succeeded|failed|cancelled]
+  ls         list jobs:                 idem jobs ls [--state running|queued|scheduled|waiting|parked|succeeded|failed|cancelled]
   get        one job, steps, attempts:  idem jobs get ID
   retry      queue a parked job again:  idem jobs retry [--retention D] ID
   cancel     end a job no worker runs:  idem jobs cancel [--reason R] [--retention D] ID
@@ -234,9 +234,9 @@ func jobsList(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	}
 	defer done()
 	switch s := jobs.State(*state); s {
-	case "", jobs.Running, jobs.Queued, jobs.Scheduled, jobs.Parked, jobs.Succeeded, jobs.Failed, jobs.Cancelled:
+	case "", jobs.Running, jobs.Queued, jobs.Scheduled, jobs.Waiting, jobs.Parked, jobs.Succeeded, jobs.Failed, jobs.Cancelled:
 	default:
-		return usageError{fmt.Errorf("--state %q: must be running, queued, scheduled, parked, succeeded, failed or cancelled", *state)}
+		return usageError{fmt.Errorf("--state %q: must be running, queued, scheduled, waiting, parked, succeeded, failed or cancelled", *state)}
 	}
 	var out []*jobs.Job
 	var after *etcdstore.Key
