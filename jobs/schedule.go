@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/robfig/cron/v3"
@@ -48,6 +49,9 @@ type Schedule struct {
 	// CatchUp says what happens to occurrences missed while no scheduler
 	// ran (default CatchUpLatest).
 	CatchUp CatchUp
+	// Overlap says what happens to an occurrence that comes while the
+	// job of the previous one has not ended (default OverlapAllowAll).
+	Overlap Overlap
 	// Lateness is how late an occurrence may still be submitted as on
 	// time (default a minute, and at most the interval between two
 	// occurrences); an occurrence later than that is missed, and CatchUp
@@ -97,6 +101,49 @@ func (c CatchUp) String() string {
 		return "none"
 	}
 	return fmt.Sprintf("CatchUp(%d)", int(c))
+}
+
+// Overlap says what a scheduler does with an occurrence that comes while
+// the job of the schedule's previous occurrence has not ended (it runs,
+// waits, or is parked). Every scheduler decides alike: the decision is a
+// compare-and-set on the schedule's cursor in etcd, which names the
+// occurrence that runs (and the one buffered).
+type Overlap int
+
+const (
+	// OverlapAllowAll submits every occurrence: jobs of several
+	// occurrences may run at once.
+	OverlapAllowAll Overlap = iota
+	// OverlapSkip skips an occurrence that comes while the previous one
+	// runs (counted and logged): never two at once.
+	OverlapSkip
+	// OverlapBufferOne holds the first occurrence that comes while the
+	// previous one runs, and submits it when that one ends; further ones
+	// that come meanwhile are skipped: never two at once, and none lost
+	// to a run that overlaps it once.
+	OverlapBufferOne
+)
+
+func (o Overlap) String() string {
+	switch o {
+	case OverlapAllowAll:
+		return "allow-all"
+	case OverlapSkip:
+		return "skip"
+	case OverlapBufferOne:
+		return "buffer-one"
+	}
+	return fmt.Sprintf("Overlap(%d)", int(o))
+}
+
+// ParseOverlap reads an Overlap's String.
+func ParseOverlap(s string) (Overlap, error) {
+	for o := OverlapAllowAll; o <= OverlapBufferOne; o++ {
+		if o.String() == s {
+			return o, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: overlap policy %q: allow-all, skip or buffer-one", ErrInvalid, s)
 }
 
 // OccurrenceID returns the job id of the occurrence of schedule name at t:
@@ -152,6 +199,9 @@ func (s *Schedule) validate(retention time.Duration) error {
 	}
 	if s.CatchUp < CatchUpLatest || s.CatchUp > CatchUpNone {
 		return fmt.Errorf("%w: schedule %s: unknown CatchUp %d", ErrInvalid, s.Name, s.CatchUp)
+	}
+	if s.Overlap < OverlapAllowAll || s.Overlap > OverlapBufferOne {
+		return fmt.Errorf("%w: schedule %s: unknown Overlap %d", ErrInvalid, s.Name, s.Overlap)
 	}
 	if s.Lateness < 0 || s.MaxCatchUp < 0 || s.MaxSkew < 0 {
 		return fmt.Errorf("%w: schedule %s: negative Lateness, MaxCatchUp or MaxSkew", ErrInvalid, s.Name)
@@ -247,11 +297,12 @@ func (s *Scheduler) Close() error {
 }
 
 // loop runs one schedule: catch up from the cursor, then submit each
-// occurrence as its time comes.
+// occurrence as its time comes (and a buffered one when the job before it
+// ends, followed on a Watch).
 func (s *Scheduler) loop(ctx context.Context, sc *Schedule) {
 	log := s.q.log.With("schedule", sc.Name)
 	for fails := 0; ctx.Err() == nil; {
-		next, err := s.tick(ctx, sc)
+		next, waitFor, err := s.tick(ctx, sc)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -262,47 +313,164 @@ func (s *Scheduler) loop(ctx context.Context, sc *Schedule) {
 			continue
 		}
 		fails = 0
-		clock.Sleep(s.q.clock, ctx, next.Sub(s.q.clock.Now()))
+		if waitFor == "" {
+			clock.Sleep(s.q.clock, ctx, next.Sub(s.q.clock.Now()))
+			continue
+		}
+		// An occurrence is buffered: tick again when the job before it
+		// ends, or at the next occurrence.
+		wctx, cancel := s.q.clock.WithTimeout(ctx, next.Sub(s.q.clock.Now()))
+		if _, err := s.q.Wait(wctx, waitFor); err != nil && wctx.Err() == nil {
+			clock.Sleep(s.q.clock, wctx, time.Second) // a job that cannot be followed now
+		}
+		cancel()
 	}
 }
 
 // tick submits what is due of sc: every occurrence after the cursor up to
-// now, as the catch-up policy says for the missed ones; then moves the
-// cursor to the latest, and returns when the next occurrence comes.
-func (s *Scheduler) tick(ctx context.Context, sc *Schedule) (time.Time, error) {
+// now, as the catch-up policy says for the missed ones and the overlap
+// policy for those that come while the previous one runs; then moves the
+// cursor to the latest, and returns when the next occurrence comes (and
+// the job to follow meanwhile, when an occurrence is buffered).
+func (s *Scheduler) tick(ctx context.Context, sc *Schedule) (time.Time, string, error) {
 	now := s.q.clock.Now()
-	cur, err := s.cursor(ctx, sc, now)
+	cur, rev, err := s.cursor(ctx, sc, now)
 	if err != nil {
-		return time.Time{}, err
+		return time.Time{}, "", err
 	}
 	submit, last, skipped, latest := sc.plan(cur.Last, now, s.q.store.Retention())
-	for _, t := range submit {
-		// Held back until its time on the workers' clocks: this scheduler's
-		// may run ahead.
-		_, err := s.q.Submit(ctx, OccurrenceID(sc.Name, t), sc.Kind, sc.params(t), RunAt(t))
-		switch {
-		case errors.Is(err, etcdstore.ErrMismatch):
-			s.q.log.Error("idem: schedule: another scheduler submitted this occurrence with other params; keeping its job", "schedule", sc.Name, "occurrence", t, "err", err)
-		case errors.Is(err, etcdstore.ErrTooLarge), errors.Is(err, etcdstore.ErrInvalidParams), errors.Is(err, ErrNotJob), errors.Is(err, ErrInvalid):
-			// A retry would fail alike, and hold every later occurrence.
-			s.q.log.Error("idem: schedule: skipping an occurrence that cannot be submitted", "schedule", sc.Name, "occurrence", t, "err", err)
-		case err != nil:
-			return time.Time{}, fmt.Errorf("occurrence %s: %w", t.Format(occurrenceLayout), err)
-		}
-	}
 	if skipped > 0 {
 		s.q.log.Warn("idem: schedule: skipped missed occurrences", "schedule", sc.Name, "skipped", skipped, "latest", latest, "catch_up", sc.CatchUp.String())
-	}
-	if last.After(cur.Last) {
-		if err := s.advance(ctx, sc, last); err != nil {
-			return time.Time{}, err
-		}
 	}
 	next := sc.spec.Next(maxTime(last, cur.Last, now.Add(-time.Second)))
 	if next.IsZero() {
 		next = now.Add(time.Hour) // a cron spec with no date left: look again later
 	}
-	return next, nil
+	switch {
+	case cur.Paused:
+		if len(submit) > 0 {
+			s.q.log.Warn("idem: schedule: skipped occurrences: the schedule is paused", "schedule", sc.Name, "skipped", len(submit), "latest", submit[len(submit)-1])
+		}
+	case sc.Overlap != OverlapAllowAll:
+		waitFor, moved, err := s.exclusive(ctx, sc, cur, rev, submit, now)
+		if err != nil || moved {
+			return now, "", err // another scheduler moved the cursor: read it again
+		}
+		return next, waitFor, nil
+	default:
+		for _, t := range submit {
+			if err := s.submit(ctx, sc, t); err != nil {
+				return time.Time{}, "", err
+			}
+		}
+	}
+	if last.After(cur.Last) {
+		if err := s.advance(ctx, sc, last); err != nil {
+			return time.Time{}, "", err
+		}
+	}
+	return next, "", nil
+}
+
+// submit submits the occurrence at t. Occurrences that can never be
+// submitted are logged and skipped rather than hold every later one.
+func (s *Scheduler) submit(ctx context.Context, sc *Schedule, t time.Time) error {
+	// Held back until its time on the workers' clocks: this scheduler's
+	// may run ahead.
+	_, err := s.q.Submit(ctx, OccurrenceID(sc.Name, t), sc.Kind, sc.params(t), RunAt(t))
+	switch {
+	case errors.Is(err, etcdstore.ErrMismatch):
+		s.q.log.Error("idem: schedule: another scheduler submitted this occurrence with other params; keeping its job", "schedule", sc.Name, "occurrence", t, "err", err)
+	case errors.Is(err, etcdstore.ErrTooLarge), errors.Is(err, etcdstore.ErrInvalidParams), errors.Is(err, ErrNotJob), errors.Is(err, ErrInvalid):
+		s.q.log.Error("idem: schedule: skipping an occurrence that cannot be submitted", "schedule", sc.Name, "occurrence", t, "err", err)
+	case err != nil:
+		return fmt.Errorf("occurrence %s: %w", t.Format(occurrenceLayout), err)
+	}
+	return nil
+}
+
+// exclusive decides the due occurrences of a schedule whose occurrences
+// must not overlap, one compare-and-set of the cursor each, and submits
+// those decided to run. moved reports that another scheduler moved the
+// cursor first; waitFor is the job to follow while one is buffered.
+//
+// The decision comes before the submission: a scheduler that dies between
+// the two leaves an occurrence the cursor names (Prev) without its job,
+// and the next tick of any scheduler submits it (prevRunning). An outcome
+// that may have happened is treated as having happened.
+func (s *Scheduler) exclusive(ctx context.Context, sc *Schedule, cur cursorValue, rev int64, submit []time.Time, now time.Time) (waitFor string, moved bool, err error) {
+	running, err := s.prevRunning(ctx, sc, cur, now)
+	if err != nil {
+		return "", false, err
+	}
+	if !running && !cur.Buffered.IsZero() {
+		nv := cur
+		nv.Prev, nv.Buffered = cur.Buffered, time.Time{}
+		if rev, err = s.setCursor(ctx, sc, rev, nv); err != nil || rev == 0 {
+			return "", rev == 0, err
+		}
+		cur, running = nv, true
+		s.q.log.Info("idem: schedule: submitting the buffered occurrence: the previous one ended", "schedule", sc.Name, "occurrence", cur.Prev)
+		if err := s.submit(ctx, sc, cur.Prev); err != nil {
+			return "", false, err
+		}
+	}
+	for _, t := range submit {
+		nv := cur
+		nv.Last = t
+		why := ""
+		switch {
+		case !running:
+			nv.Prev = t
+		case sc.Overlap == OverlapBufferOne && cur.Buffered.IsZero():
+			nv.Buffered = t
+		case sc.Overlap == OverlapBufferOne:
+			why = "an occurrence is buffered already while the previous one runs"
+		default:
+			why = "the previous occurrence still runs"
+		}
+		if rev, err = s.setCursor(ctx, sc, rev, nv); err != nil || rev == 0 {
+			return "", rev == 0, err
+		}
+		cur = nv
+		switch {
+		case why != "":
+			s.q.log.Warn("idem: schedule: skipped an occurrence: "+why, "schedule", sc.Name, "skipped", 1, "occurrence", t, "overlap", sc.Overlap.String())
+		case nv.Prev.Equal(t):
+			running = true
+			if err := s.submit(ctx, sc, t); err != nil {
+				return "", false, err
+			}
+		}
+	}
+	if running && !cur.Buffered.IsZero() {
+		return OccurrenceID(sc.Name, cur.Prev), false, nil
+	}
+	return "", false, nil
+}
+
+// prevRunning reports whether the job of the cursor's Prev occurrence has
+// not ended (parked counts as not ended), submitting it if it was decided
+// and never submitted. One older than half the store's retention may be
+// forgotten, and counts as ended.
+func (s *Scheduler) prevRunning(ctx context.Context, sc *Schedule, cur cursorValue, now time.Time) (bool, error) {
+	if cur.Prev.IsZero() || cur.Prev.Before(now.Add(-s.q.store.Retention()/2)) {
+		return false, nil
+	}
+	j, err := s.q.Get(ctx, OccurrenceID(sc.Name, cur.Prev))
+	if errors.Is(err, etcdstore.ErrNotFound) {
+		if err := s.submit(ctx, sc, cur.Prev); err != nil {
+			return false, err
+		}
+		j, err = s.q.Get(ctx, OccurrenceID(sc.Name, cur.Prev))
+		if errors.Is(err, etcdstore.ErrNotFound) {
+			return false, nil // it cannot be submitted (logged): it never runs
+		}
+	}
+	if err != nil {
+		return false, err
+	}
+	return !j.State.Final(), nil
 }
 
 // plan returns the occurrences after from, up to now, to submit, the latest
@@ -370,6 +538,26 @@ type cursorValue struct {
 	Kind string    `json:"kind"`
 	// Spec is the schedule's cron expression or interval, for operators.
 	Spec string `json:"spec"`
+	// Location, Overlap and CatchUp are the schedule's, as its last
+	// scheduler knew them; DefaultParams is set when its occurrences' params
+	// are the default ones (a backfill from the command line can make them).
+	Location      string `json:"location,omitempty"`
+	Overlap       string `json:"overlap,omitempty"`
+	CatchUp       string `json:"catch_up,omitempty"`
+	DefaultParams bool   `json:"default_params,omitempty"`
+	// Paused: occurrences that come are skipped (Queue.PauseSchedule).
+	Paused bool `json:"paused,omitempty"`
+	// Prev is the latest occurrence decided to run, under an Overlap
+	// policy other than OverlapAllowAll; Buffered the one held until Prev's
+	// job ends (OverlapBufferOne).
+	Prev     time.Time `json:"prev,omitzero"`
+	Buffered time.Time `json:"buffered,omitzero"`
+}
+
+// describe fills what cv says of sc.
+func (cv *cursorValue) describe(sc *Schedule) {
+	cv.Kind, cv.Spec, cv.Location = sc.Kind, sc.specString(), sc.Location.String()
+	cv.Overlap, cv.CatchUp, cv.DefaultParams = sc.Overlap.String(), sc.CatchUp.String(), sc.Params == nil
 }
 
 // cursorName is the name of a schedule's cursor among the store's values
@@ -379,31 +567,47 @@ func cursorName(tenant, schedule string) string { return "s/" + tenant + "/" + s
 // cursor reads sc's cursor, creating it MaxSkew before now when the
 // schedule is new (so a new schedule starts with its next occurrences, not
 // its past).
-func (s *Scheduler) cursor(ctx context.Context, sc *Schedule, now time.Time) (cursorValue, error) {
+func (s *Scheduler) cursor(ctx context.Context, sc *Schedule, now time.Time) (cursorValue, int64, error) {
 	name := cursorName(s.q.tenant, sc.Name)
 	v, err := s.q.store.Value(ctx, name)
 	if err != nil {
-		return cursorValue{}, err
+		return cursorValue{}, 0, err
 	}
 	var cv cursorValue
 	if v.Revision != 0 {
 		if err := json.Unmarshal(v.Value, &cv); err != nil {
-			return cursorValue{}, fmt.Errorf("schedule %s: cursor %s: %w", sc.Name, name, err)
+			return cursorValue{}, 0, fmt.Errorf("schedule %s: cursor %s: %w", sc.Name, name, err)
 		}
-		return cv, nil
+		return cv, v.Revision, nil
 	}
 	// MaxSkew back: this scheduler's clock may run ahead of the others'.
-	cv = cursorValue{Last: now.Add(-sc.MaxSkew).UTC().Truncate(time.Second), Kind: sc.Kind, Spec: sc.specString()}
+	cv = cursorValue{Last: now.Add(-sc.MaxSkew).UTC().Truncate(time.Second)}
+	cv.describe(sc)
 	b, _ := json.Marshal(cv)
 	cur, ok, err := s.q.store.SetValue(ctx, name, b, 0)
-	if err != nil || ok {
-		return cv, err
+	if err != nil {
+		return cv, 0, err
+	}
+	if ok {
+		return cv, cur.Revision, nil
 	}
 	// Another scheduler made it first.
 	if err := json.Unmarshal(cur.Value, &cv); err != nil {
-		return cursorValue{}, fmt.Errorf("schedule %s: cursor %s: %w", sc.Name, name, err)
+		return cursorValue{}, 0, fmt.Errorf("schedule %s: cursor %s: %w", sc.Name, name, err)
 	}
-	return cv, nil
+	return cv, cur.Revision, nil
+}
+
+// setCursor writes cv as sc's cursor if its revision is still rev, and
+// returns the new revision, or 0 when another scheduler moved it first.
+func (s *Scheduler) setCursor(ctx context.Context, sc *Schedule, rev int64, cv cursorValue) (int64, error) {
+	cv.describe(sc)
+	b, _ := json.Marshal(cv)
+	v, ok, err := s.q.store.SetValue(ctx, cursorName(s.q.tenant, sc.Name), b, rev)
+	if err != nil || !ok {
+		return 0, err
+	}
+	return v.Revision, nil
 }
 
 // advance moves sc's cursor forward to last, never back: a compare-and-set
@@ -424,7 +628,8 @@ func (s *Scheduler) advance(ctx context.Context, sc *Schedule, last time.Time) e
 		if !last.After(cv.Last) {
 			return nil
 		}
-		cv.Last, cv.Kind, cv.Spec = last.UTC(), sc.Kind, sc.specString()
+		cv.Last = last.UTC()
+		cv.describe(sc)
 		b, _ := json.Marshal(cv)
 		var ok bool
 		if v, ok, err = s.q.store.SetValue(ctx, name, b, v.Revision); err != nil || ok {
@@ -446,10 +651,65 @@ func (sc *Schedule) specString() string {
 type ScheduleInfo struct {
 	Name string
 	Kind string
-	// Spec is its cron expression, or "every <interval>".
-	Spec string
-	// Last is the latest occurrence a scheduler handled.
-	Last time.Time
+	// Spec is its cron expression, or "every <interval>"; Location the
+	// cron expression's time zone.
+	Spec     string
+	Location string
+	// Overlap and CatchUp are its policies ("" when the cursor predates
+	// them: allow-all and latest).
+	Overlap, CatchUp string
+	// Paused: its occurrences are skipped until it is resumed.
+	Paused bool
+	// Last is the latest occurrence a scheduler handled; Prev the latest
+	// decided to run and Buffered the one held until Prev's job ends
+	// (under Overlap skip or buffer-one).
+	Last, Prev, Buffered time.Time
+	// DefaultParams: the occurrences' params are the default ones, so a
+	// backfill from the command line can make them.
+	DefaultParams bool
+	spec          cron.Schedule
+}
+
+// Next returns the schedule's next n occurrences after t, or none when its
+// spec cannot be read.
+func (si ScheduleInfo) Next(t time.Time, n int) []time.Time {
+	if si.spec == nil {
+		return nil
+	}
+	var out []time.Time
+	for len(out) < n {
+		if t = si.spec.Next(t); t.IsZero() {
+			break
+		}
+		out = append(out, t)
+	}
+	return out
+}
+
+// Schedule rebuilds the schedule the cursor describes (without a Params
+// function: the default params), or an error saying why it cannot.
+func (si ScheduleInfo) Schedule(retention time.Duration) (Schedule, error) {
+	sc := Schedule{Name: si.Name, Kind: si.Kind}
+	if d, ok := strings.CutPrefix(si.Spec, "every "); ok {
+		every, err := time.ParseDuration(d)
+		if err != nil {
+			return sc, fmt.Errorf("%w: schedule %s: spec %q: %v", ErrInvalid, si.Name, si.Spec, err)
+		}
+		sc.Every = every
+	} else {
+		sc.Cron = si.Spec
+		if si.Location != "" {
+			loc, err := time.LoadLocation(si.Location)
+			if err != nil {
+				return sc, fmt.Errorf("%w: schedule %s: location %q: %v", ErrInvalid, si.Name, si.Location, err)
+			}
+			sc.Location = loc
+		}
+	}
+	if err := sc.validate(retention); err != nil {
+		return sc, err
+	}
+	return sc, nil
 }
 
 // Schedules returns the schedules of tenant (DefaultTenant when empty) that
@@ -470,7 +730,95 @@ func Schedules(ctx context.Context, admin *etcdstore.Admin, tenant string) ([]Sc
 		if err := json.Unmarshal(v.Value, &cv); err != nil {
 			continue
 		}
-		out = append(out, ScheduleInfo{Name: v.Name[len(prefix):], Kind: cv.Kind, Spec: cv.Spec, Last: cv.Last})
+		si := ScheduleInfo{Name: v.Name[len(prefix):], Kind: cv.Kind, Spec: cv.Spec, Location: cv.Location, Overlap: cv.Overlap,
+			CatchUp: cv.CatchUp, Paused: cv.Paused, Last: cv.Last, Prev: cv.Prev, Buffered: cv.Buffered, DefaultParams: cv.DefaultParams}
+		if sc, err := si.Schedule(365 * 24 * time.Hour); err == nil {
+			si.spec = sc.spec
+		}
+		out = append(out, si)
 	}
 	return out, nil
+}
+
+// PauseSchedule pauses (paused true) or resumes schedule name of the
+// queue's tenant, for every scheduler of it: while it is paused, its
+// occurrences are skipped (counted and logged), not run later. The
+// schedule must have run (its cursor exists: etcdstore.ErrNotFound).
+// Pausing a paused schedule changes nothing.
+func (q *Queue) PauseSchedule(ctx context.Context, name string, paused bool) error {
+	if err := validName(name, 64, true); err != nil {
+		return fmt.Errorf("pause schedule: %w: name %q: %v", ErrInvalid, name, err)
+	}
+	cn := cursorName(q.tenant, name)
+	for try := 0; try < 8; try++ {
+		v, err := q.store.Value(ctx, cn)
+		if err != nil {
+			return fmt.Errorf("pause schedule %s: %w", name, err)
+		}
+		if v.Revision == 0 {
+			return fmt.Errorf("pause schedule %s: %w: no scheduler ran it (tenant %s)", name, etcdstore.ErrNotFound, q.tenant)
+		}
+		var cv cursorValue
+		if err := json.Unmarshal(v.Value, &cv); err != nil {
+			return fmt.Errorf("pause schedule %s: cursor: %w", name, err)
+		}
+		if cv.Paused == paused {
+			return nil
+		}
+		cv.Paused = paused
+		b, _ := json.Marshal(cv)
+		if _, ok, err := q.store.SetValue(ctx, cn, b, v.Revision); err != nil || ok {
+			if err != nil {
+				return fmt.Errorf("pause schedule %s: %w", name, err)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("pause schedule %s: %w: the cursor kept moving", name, etcdstore.ErrUnavailable)
+}
+
+// MaxBackfill bounds the occurrences one Backfill submits.
+const MaxBackfill = 10_000
+
+// Backfill submits the occurrences of sc from from to to (both included)
+// as jobs, each with its occurrence's id, so each still runs once: an
+// occurrence a scheduler submitted already is not submitted again. It
+// returns how many occurrences it submitted anew. The range must lie in
+// the past and within half the store's retention (an older occurrence's
+// job may have been forgotten, and would run twice), with at most
+// MaxBackfill occurrences. A backfill ignores sc's Overlap: its jobs may
+// run at once, as workers take them.
+func (q *Queue) Backfill(ctx context.Context, sc Schedule, from, to time.Time) (int, error) {
+	if err := sc.validate(q.store.Retention()); err != nil {
+		return 0, fmt.Errorf("backfill: %w", err)
+	}
+	now := q.clock.Now()
+	switch {
+	case to.Before(from):
+		return 0, fmt.Errorf("backfill %s: %w: from %v is after to %v", sc.Name, ErrInvalid, from, to)
+	case to.After(now):
+		return 0, fmt.Errorf("backfill %s: %w: to %v is in the future: its occurrences are the schedulers'", sc.Name, ErrInvalid, to)
+	case from.Before(now.Add(-q.store.Retention() / 2)):
+		return 0, fmt.Errorf("backfill %s: %w: from %v is older than half the store's retention (%v): those jobs may be forgotten, and would run twice",
+			sc.Name, ErrInvalid, from, q.store.Retention())
+	}
+	var times []time.Time
+	for t := sc.spec.Next(from.Add(-time.Nanosecond)); !t.IsZero() && !t.After(to); t = sc.spec.Next(t) {
+		if len(times) == MaxBackfill {
+			return 0, fmt.Errorf("backfill %s: %w: more than %d occurrences in the range", sc.Name, ErrInvalid, MaxBackfill)
+		}
+		times = append(times, t)
+	}
+	n := 0
+	for _, t := range times {
+		_, err := q.Submit(ctx, OccurrenceID(sc.Name, t), sc.Kind, sc.params(t), RunAt(t), RefuseDuplicate())
+		switch {
+		case err == nil:
+			n++
+		case errors.Is(err, ErrDuplicate):
+		default:
+			return n, fmt.Errorf("backfill %s: occurrence %s: %w", sc.Name, t.Format(occurrenceLayout), err)
+		}
+	}
+	return n, nil
 }
