@@ -319,10 +319,14 @@ func (s *Scheduler) loop(ctx context.Context, sc *Schedule) {
 		}
 		// An occurrence is buffered: tick again when the job before it
 		// ends, or at the next occurrence.
-		wctx, cancel := s.q.clock.WithTimeout(ctx, next.Sub(s.q.clock.Now()))
+		// (A timer of the clock, not a context deadline: the deadline of
+		// a context is the machine's time.)
+		wctx, cancel := context.WithCancel(ctx)
+		stop := s.q.clock.AfterFunc(next.Sub(s.q.clock.Now()), cancel)
 		if _, err := s.q.Wait(wctx, waitFor); err != nil && wctx.Err() == nil {
 			clock.Sleep(s.q.clock, wctx, time.Second) // a job that cannot be followed now
 		}
+		stop()
 		cancel()
 	}
 }
