@@ -29,9 +29,18 @@ import (
 // The transaction is the claim's: If CreateRevision(record) == 0 Then
 // Put(record, lease=bucket) Else Get(record), or a compare-and-set on a
 // record whose retention has passed.
-func (s *Store) Enqueue(ctx context.Context, key Key, fp Fingerprint, data []byte) (*Record, error) {
+func (s *Store) Enqueue(ctx context.Context, key Key, fp Fingerprint, data []byte, opts ...EnqueueOption) (*Record, error) {
 	if err := key.Validate(); err != nil {
 		return nil, fmt.Errorf("enqueue: %w", err)
+	}
+	var cfg enqueueConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if cfg.value != "" {
+		if err := validValueName(cfg.value); err != nil {
+			return nil, fmt.Errorf("enqueue %s: %w", key, err)
+		}
 	}
 	if len(data) > s.maxRecord {
 		return nil, fmt.Errorf("enqueue %s: %w: checkpoint is %d bytes, limit %d", key, ErrTooLarge, len(data), s.maxRecord)
@@ -67,6 +76,9 @@ func (s *Store) Enqueue(ctx context.Context, key Key, fp Fingerprint, data []byt
 			Created:     now,
 			Expires:     now.Add(s.retention),
 			Checkpoint:  data,
+		}
+		if cfg.value != "" {
+			cmps = append(cmps, modified(s.ks.values()+cfg.value, cfg.valueRev))
 		}
 		epoch := s.epoch.Load()
 		var setRev int64
@@ -109,6 +121,29 @@ func (s *Store) Enqueue(ctx context.Context, key Key, fp Fingerprint, data []byt
 			s.epoch.Store(res.epoch)
 		}
 		cur, known = res.cur, true
+		if cfg.value != "" && (cur == nil || cur.expired(now)) {
+			// No live record, so the compare that failed is the value's.
+			return nil, fmt.Errorf("enqueue %s: %w: value %q is no longer at revision %d", key, ErrValueChanged, cfg.value, cfg.valueRev)
+		}
 	}
 	return nil, fmt.Errorf("enqueue %s: %w: the record kept changing", key, ErrUnavailable)
+}
+
+// EnqueueOption configures Enqueue.
+type EnqueueOption func(*enqueueConfig)
+
+type enqueueConfig struct {
+	value    string
+	valueRev int64
+}
+
+// IfValue makes Enqueue write the record only while the value name
+// (Store.SetValue) is still at revision rev: a write decided under that
+// value cannot land after the value moved on (a stalled writer's late
+// write). When it moved, and the record does not exist, Enqueue writes
+// nothing and returns an error wrapping ErrValueChanged. A record that
+// exists is returned as without the option. Package jobs fences the
+// occurrences its schedules decide with their cursor so.
+func IfValue(name string, rev int64) EnqueueOption {
+	return func(c *enqueueConfig) { c.value, c.valueRev = name, rev }
 }

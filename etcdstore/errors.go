@@ -82,6 +82,11 @@ var (
 	// again by the new set (package shard does).
 	ErrSetChanged = errors.New("the shard set changed")
 
+	// ErrValueChanged is returned by Store.Enqueue with IfValue when the
+	// value moved from the revision the write was decided under. Nothing
+	// was written.
+	ErrValueChanged = errors.New("value changed")
+
 	// ErrStoreFull is returned (together with ErrUnavailable) when etcd
 	// refuses a write because its database reached its quota (the NOSPACE
 	// alarm). Nothing was written. Replays of done keys still work; an

@@ -88,6 +88,10 @@ func lastStep(cp []byte) int {
 func (w *world) spawnActor(n int) {
 	name := fmt.Sprintf("a%d", n)
 	p := w.procs[w.rng.IntN(len(w.procs))]
+	if w.sched != nil && p.store != nil && w.rng.IntN(8) == 0 {
+		w.s.spawn(name+"/pause", p, false, func(a *actor) { w.pauser(a, p) })
+		return
+	}
 	if w.durable.on && w.rng.IntN(4) == 0 {
 		w.s.spawn(name+"/signal", p, false, func(a *actor) { w.signaller(a, p) })
 		return

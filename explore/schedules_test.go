@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"sort"
 	"strings"
@@ -11,6 +12,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 
+	"github.com/idem-dev/idem/clock"
+	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/jobs"
 )
 
@@ -55,8 +58,9 @@ func (w *world) pickSchedule(rng interface{ IntN(int) int }) time.Time {
 	if rng.IntN(4) != 0 {
 		return start
 	}
-	w.sched = &schedWorld{spec: jobs.Schedule{Name: "tick", Kind: "explore", Every: 20 * time.Second,
-		Lateness: time.Second, MaxSkew: 5 * time.Second, CatchUp: jobs.CatchUp(rng.IntN(3)), MaxCatchUp: 5}}
+	w.sched = &schedWorld{spec: jobs.Schedule{Name: "tick", Kind: "tick", Every: 20 * time.Second,
+		Lateness: time.Second, MaxSkew: 5 * time.Second, CatchUp: jobs.CatchUp(rng.IntN(3)), MaxCatchUp: 5,
+		Overlap: []jobs.Overlap{jobs.OverlapAllowAll, jobs.OverlapAllowAll, jobs.OverlapSkip, jobs.OverlapBufferOne}[rng.IntN(4)]}}
 	if rng.IntN(2) == 0 {
 		w.sched.dst = true
 		w.sched.spec.Every = 0
@@ -78,6 +82,19 @@ func (w *world) startScheduler(p *process) {
 		panic(err)
 	}
 	if _, err := jobs.NewScheduler(q, []jobs.Schedule{w.sched.spec}); err != nil {
+		panic(err)
+	}
+	// Every process runs the occurrences too, as idem's workers do: each
+	// sleeps (durably) for 0-50 s by its occurrence, so that occurrences
+	// 20 s apart overlap or not.
+	tick := jobs.Kind{Name: "tick", MaxAttempts: 20, Backoff: time.Second, MaxBackoff: 4 * time.Second, Steps: []jobs.Step{
+		{Name: "work", Run: func(ctx context.Context, r *jobs.Run) ([]byte, error) {
+			h := fnv.New32a()
+			h.Write([]byte(r.Key().ID))
+			return nil, r.Sleep(time.Duration(h.Sum32()%51) * time.Second)
+		}},
+	}}
+	if _, err := jobs.NewWorker(q, []jobs.Kind{tick}, jobs.Concurrency(2), jobs.DrainTimeout(5*time.Second)); err != nil {
 		panic(err)
 	}
 	// The scheduler stops with the process: its work is the process's
@@ -188,6 +205,78 @@ func (w *world) checkSchedule(hist map[string][]version) []string {
 	}
 	if w.sched.dst {
 		w.ledger.hit("path:schedule across daylight saving")
+	}
+	bad = append(bad, w.checkOverlap(hist)...)
+	return bad
+}
+
+// pauser pauses the world's schedule through p, for every scheduler, and
+// resumes it some simulated seconds later (each call retried a few times
+// through faults; a resume that never lands leaves it paused, its
+// occurrences counted as skipped).
+func (w *world) pauser(a *actor, p *process) {
+	q, err := jobs.New(p.store)
+	if err != nil {
+		panic(err)
+	}
+	for _, paused := range []bool{true, false} {
+		for try := 0; try < 5; try++ {
+			w.s.step(a)
+			err := q.PauseSchedule(a.ctx, w.sched.spec.Name, paused)
+			w.note("%s: pause schedule %v: %v", a.name, paused, err)
+			if err == nil || !retryable(err) {
+				break
+			}
+		}
+		if paused {
+			clock.Sleep(p.clock, a.ctx, time.Duration(5+w.rng.IntN(40))*time.Second)
+		}
+	}
+}
+
+// checkOverlap checks O1: under an overlap policy other than allow-all,
+// the jobs of two occurrences never overlap: an occurrence's job is
+// created only after the job of the occurrence before it ended (or was
+// forgotten).
+func (w *world) checkOverlap(hist map[string][]version) []string {
+	if w.sched.spec.Overlap == jobs.OverlapAllowAll || w.cfg.restores {
+		return nil // a restore takes jobs and the cursor back
+	}
+	type life struct {
+		t              time.Time
+		created, ended int64 // revisions; ended 0: never
+	}
+	var lives []life
+	prefix := jobTenant + "/" + w.sched.spec.Name + "@"
+	for key, vs := range hist {
+		id, ok := strings.CutPrefix(key, prefix)
+		if !ok || len(vs) == 0 || vs[0].deleted {
+			continue
+		}
+		t, err := time.Parse("2006-01-02T15:04:05Z", id)
+		if err != nil {
+			continue
+		}
+		l := life{t: t, created: vs[0].rev}
+		for _, v := range vs {
+			if v.deleted || v.rec.State == etcdstore.Done {
+				l.ended = v.rev
+				break
+			}
+		}
+		lives = append(lives, l)
+	}
+	sort.Slice(lives, func(i, j int) bool { return lives[i].t.Before(lives[j].t) })
+	var bad []string
+	for i := 1; i < len(lives); i++ {
+		a, b := lives[i-1], lives[i]
+		if a.ended == 0 || b.created < a.ended {
+			bad = append(bad, fmt.Sprintf("O1: schedule %s (%s): occurrence %s's job was created at revision %d while %s's ran (ended at %d)",
+				w.sched.spec.Name, w.sched.spec.Overlap, b.t.Format(time.RFC3339), b.created, a.t.Format(time.RFC3339), a.ended))
+		}
+	}
+	if len(lives) > 1 {
+		w.ledger.hit("path:occurrences that must not overlap checked (" + w.sched.spec.Overlap.String() + ")")
 	}
 	return bad
 }

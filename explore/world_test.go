@@ -382,6 +382,22 @@ func (l *ledgerLog) Handle(_ context.Context, r slog.Record) error {
 		})
 	case msg == "schedule: skipping an occurrence that cannot be submitted" && l.w.sched != nil:
 		l.w.sched.skipped++
+	case strings.HasPrefix(msg, "schedule: skipped an occurrence: ") && l.w.sched != nil:
+		// Skipped by the overlap policy: on time, not late.
+		l.w.sched.skipped++
+		l.w.ledger.hit("path:occurrence skipped: another ran (" + l.w.sched.spec.Overlap.String() + ")")
+	case msg == "schedule: skipped occurrences: the schedule is paused" && l.w.sched != nil:
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "skipped" {
+				l.w.sched.skipped += int(a.Value.Int64())
+			}
+			return true
+		})
+		l.w.ledger.hit("path:occurrences skipped while paused")
+	case msg == "schedule: submitting the buffered occurrence: the previous one ended":
+		l.w.ledger.hit("path:buffered occurrence submitted when the previous ended")
+	case msg == "schedule: submitting an occurrence decided to run but not submitted":
+		l.w.ledger.hit("path:occurrence decided but not submitted, submitted by a later tick")
 	case strings.HasPrefix(msg, "idem session lost"):
 		l.w.log(event{kind: evSessionLost, proc: l.p.name, owner: owner})
 	case msg == "abandoned a claim whose write had an unknown outcome":

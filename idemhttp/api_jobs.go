@@ -36,7 +36,15 @@ type SubmitJobRequest struct {
 	// DedupWindowMS: the id names one job for this long after it was
 	// submitted; past it, an ended job is replaced (0: the retention).
 	DedupWindowMS int64 `json:"dedup_window_ms,omitempty"`
+	// SubmissionID names this submission on every retry of it, so that a
+	// retry after an unknown outcome (a 503, a lost reply) gets 201 and its
+	// own job, not 200 or 409 duplicate-job.
+	SubmissionID string `json:"submission_id,omitempty"`
 }
+
+// maxDedupWindowMS bounds dedup_window_ms (100 years): past it, it would
+// overflow a time.Duration.
+const maxDedupWindowMS = 100 * 365 * 24 * 3600 * 1000
 
 // SignalRequest is the body of POST /v1/jobs/{id}/signals/{event}.
 type SignalRequest struct {
@@ -154,8 +162,8 @@ func (a *API) submitJob(w http.ResponseWriter, r *http.Request) {
 	case req.IfExists != "" && req.IfExists != "return" && req.IfExists != "refuse":
 		a.problem(w, NewProblem(http.StatusBadRequest, KindInvalidRequest, fmt.Sprintf("if_exists %q: return or refuse", req.IfExists)))
 		return
-	case req.DedupWindowMS < 0:
-		a.problem(w, NewProblem(http.StatusBadRequest, KindInvalidRequest, "dedup_window_ms must not be negative"))
+	case req.DedupWindowMS < 0 || req.DedupWindowMS > maxDedupWindowMS:
+		a.problem(w, NewProblem(http.StatusBadRequest, KindInvalidRequest, fmt.Sprintf("dedup_window_ms must be 0 to %d (100 years)", maxDedupWindowMS)))
 		return
 	}
 	q := a.jobsQueue(w, r, tenant)
@@ -167,6 +175,9 @@ func (a *API) submitJob(w http.ResponseWriter, r *http.Request) {
 	opts := []jobs.SubmitOption{jobs.RefuseDuplicate(), jobs.DedupWindow(time.Duration(req.DedupWindowMS) * time.Millisecond)}
 	if req.RunAt != nil {
 		opts = append(opts, jobs.RunAt(*req.RunAt))
+	}
+	if req.SubmissionID != "" {
+		opts = append(opts, jobs.SubmissionID(req.SubmissionID))
 	}
 	j, err := q.Submit(r.Context(), req.ID, req.Kind, params, opts...)
 	switch {

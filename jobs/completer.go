@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -26,7 +27,7 @@ type completer struct {
 	mu     sync.Mutex
 	jobs   map[string]*entry          // in-flight jobs of registered kinds, by id
 	owners map[string]bool            // live sessions
-	events map[string]map[string]bool // events signalled, by job id and name
+	events map[string]map[string]bool // events signalled, by job (id and creation) and name
 	due    dueQueue                   // when each entry may be tried, by time
 	free   int                        // slots for jobs
 	kick   chan struct{}              // closed (and replaced) to wake dispatch
@@ -43,7 +44,8 @@ type entry struct {
 	notBefore time.Time
 	expires   time.Time
 	parked    bool
-	awaiting  string // the event it waits for: it is due when that comes
+	awaiting  string    // the event it waits for: it is due when that comes
+	created   time.Time // the record's creation, which names the job's events
 
 	// held: a claim at this revision found the job held by a live owner,
 	// or this worker already tried it at this revision: not again until
@@ -112,11 +114,12 @@ func (c *completer) load(feed *etcdstore.Feed) {
 	}
 	events := map[string]map[string]bool{}
 	for _, v := range feed.Values() {
-		if id, name, ok := parseEvent(v.Name[len(eventPrefix(c.w.q.tenant)):]); ok {
-			if events[id] == nil {
-				events[id] = map[string]bool{}
+		if id, created, name, ok := parseEvent(v.Name[len(eventPrefix(c.w.q.tenant)):]); ok {
+			job := eventJob(id, created)
+			if events[job] == nil {
+				events[job] = map[string]bool{}
 			}
-			events[id][name] = true
+			events[job][name] = true
 		}
 	}
 	jobs := map[string]*entry{}
@@ -187,26 +190,30 @@ func (c *completer) recordChanged(ch etcdstore.Change) {
 // eventChanged notes an event signalled (or deleted, its retention past),
 // and wakes the job that waits for it.
 func (c *completer) eventChanged(v *etcdstore.Value) {
-	id, name, ok := parseEvent(strings.TrimPrefix(v.Name, eventPrefix(c.w.q.tenant)))
+	id, created, name, ok := parseEvent(strings.TrimPrefix(v.Name, eventPrefix(c.w.q.tenant)))
 	if !ok {
 		return
 	}
+	job := eventJob(id, created)
 	switch {
-	case v.Revision == 0 && c.events[id] != nil:
-		delete(c.events[id], name)
-		if len(c.events[id]) == 0 {
-			delete(c.events, id)
+	case v.Revision == 0 && c.events[job] != nil:
+		delete(c.events[job], name)
+		if len(c.events[job]) == 0 {
+			delete(c.events, job)
 		}
 	case v.Revision != 0:
-		if c.events[id] == nil {
-			c.events[id] = map[string]bool{}
+		if c.events[job] == nil {
+			c.events[job] = map[string]bool{}
 		}
-		c.events[id][name] = true
+		c.events[job][name] = true
 	}
-	if e := c.jobs[id]; e != nil && e.awaiting == name {
+	if e := c.jobs[id]; e != nil && e.awaiting == name && e.created.UnixMilli() == created {
 		c.schedule(e)
 	}
 }
+
+// eventJob names a job in the completer's events: its id and creation.
+func eventJob(id string, created int64) string { return id + "/" + strconv.FormatInt(created, 10) }
 
 func (c *completer) drop(id string) {
 	if e := c.jobs[id]; e != nil {
@@ -226,7 +233,7 @@ func (c *completer) entryOf(rec *etcdstore.Record) *entry {
 		return nil
 	}
 	e := &entry{id: rec.Key.ID, fp: rec.Fingerprint, kind: c.w.kinds[st.Kind], rev: rec.Revision, owner: rec.Owner,
-		deadline: rec.Deadline, expires: rec.Expires, parked: st.Parked, awaiting: st.Awaiting}
+		deadline: rec.Deadline, expires: rec.Expires, parked: st.Parked, awaiting: st.Awaiting, created: rec.Created}
 	if st.NotBefore != 0 {
 		e.notBefore = time.UnixMilli(st.NotBefore)
 	}
@@ -249,7 +256,7 @@ func (c *completer) when(e *entry, now time.Time) (time.Time, bool) {
 	}
 	var t time.Time
 	switch {
-	case e.owner == "" && e.awaiting != "" && c.events[e.id][e.awaiting]:
+	case e.owner == "" && e.awaiting != "" && c.events[eventJob(e.id, e.created.UnixMilli())][e.awaiting]:
 		t = now // its event came
 	case e.owner == "": // queued, abandoned, scheduled for later, waiting for an event until its timeout
 		t = e.notBefore

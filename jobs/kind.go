@@ -184,6 +184,7 @@ type Run struct {
 	ctx     context.Context // the attempt's, for the checkpoints of waits
 	calls   int             // waits reached in this run of the step
 	suspend *wait           // set when a wait gives the job back
+	retry   time.Time       // when to look again, after the store failed a wait
 }
 
 // Key returns the job's key.
@@ -338,9 +339,11 @@ func (r *Run) Await(name string, timeout time.Duration) ([]byte, error) {
 	case w.TimedOut:
 		return nil, fmt.Errorf("await %s: %w", name, ErrTimeout)
 	}
-	v, err := r.q.store.Value(r.ctx, eventName(r.tenant, r.Key().ID, name))
+	v, err := r.q.store.Value(r.ctx, eventName(r.tenant, r.Key().ID, r.claim.Created(), name))
 	if err != nil {
-		return nil, fmt.Errorf("await %s: %w", name, err)
+		// Not known: neither the payload nor a timeout. The job is given
+		// back, and looked at again in a second.
+		return nil, r.suspendAfter(w)
 	}
 	switch {
 	case v.Revision != 0:
@@ -358,12 +361,24 @@ func (r *Run) Await(name string, timeout time.Duration) ([]byte, error) {
 	if err := checkpoint(r.ctx, r.q.clock, r.claim, r.st.encode(), nil); err != nil {
 		w.Got, w.Payload, w.TimedOut = false, nil, false
 		r.st.Awaiting, r.st.NotBefore = awaiting, notBefore
-		return nil, fmt.Errorf("await %s: saving what it received: %w", name, err)
+		if refused(err) {
+			return nil, fmt.Errorf("await %s: saving what it received: %w", name, err) // a payload too large for the job
+		}
+		// Not saved, or not known to be: the step did not see it, and a
+		// later run decides again.
+		return nil, r.suspendAfter(w)
 	}
 	if w.TimedOut {
 		return nil, fmt.Errorf("await %s: %w", name, ErrTimeout)
 	}
 	return w.Payload, nil
+}
+
+// suspendAfter gives the job back with wait w pending, to be looked at
+// again in a second (the store failed it).
+func (r *Run) suspendAfter(w *wait) error {
+	r.suspend, r.retry = w, r.now().Add(time.Second)
+	return ErrSuspended
 }
 
 // reach finds the wait this call is in the step's run (event "" for a

@@ -82,6 +82,9 @@ type submitConfig struct {
 	st     *state
 	refuse bool
 	window time.Duration
+	fence  []etcdstore.EnqueueOption // a schedule's decided occurrence: its cursor
+
+	submissionSet bool
 }
 
 // RunAt holds the job's first attempt back until t: it is Scheduled until
@@ -96,6 +99,16 @@ func RunAt(t time.Time) SubmitOption {
 // A submission retried after a lost reply recognises its own job: only
 // another submission's is a duplicate.
 func RefuseDuplicate() SubmitOption { return func(c *submitConfig) { c.refuse = true } }
+
+// SubmissionID names the submission, for RefuseDuplicate: a caller that
+// retries Submit after an error whose outcome is unknown (etcdstore.
+// ErrUnavailable: the job may have been written) passes the same id on
+// every try, and gets its own job back instead of ErrDuplicate. 1 to 128
+// bytes of visible ASCII, unique per submission (a request id). Without
+// it, a Submit call recognises only its own retries.
+func SubmissionID(id string) SubmitOption {
+	return func(c *submitConfig) { c.st.Submission, c.submissionSet = id, true }
+}
 
 // DedupWindow makes a job id name one job for d after it was submitted,
 // rather than for the store's whole retention: a Submit of an id whose job
@@ -137,6 +150,11 @@ func (q *Queue) Submit(ctx context.Context, id, kind string, params []byte, opts
 		o(&cfg)
 	}
 	st := cfg.st
+	if cfg.submissionSet {
+		if err := validSubmission(st.Submission); err != nil {
+			return nil, fmt.Errorf("submit %s: %w: submission id %q: %v", id, ErrInvalid, st.Submission, err)
+		}
+	}
 	switch {
 	case cfg.window < 0:
 		return nil, fmt.Errorf("submit %s: %w: negative dedup window %v", id, ErrInvalid, cfg.window)
@@ -145,7 +163,7 @@ func (q *Queue) Submit(ctx context.Context, id, kind string, params []byte, opts
 			id, ErrInvalid, time.UnixMilli(st.NotBefore), q.store.Retention())
 	}
 	for round := 0; ; round++ {
-		rec, err := q.store.Enqueue(ctx, key, fp, st.encode())
+		rec, err := q.store.Enqueue(ctx, key, fp, st.encode(), cfg.fence...)
 		if errors.Is(err, etcdstore.ErrTooLarge) {
 			return nil, fmt.Errorf("submit %s: params of %d bytes do not fit the store's %d-byte records: %w", id, len(params), q.store.MaxRecordSize(), err)
 		}
@@ -178,6 +196,18 @@ func (q *Queue) Submit(ctx context.Context, id, kind string, params []byte, opts
 		}
 		return j, nil
 	}
+}
+
+func validSubmission(s string) error {
+	if s == "" || len(s) > 128 {
+		return fmt.Errorf("must be 1 to 128 bytes")
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x21 || c > 0x7e {
+			return fmt.Errorf("byte %#02x at offset %d is not visible ASCII", c, i)
+		}
+	}
+	return nil
 }
 
 // submittedBy reports whether rec holds the job of the submission nonce.

@@ -363,7 +363,7 @@ func (s *Scheduler) tick(ctx context.Context, sc *Schedule) (time.Time, string, 
 		return next, waitFor, nil
 	default:
 		for _, t := range submit {
-			if err := s.submit(ctx, sc, t); err != nil {
+			if err := s.submit(ctx, sc, t, 0); err != nil {
 				return time.Time{}, "", err
 			}
 		}
@@ -377,11 +377,21 @@ func (s *Scheduler) tick(ctx context.Context, sc *Schedule) (time.Time, string, 
 }
 
 // submit submits the occurrence at t. Occurrences that can never be
-// submitted are logged and skipped rather than hold every later one.
-func (s *Scheduler) submit(ctx context.Context, sc *Schedule, t time.Time) error {
+// submitted are logged and skipped rather than hold every later one. A
+// cursorRev other than 0 fences the submission: it lands only while the
+// schedule's cursor is at that revision (an occurrence decided under an
+// overlap policy, whose late submission could overlap a later one), else
+// it is an error wrapping etcdstore.ErrValueChanged.
+func (s *Scheduler) submit(ctx context.Context, sc *Schedule, t time.Time, cursorRev int64) error {
 	// Held back until its time on the workers' clocks: this scheduler's
 	// may run ahead.
-	_, err := s.q.Submit(ctx, OccurrenceID(sc.Name, t), sc.Kind, sc.params(t), RunAt(t))
+	opts := []SubmitOption{RunAt(t)}
+	if cursorRev != 0 {
+		opts = append(opts, func(c *submitConfig) {
+			c.fence = []etcdstore.EnqueueOption{etcdstore.IfValue(cursorName(s.q.tenant, sc.Name), cursorRev)}
+		})
+	}
+	_, err := s.q.Submit(ctx, OccurrenceID(sc.Name, t), sc.Kind, sc.params(t), opts...)
 	switch {
 	case errors.Is(err, etcdstore.ErrMismatch):
 		s.q.log.Error("idem: schedule: another scheduler submitted this occurrence with other params; keeping its job", "schedule", sc.Name, "occurrence", t, "err", err)
@@ -403,7 +413,10 @@ func (s *Scheduler) submit(ctx context.Context, sc *Schedule, t time.Time) error
 // and the next tick of any scheduler submits it (prevRunning). An outcome
 // that may have happened is treated as having happened.
 func (s *Scheduler) exclusive(ctx context.Context, sc *Schedule, cur cursorValue, rev int64, submit []time.Time, now time.Time) (waitFor string, moved bool, err error) {
-	running, err := s.prevRunning(ctx, sc, cur, now)
+	running, err := s.prevRunning(ctx, sc, cur, rev, now)
+	if errors.Is(err, etcdstore.ErrValueChanged) {
+		return "", true, nil
+	}
 	if err != nil {
 		return "", false, err
 	}
@@ -415,8 +428,8 @@ func (s *Scheduler) exclusive(ctx context.Context, sc *Schedule, cur cursorValue
 		}
 		cur, running = nv, true
 		s.q.log.Info("idem: schedule: submitting the buffered occurrence: the previous one ended", "schedule", sc.Name, "occurrence", cur.Prev)
-		if err := s.submit(ctx, sc, cur.Prev); err != nil {
-			return "", false, err
+		if err := s.submit(ctx, sc, cur.Prev, rev); err != nil {
+			return "", errors.Is(err, etcdstore.ErrValueChanged), ignoreMoved(err)
 		}
 	}
 	for _, t := range submit {
@@ -442,8 +455,8 @@ func (s *Scheduler) exclusive(ctx context.Context, sc *Schedule, cur cursorValue
 			s.q.log.Warn("idem: schedule: skipped an occurrence: "+why, "schedule", sc.Name, "skipped", 1, "occurrence", t, "overlap", sc.Overlap.String())
 		case nv.Prev.Equal(t):
 			running = true
-			if err := s.submit(ctx, sc, t); err != nil {
-				return "", false, err
+			if err := s.submit(ctx, sc, t, rev); err != nil {
+				return "", errors.Is(err, etcdstore.ErrValueChanged), ignoreMoved(err)
 			}
 		}
 	}
@@ -453,21 +466,40 @@ func (s *Scheduler) exclusive(ctx context.Context, sc *Schedule, cur cursorValue
 	return "", false, nil
 }
 
+// ignoreMoved is err, or nil when it says the cursor moved (the caller
+// reads it again).
+func ignoreMoved(err error) error {
+	if errors.Is(err, etcdstore.ErrValueChanged) {
+		return nil
+	}
+	return err
+}
+
 // prevRunning reports whether the job of the cursor's Prev occurrence has
 // not ended (parked counts as not ended), submitting it if it was decided
-// and never submitted. One older than half the store's retention may be
-// forgotten, and counts as ended.
-func (s *Scheduler) prevRunning(ctx context.Context, sc *Schedule, cur cursorValue, now time.Time) (bool, error) {
-	if cur.Prev.IsZero() || cur.Prev.Before(now.Add(-s.q.store.Retention()/2)) {
+// and never submitted (its scheduler died between the two). A job that is
+// not there and whose occurrence is older than half the store's retention
+// was forgotten: it ended.
+func (s *Scheduler) prevRunning(ctx context.Context, sc *Schedule, cur cursorValue, rev int64, now time.Time) (bool, error) {
+	if cur.Prev.IsZero() {
 		return false, nil
 	}
-	j, err := s.q.Get(ctx, OccurrenceID(sc.Name, cur.Prev))
+	id := OccurrenceID(sc.Name, cur.Prev)
+	j, err := s.q.Get(ctx, id)
 	if errors.Is(err, etcdstore.ErrNotFound) {
-		if err := s.submit(ctx, sc, cur.Prev); err != nil {
+		// Its job was created, if ever, after the decision, which came
+		// at the earliest MaxSkew before the occurrence (a scheduler whose
+		// clock runs ahead), and is kept a retention after its last
+		// write. Before then (on a clock up to MaxSkew ahead), absent
+		// means never submitted.
+		if !now.Before(cur.Prev.Add(s.q.store.Retention() - 2*sc.MaxSkew)) {
+			return false, nil // may have been forgotten: never submitted again
+		}
+		s.q.log.Info("idem: schedule: submitting an occurrence decided to run but not submitted", "schedule", sc.Name, "occurrence", cur.Prev)
+		if err := s.submit(ctx, sc, cur.Prev, rev); err != nil {
 			return false, err
 		}
-		j, err = s.q.Get(ctx, OccurrenceID(sc.Name, cur.Prev))
-		if errors.Is(err, etcdstore.ErrNotFound) {
+		if j, err = s.q.Get(ctx, id); errors.Is(err, etcdstore.ErrNotFound) {
 			return false, nil // it cannot be submitted (logged): it never runs
 		}
 	}

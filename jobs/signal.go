@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/idem-dev/idem/etcdstore"
 )
@@ -16,17 +18,25 @@ import (
 var ErrSignalMismatch = errors.New("event signalled before with another payload")
 
 // eventPrefix is the start of the names (among the store's values) of the
-// events of tenant's jobs: e/<tenant>/<job id>/<event>. Ids and tenants hold
-// no '/', and event names neither.
+// events of tenant's jobs: e/<tenant>/<job id>/<job created, unix ms>/<event>.
+// The job's creation names the job, not only its id: a job that replaces
+// another of its id (DedupWindow, or after the store forgot it) never sees
+// the other's events. Ids and tenants hold no '/', and event names neither.
 func eventPrefix(tenant string) string { return "e/" + tenant + "/" }
 
-func eventName(tenant, id, event string) string { return eventPrefix(tenant) + id + "/" + event }
+func eventName(tenant, id string, created time.Time, event string) string {
+	return eventPrefix(tenant) + id + "/" + strconv.FormatInt(created.UnixMilli(), 10) + "/" + event
+}
 
 // parseEvent splits an event's value name (without the tenant's prefix)
-// into its job id and event name.
-func parseEvent(rest string) (id, event string, ok bool) {
-	id, event, ok = strings.Cut(rest, "/")
-	return id, event, ok && id != "" && event != ""
+// into its job's id and creation, and the event's name.
+func parseEvent(rest string) (id string, created int64, event string, ok bool) {
+	parts := strings.Split(rest, "/")
+	if len(parts) != 3 || parts[0] == "" || parts[2] == "" {
+		return "", 0, "", false
+	}
+	created, err := strconv.ParseInt(parts[1], 10, 64)
+	return parts[0], created, parts[2], err == nil
 }
 
 // Signal delivers event name, with payload, to job id: the job's
@@ -48,8 +58,8 @@ func (q *Queue) Signal(ctx context.Context, id, name string, payload []byte) err
 	if err := validName(name, 64, true); err != nil {
 		return fmt.Errorf("signal %s: %w: event name %q: %v", key, ErrInvalid, name, err)
 	}
-	if limit := q.store.MaxRecordSize() / 2; len(payload) > limit {
-		return fmt.Errorf("signal %s %s: %w: a payload of %d bytes, limit %d (half the store's record size: it is saved with the job)",
+	if limit := q.store.MaxRecordSize() / 3; len(payload) > limit {
+		return fmt.Errorf("signal %s %s: %w: a payload of %d bytes, limit %d (a third of the store's record size: it is saved with the job, in base64)",
 			key, name, ErrInvalid, len(payload), limit)
 	}
 	j, err := q.Get(ctx, id)
@@ -62,7 +72,7 @@ func (q *Queue) Signal(ctx context.Context, id, name string, payload []byte) err
 	if payload == nil {
 		payload = []byte{}
 	}
-	v, ok, err := q.store.SetValue(ctx, eventName(q.tenant, id, name), payload, 0, etcdstore.Retained())
+	v, ok, err := q.store.SetValue(ctx, eventName(q.tenant, id, j.Created, name), payload, 0, etcdstore.Retained())
 	switch {
 	case err != nil:
 		return fmt.Errorf("signal %s %s: %w", key, name, err)
@@ -72,12 +82,12 @@ func (q *Queue) Signal(ctx context.Context, id, name string, payload []byte) err
 	return nil
 }
 
-// eventCame reports whether event (of job id) was signalled; "" never
-// was. An error reading it counts as not yet.
-func (q *Queue) eventCame(ctx context.Context, event, id string) bool {
+// eventCame reports whether event (of job id, created then) was
+// signalled; "" never was. An error reading it counts as not yet.
+func (q *Queue) eventCame(ctx context.Context, event, id string, created time.Time) bool {
 	if event == "" {
 		return false
 	}
-	v, err := q.store.Value(ctx, eventName(q.tenant, id, event))
+	v, err := q.store.Value(ctx, eventName(q.tenant, id, created, event))
 	return err == nil && v.Revision != 0
 }

@@ -160,7 +160,7 @@ func (w *Worker) Run(ctx context.Context, id string) (*Job, error) {
 	switch {
 	case k == nil:
 		return j, fmt.Errorf("run %s: %w: %s", rec.Key, ErrUnknownKind, j.Kind)
-	case j.State == Waiting && j.NotBefore.After(w.q.clock.Now()) && !w.q.eventCame(ctx, j.Awaiting, id):
+	case j.State == Waiting && j.NotBefore.After(w.q.clock.Now()) && !w.q.eventCame(ctx, j.Awaiting, id, j.Created):
 		return j, nil // its event has not come, nor its timeout
 	case j.State != Queued && j.State != Running && j.State != Waiting:
 		return j, nil
@@ -221,12 +221,15 @@ func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind) (etcd
 	}
 	n := c.Takeovers() - st.Base
 	switch {
-	case st.Parked || st.NotBefore > w.q.clock.Now().UnixMilli() && !w.q.eventCame(ctx, st.Awaiting, c.Key().ID):
+	case st.Parked || st.NotBefore > w.q.clock.Now().UnixMilli() && !w.q.eventCame(ctx, st.Awaiting, c.Key().ID, c.Created()):
 		return w.giveBack(ctx, c, st) // not this attempt's to run now
 	case n > k.MaxAttempts:
 		st.addError(w.errorOf(c, n, "", fmt.Errorf("attempt %d of %d: a previous attempt ended without saying why (its worker died or was cut off)", n, k.MaxAttempts)))
 		return w.park(ctx, c, st, n)
 	}
+	// Whatever held it back (a wait, a backoff) is over: this attempt
+	// runs. A wait it reaches again sets them anew; a failure, its backoff.
+	st.NotBefore, st.Awaiting = 0, ""
 	st.Steps = st.Steps[:0]
 	for _, s := range k.Steps {
 		st.Steps = append(st.Steps, s.Name)
@@ -249,7 +252,7 @@ func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind) (etcd
 		r := &Run{claim: c, tenant: w.q.tenant, st: st, step: step.Name, attempt: n, q: w.q, ctx: ctx}
 		out, err := callStep(ctx, step, r)
 		if r.suspend != nil {
-			return w.suspended(ctx, c, st, r.suspend)
+			return w.suspended(ctx, c, st, r.suspend, r.retry)
 		}
 		if err != nil {
 			return w.stepFailed(ctx, c, st, k, step, n, err)
@@ -382,7 +385,7 @@ func (w *Worker) compensate(ctx context.Context, c *etcdstore.Claim, st *state, 
 		if d.Compensated || step == nil || step.Compensate == nil {
 			continue
 		}
-		r := &Run{claim: c, tenant: w.q.tenant, st: st, step: d.Name, attempt: n, compensating: true}
+		r := &Run{claim: c, tenant: w.q.tenant, st: st, step: d.Name, attempt: n, compensating: true, q: w.q, ctx: ctx}
 		if err := callCompensate(ctx, step, r); err != nil {
 			if ctx.Err() != nil {
 				return w.interrupted(ctx, c, st)
@@ -435,8 +438,13 @@ func (w *Worker) park(ctx context.Context, c *etcdstore.Claim, st *state, n int)
 // Run.Await): the wait is saved with it, and NotBefore holds it until the
 // wait ends (a sleep's end, an await's timeout; an event that comes ends an
 // await sooner). The attempt is not counted: it did not fail.
-func (w *Worker) suspended(ctx context.Context, c *etcdstore.Claim, st *state, wt *wait) (etcdstore.Outcome, etcdstore.End) {
+func (w *Worker) suspended(ctx context.Context, c *etcdstore.Claim, st *state, wt *wait, retry time.Time) (etcdstore.Outcome, etcdstore.End) {
 	st.NotBefore, st.Awaiting = wt.Until, wt.Event
+	if !retry.IsZero() && retry.UnixMilli() < wt.Until {
+		// The store could not be read or written for the wait: look again
+		// soon (the event may be there), not only at its timeout.
+		st.NotBefore, st.Awaiting = ceilMilli(retry), ""
+	}
 	w.log.Debug("idem: job waits", "job", c.Key().Digest(), "step", wt.Step, "event", wt.Event, "until", time.UnixMilli(wt.Until))
 	return w.giveBack(ctx, c, st)
 }

@@ -103,12 +103,13 @@ func (a *adminCmd) openJobs(ctx context.Context, args []string, nargs int) (clus
 // jobsSubmit submits a job from the command line (or a script in any
 // language): idempotent by ID, as Queue.Submit is.
 func jobsSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
-	a := newJobsCmd("submit", "submit [--tenant T] [--params JSON | --params-file F] [--run-at RFC3339] [--if-exists return|refuse] [--dedup-window D] [--retention D] ID KIND", stderr)
+	a := newJobsCmd("submit", "submit [--tenant T] [--params JSON | --params-file F] [--run-at RFC3339] [--if-exists return|refuse] [--submission-id S] [--dedup-window D] [--retention D] ID KIND", stderr)
 	defer func() { err = a.explain(err) }()
 	params := a.fs.String("params", "", "the job's params (JSON, or any bytes); the same on every retry of the submission")
 	paramsFile := a.fs.String("params-file", "", "read the params from this file (- : standard input)")
 	runAt := a.fs.String("run-at", "", "run it no earlier than this time (RFC 3339), within half the store's retention")
 	ifExists := a.fs.String("if-exists", "return", "when ID names a job another submission wrote: return it (exit 0), or refuse (exit 1, the job printed)")
+	submission := a.fs.String("submission-id", "", "names this submission on every retry of it, so that --if-exists refuse recognises its own job after an unknown outcome")
 	window := a.fs.Duration("dedup-window", 0, "ID names one job for this long after it was submitted (0: the store's retention); past it, an ended job is replaced")
 	retention := a.fs.Duration("retention", etcdstore.DefaultRetention, "the retention of the workers' store (idem serve --retention, etcdstore.WithRetention)")
 	if err := parseFlags(a.fs, args); err != nil {
@@ -148,6 +149,9 @@ func jobsSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	opts := []jobs.SubmitOption{jobs.DedupWindow(*window)}
 	if *ifExists == "refuse" {
 		opts = append(opts, jobs.RefuseDuplicate())
+	}
+	if *submission != "" {
+		opts = append(opts, jobs.SubmissionID(*submission))
 	}
 	if *runAt != "" {
 		t, err := time.Parse(time.RFC3339, *runAt)
