@@ -56,10 +56,11 @@ func (s *Store) Enqueue(ctx context.Context, key Key, fp Fingerprint, data []byt
 	for round := 0; round < 8; round++ {
 		now := s.now()
 		cmps := []cond{created(ekey, pb.Compare_EQUAL, 0)}
+		var expect *Record // the record this round's write replaces (nil: none)
 		if known && cur != nil {
 			switch {
 			case cur.expired(now):
-				cmps = []cond{modified(ekey, cur.Revision)} // a new operation
+				cmps, expect = []cond{modified(ekey, cur.Revision)}, cur // a new operation
 			case cur.State == Moved:
 				return nil, &MovedError{Key: key, To: cur.MovedTo, Epoch: cur.Epoch}
 			case cur.Fingerprint != fp:
@@ -121,8 +122,9 @@ func (s *Store) Enqueue(ctx context.Context, key Key, fp Fingerprint, data []byt
 			s.epoch.Store(res.epoch)
 		}
 		cur, known = res.cur, true
-		if cfg.value != "" && (cur == nil || cur.expired(now)) {
-			// No live record, so the compare that failed is the value's.
+		if cfg.value != "" && (cur == nil && expect == nil || cur != nil && expect != nil && cur.Revision == expect.Revision) {
+			// The record was as this round expected (absent, or the same
+			// expired one), so the compare that failed is the value's.
 			return nil, fmt.Errorf("enqueue %s: %w: value %q is no longer at revision %d", key, ErrValueChanged, cfg.value, cfg.valueRev)
 		}
 	}

@@ -3,6 +3,7 @@ package etcdstore
 import (
 	"errors"
 	"testing"
+	"time"
 )
 
 // Enqueue with IfValue writes only while the value is at the revision the
@@ -41,5 +42,42 @@ func TestEnqueueIfValue(t *testing.T) {
 	}
 	if _, err := s.Enqueue(ctx, Key{ID: "x"}, fp, nil, IfValue("/abs", 1)); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("a bad value name = %v; want ErrInvalidArgument", err)
+	}
+}
+
+// Over an expired record (its retention passed, not swept yet), Enqueue
+// with IfValue writes the new operation while the value holds, and is
+// refused once it moved; it never takes the expired record for a moved
+// value (a scheduler's decided occurrence spun on that refusal).
+func TestEnqueueIfValueOverAnExpiredRecord(t *testing.T) {
+	cli := client(t)
+	prefix := testPrefix(t)
+	ctx := testCtx(t)
+	short := newStore(t, cli, prefix, WithRetention(time.Second))
+	key, fp := Key{Tenant: "jobs", ID: "tick@2"}, fpOf(t, `2`)
+	old, err := short.Enqueue(ctx, key, fp, []byte("old"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := newShiftClock()
+	clk.Shift(2 * time.Second) // a writer for whom it has expired
+	s := newStore(t, cli, prefix, WithClock(clk))
+	v, _, err := s.SetValue(ctx, "s/jobs/tick", []byte("prev=2"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := s.Enqueue(ctx, key, fp, []byte("new"), IfValue("s/jobs/tick", v.Revision))
+	if err != nil || rec.Token == old.Token || string(rec.Checkpoint) != "new" {
+		t.Fatalf("Enqueue over an expired record, value unmoved = %+v, %v; want a new record", rec, err)
+	}
+	key2 := Key{Tenant: "jobs", ID: "tick@3"}
+	if _, err := short.Enqueue(ctx, key2, fp, []byte("old")); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.SetValue(ctx, "s/jobs/tick", []byte("prev=3"), v.Revision); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := s.Enqueue(ctx, key2, fp, []byte("new"), IfValue("s/jobs/tick", v.Revision)); !errors.Is(err, ErrValueChanged) {
+		t.Fatalf("Enqueue over an expired record, value moved = %+v, %v; want ErrValueChanged", rec, err)
 	}
 }

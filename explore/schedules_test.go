@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -117,20 +118,29 @@ func (w *world) checkSchedule(hist map[string][]version) []string {
 	type span struct{ from, to time.Time }
 	var spans []span
 	var cur time.Time
+	// pending: what the last cursor decided to run (Prev) or holds
+	// (Buffered, until Prev's job ends): not lost if not submitted yet.
+	var pending, restoredAway []time.Time
 	for _, ev := range w.feed.since(w.start+1, w.lastWrite+1) {
 		if string(ev.Kv.Key) != cursor {
 			continue
 		}
 		if ev.Type == mvccpb.DELETE {
+			// A restore took the cursor away: what it had decided and not
+			// submitted yet is lost with it (a restore's cost, not a skip).
+			restoredAway = append(restoredAway, pending...)
 			cur = time.Time{}
 			continue
 		}
 		var cv struct {
-			Last time.Time `json:"last"`
+			Last     time.Time `json:"last"`
+			Prev     time.Time `json:"prev"`
+			Buffered time.Time `json:"buffered"`
 		}
 		if json.Unmarshal(ev.Kv.Value, &cv) != nil {
 			continue
 		}
+		pending = []time.Time{cv.Prev, cv.Buffered}
 		if !cur.IsZero() && cv.Last.After(cur) {
 			spans = append(spans, span{cur, cv.Last})
 		}
@@ -175,7 +185,7 @@ func (w *world) checkSchedule(hist map[string][]version) []string {
 			}
 			seen[t] = true
 			wanted++
-			if got[t] == 0 {
+			if got[t] == 0 && !slices.ContainsFunc(pending, t.Equal) && !slices.ContainsFunc(restoredAway, t.Equal) {
 				missing++
 			}
 		}
@@ -245,6 +255,7 @@ func (w *world) checkOverlap(hist map[string][]version) []string {
 	type life struct {
 		t              time.Time
 		created, ended int64 // revisions; ended 0: never
+		vs             []version
 	}
 	var lives []life
 	prefix := jobTenant + "/" + w.sched.spec.Name + "@"
@@ -257,7 +268,7 @@ func (w *world) checkOverlap(hist map[string][]version) []string {
 		if err != nil {
 			continue
 		}
-		l := life{t: t, created: vs[0].rev}
+		l := life{t: t, created: vs[0].rev, vs: vs}
 		for _, v := range vs {
 			if v.deleted || v.rec.State == etcdstore.Done {
 				l.ended = v.rev
@@ -267,9 +278,29 @@ func (w *world) checkOverlap(hist map[string][]version) []string {
 		lives = append(lives, l)
 	}
 	sort.Slice(lives, func(i, j int) bool { return lives[i].t.Before(lives[j].t) })
+	var spread time.Duration // a clock ahead by up to it judges expiry early
+	for _, x := range w.cfg.skew {
+		for _, y := range w.cfg.skew {
+			spread = max(spread, x-y)
+		}
+	}
 	var bad []string
 	for i := 1; i < len(lives); i++ {
 		a, b := lives[i-1], lives[i]
+		// a's job was forgotten when b's was made: the retention of its
+		// last write before then had passed (nobody wrote it: its worker was
+		// paused, or cut off, longer than the retention). A job's step must
+		// write within the retention (docs/JOBS.md).
+		var last *version
+		for i := range a.vs {
+			if a.vs[i].rev < b.created {
+				last = &a.vs[i]
+			}
+		}
+		if at, ok := w.timeOf(b.created); ok && last != nil && !last.deleted && last.rec.State != etcdstore.Done && !at.Add(spread).Before(last.rec.Expires) {
+			w.ledger.hit("path:occurrence's job forgotten while it ran (paused past the retention)")
+			continue
+		}
 		if a.ended == 0 || b.created < a.ended {
 			bad = append(bad, fmt.Sprintf("O1: schedule %s (%s): occurrence %s's job was created at revision %d while %s's ran (ended at %d)",
 				w.sched.spec.Name, w.sched.spec.Overlap, b.t.Format(time.RFC3339), b.created, a.t.Format(time.RFC3339), a.ended))

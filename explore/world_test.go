@@ -385,7 +385,11 @@ func (l *ledgerLog) Handle(_ context.Context, r slog.Record) error {
 	case strings.HasPrefix(msg, "schedule: skipped an occurrence: ") && l.w.sched != nil:
 		// Skipped by the overlap policy: on time, not late.
 		l.w.sched.skipped++
-		l.w.ledger.hit("path:occurrence skipped: another ran (" + l.w.sched.spec.Overlap.String() + ")")
+		if strings.Contains(msg, "may have been forgotten") {
+			l.w.ledger.hit("path:decided occurrence not there past the retention")
+		} else {
+			l.w.ledger.hit("path:occurrence skipped: another ran (" + l.w.sched.spec.Overlap.String() + ")")
+		}
 	case msg == "schedule: skipped occurrences: the schedule is paused" && l.w.sched != nil:
 		r.Attrs(func(a slog.Attr) bool {
 			if a.Key == "skipped" {

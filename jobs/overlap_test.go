@@ -92,8 +92,10 @@ func TestOverlapPolicies(t *testing.T) {
 				t.Fatal(err)
 			}
 			if policy == OverlapBufferOne {
-				// The scheduler follows job 1: the buffered occurrence is
-				// submitted when it ends, before the next one comes.
+				// The scheduler looks at job 1 every second: the buffered
+				// occurrence is submitted once it ended, before the next
+				// one comes.
+				master.set(at(3).Add(6 * time.Second))
 				waitExists(t, q, id(2))
 				cv = waitCursorWhere(t, q, "sync", func(cv cursorValue) bool { return cv.Prev.Equal(at(2)) })
 				if !cv.Buffered.IsZero() || exists(t, q, id(3)) {

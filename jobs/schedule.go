@@ -70,6 +70,9 @@ type Schedule struct {
 	MaxSkew time.Duration
 
 	spec cron.Schedule
+	// forgotten is the decided occurrence this schedule's loop last said
+	// it would not submit again (see prevRunning).
+	forgotten time.Time
 }
 
 // CatchUp says what a scheduler does with missed occurrences: ones that
@@ -297,8 +300,8 @@ func (s *Scheduler) Close() error {
 }
 
 // loop runs one schedule: catch up from the cursor, then submit each
-// occurrence as its time comes (and a buffered one when the job before it
-// ends, followed on a Watch).
+// occurrence as its time comes (and a buffered one soon after the job
+// before it ends).
 func (s *Scheduler) loop(ctx context.Context, sc *Schedule) {
 	log := s.q.log.With("schedule", sc.Name)
 	for fails := 0; ctx.Err() == nil; {
@@ -313,23 +316,22 @@ func (s *Scheduler) loop(ctx context.Context, sc *Schedule) {
 			continue
 		}
 		fails = 0
-		if waitFor == "" {
-			clock.Sleep(s.q.clock, ctx, next.Sub(s.q.clock.Now()))
-			continue
+		d := next.Sub(s.q.clock.Now())
+		if d <= 0 {
+			d = 20 * time.Millisecond // the cursor moved under a decision: read it again, without spinning
 		}
-		// An occurrence is buffered: tick again when the job before it
-		// ends, or at the next occurrence.
-		// (A timer of the clock, not a context deadline: the deadline of
-		// a context is the machine's time.)
-		wctx, cancel := context.WithCancel(ctx)
-		stop := s.q.clock.AfterFunc(next.Sub(s.q.clock.Now()), cancel)
-		if _, err := s.q.Wait(wctx, waitFor); err != nil && wctx.Err() == nil {
-			clock.Sleep(s.q.clock, wctx, time.Second) // a job that cannot be followed now
+		if waitFor != "" {
+			// An occurrence is buffered: look at the job before it every
+			// second (a read), to submit it soon after that job ends.
+			d = min(d, bufferedPoll)
 		}
-		stop()
-		cancel()
+		clock.Sleep(s.q.clock, ctx, d)
 	}
 }
+
+// bufferedPoll is how often a scheduler looks at the job an occurrence
+// is buffered behind (OverlapBufferOne).
+const bufferedPoll = time.Second
 
 // tick submits what is due of sc: every occurrence after the cursor up to
 // now, as the catch-up policy says for the missed ones and the overlap
@@ -446,13 +448,16 @@ func (s *Scheduler) exclusive(ctx context.Context, sc *Schedule, cur cursorValue
 		default:
 			why = "the previous occurrence still runs"
 		}
+		if why != "" {
+			// Said before the decision is written: a decision that may
+			// have landed is treated as having landed.
+			s.q.log.Warn("idem: schedule: skipped an occurrence: "+why, "schedule", sc.Name, "skipped", 1, "occurrence", t, "overlap", sc.Overlap.String())
+		}
 		if rev, err = s.setCursor(ctx, sc, rev, nv); err != nil || rev == 0 {
 			return "", rev == 0, err
 		}
 		cur = nv
 		switch {
-		case why != "":
-			s.q.log.Warn("idem: schedule: skipped an occurrence: "+why, "schedule", sc.Name, "skipped", 1, "occurrence", t, "overlap", sc.Overlap.String())
 		case nv.Prev.Equal(t):
 			running = true
 			if err := s.submit(ctx, sc, t, rev); err != nil {
@@ -493,7 +498,15 @@ func (s *Scheduler) prevRunning(ctx context.Context, sc *Schedule, cur cursorVal
 		// write. Before then (on a clock up to MaxSkew ahead), absent
 		// means never submitted.
 		if !now.Before(cur.Prev.Add(s.q.store.Retention() - 2*sc.MaxSkew)) {
-			return false, nil // may have been forgotten: never submitted again
+			// It may have been forgotten: never submitted again, so never
+			// run twice; it may also never have run (its scheduler failed
+			// to submit it for as long): said once.
+			if !sc.forgotten.Equal(cur.Prev) {
+				sc.forgotten = cur.Prev
+				s.q.log.Warn("idem: schedule: skipped an occurrence: decided to run, its job is not there and may have been forgotten; not submitted again",
+					"schedule", sc.Name, "skipped", 1, "occurrence", cur.Prev)
+			}
+			return false, nil
 		}
 		s.q.log.Info("idem: schedule: submitting an occurrence decided to run but not submitted", "schedule", sc.Name, "occurrence", cur.Prev)
 		if err := s.submit(ctx, sc, cur.Prev, rev); err != nil {

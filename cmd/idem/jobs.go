@@ -27,7 +27,10 @@ Commands:
   get        one job, steps, attempts:  idem jobs get ID
   retry      queue a parked job again:  idem jobs retry [--retention D] ID
   cancel     end a job no worker runs:  idem jobs cancel [--reason R] [--retention D] ID
-  schedules  the schedules' cursors:    idem jobs schedules
+  schedules  the schedules, next times: idem jobs schedules [--next N]
+  pause      pause a schedule:          idem jobs pause SCHEDULE
+  resume     resume a paused schedule:  idem jobs resume SCHEDULE
+  backfill   run a past range again:    idem jobs backfill --from T --to T SCHEDULE
 
 Run "idem jobs COMMAND -h" for a command's flags.
 `
@@ -51,6 +54,10 @@ func jobsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return jobsOperate(ctx, args[0], args[1:], stdout, stderr)
 	case "schedules":
 		return jobsSchedules(ctx, args[1:], stdout, stderr)
+	case "pause", "resume":
+		return jobsPause(ctx, args[0], args[1:], stdout, stderr)
+	case "backfill":
+		return jobsBackfill(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, jobsUsage)
 		return nil
@@ -331,8 +338,15 @@ func jobsOperate(ctx context.Context, op string, args []string, stdout, stderr i
 }
 
 func jobsSchedules(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
-	a := newJobsCmd("schedules", "schedules [--tenant T] [-w simple|json|table]", stderr)
+	a := newJobsCmd("schedules", "schedules [--tenant T] [--next N] [-w simple|json|table]", stderr)
 	defer func() { err = a.explain(err) }()
+	next := a.fs.Int("next", 3, "how many of each schedule's next occurrences to show")
+	if err := parseFlags(a.fs, args); err != nil {
+		return err
+	}
+	if *next < 0 || *next > 100 {
+		return usageError{fmt.Errorf("--next %d: 0 to 100", *next)}
+	}
 	c, ctx, done, err := a.openJobs(ctx, args, 0)
 	if err != nil {
 		return err
@@ -342,24 +356,150 @@ func jobsSchedules(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err != nil {
 		return err
 	}
+	now := time.Now()
+	type view struct {
+		Name          string      `json:"name"`
+		Kind          string      `json:"kind"`
+		Spec          string      `json:"spec"`
+		Location      string      `json:"location,omitempty"`
+		Overlap       string      `json:"overlap"`
+		CatchUp       string      `json:"catch_up"`
+		Paused        bool        `json:"paused"`
+		Last          time.Time   `json:"last"`
+		Running       *time.Time  `json:"running,omitempty"`
+		Buffered      *time.Time  `json:"buffered,omitempty"`
+		Next          []time.Time `json:"next"`
+		DefaultParams bool        `json:"default_params"`
+	}
+	views := make([]view, len(infos))
+	for i, s := range infos {
+		v := view{Name: s.Name, Kind: s.Kind, Spec: s.Spec, Location: s.Location, Overlap: s.Overlap, CatchUp: s.CatchUp,
+			Paused: s.Paused, Last: s.Last, Next: s.Next(now, *next), DefaultParams: s.DefaultParams}
+		if v.Overlap == "" {
+			v.Overlap = jobs.OverlapAllowAll.String() // a cursor from before the policies
+		}
+		if v.CatchUp == "" {
+			v.CatchUp = jobs.CatchUpLatest.String()
+		}
+		if !s.Prev.IsZero() {
+			v.Running = &infos[i].Prev
+		}
+		if !s.Buffered.IsZero() {
+			v.Buffered = &infos[i].Buffered
+		}
+		if v.Next == nil {
+			v.Next = []time.Time{}
+		}
+		views[i] = v
+	}
+	times := func(ts []time.Time) string {
+		var out []string
+		for _, t := range ts {
+			out = append(out, t.Format(time.RFC3339))
+		}
+		return strings.Join(out, ",")
+	}
 	switch a.format {
 	case "json":
-		out := make([]map[string]any, len(infos))
-		for i, s := range infos {
-			out[i] = map[string]any{"name": s.Name, "kind": s.Kind, "spec": s.Spec, "last": s.Last}
-		}
-		return json.NewEncoder(stdout).Encode(out)
+		return json.NewEncoder(stdout).Encode(views)
 	case "table":
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "SCHEDULE\tKIND\tSPEC\tLAST OCCURRENCE")
-		for _, s := range infos {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", s.Name, s.Kind, s.Spec, s.Last.Format(time.RFC3339))
+		fmt.Fprintln(tw, "SCHEDULE\tKIND\tSPEC\tOVERLAP\tCATCH-UP\tPAUSED\tLAST OCCURRENCE\tNEXT")
+		for _, v := range views {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%v\t%s\t%s\n", v.Name, v.Kind, v.Spec, v.Overlap, v.CatchUp, v.Paused, v.Last.Format(time.RFC3339), times(v.Next))
 		}
 		return tw.Flush()
 	}
-	for _, s := range infos {
-		fmt.Fprintf(stdout, "%s kind=%s spec=%q last=%s\n", s.Name, s.Kind, s.Spec, s.Last.Format(time.RFC3339))
+	for _, v := range views {
+		fmt.Fprintf(stdout, "%s kind=%s spec=%q overlap=%s catch_up=%s paused=%v last=%s next=%s\n",
+			v.Name, v.Kind, v.Spec, v.Overlap, v.CatchUp, v.Paused, v.Last.Format(time.RFC3339), times(v.Next))
 	}
+	return nil
+}
+
+// jobsPause pauses or resumes a schedule, for every scheduler of it.
+func jobsPause(ctx context.Context, op string, args []string, stdout, stderr io.Writer) (err error) {
+	a := newJobsCmd(op, op+" [--tenant T] [--retention D] SCHEDULE", stderr)
+	defer func() { err = a.explain(err) }()
+	retention := a.fs.Duration("retention", etcdstore.DefaultRetention, "the retention of the workers' store")
+	c, ctx, done, err := a.openJobs(ctx, args, 1)
+	if err != nil {
+		return err
+	}
+	defer done()
+	q, closeQueue, err := a.queue(ctx, c, *retention)
+	if err != nil {
+		return err
+	}
+	defer closeQueue()
+	name := a.fs.Arg(0)
+	if err := q.PauseSchedule(ctx, name, op == "pause"); err != nil {
+		if errors.Is(err, jobs.ErrInvalid) {
+			return usageError{err}
+		}
+		return err
+	}
+	fmt.Fprintf(stdout, "%sd %s\n", op, name)
+	return nil
+}
+
+// jobsBackfill submits a past range of a schedule's occurrences, each once.
+func jobsBackfill(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
+	a := newJobsCmd("backfill", "backfill [--tenant T] --from RFC3339 --to RFC3339 [--retention D] SCHEDULE", stderr)
+	defer func() { err = a.explain(err) }()
+	fromS := a.fs.String("from", "", "the first occurrence's earliest time (RFC 3339), within half the retention")
+	toS := a.fs.String("to", "", "the last occurrence's latest time (RFC 3339), in the past")
+	retention := a.fs.Duration("retention", etcdstore.DefaultRetention, "the retention of the workers' store")
+	if err := parseFlags(a.fs, args); err != nil {
+		return err
+	}
+	from, ferr := time.Parse(time.RFC3339, *fromS)
+	to, terr := time.Parse(time.RFC3339, *toS)
+	switch {
+	case ferr != nil:
+		return usageError{fmt.Errorf("--from %q: not an RFC 3339 time (2026-12-01T00:00:00Z)", *fromS)}
+	case terr != nil:
+		return usageError{fmt.Errorf("--to %q: not an RFC 3339 time (2026-12-02T00:00:00Z)", *toS)}
+	}
+	c, ctx, done, err := a.openJobs(ctx, args, 1)
+	if err != nil {
+		return err
+	}
+	defer done()
+	infos, err := jobs.Schedules(ctx, c.adm, a.tenant)
+	if err != nil {
+		return err
+	}
+	name := a.fs.Arg(0)
+	var info *jobs.ScheduleInfo
+	for i := range infos {
+		if infos[i].Name == name {
+			info = &infos[i]
+		}
+	}
+	switch {
+	case info == nil:
+		return fmt.Errorf("backfill %s: %w: no scheduler ran it (tenant %s)", name, etcdstore.ErrNotFound, a.tenant)
+	case !info.DefaultParams:
+		return fmt.Errorf("backfill %s: its occurrences' params come from the program's Schedule.Params: backfill from that program (Queue.Backfill)", name)
+	}
+	sc, err := info.Schedule(*retention)
+	if err != nil {
+		return err
+	}
+	q, closeQueue, err := a.queue(ctx, c, *retention)
+	if err != nil {
+		return err
+	}
+	defer closeQueue()
+	n, err := q.Backfill(ctx, sc, from, to)
+	if err != nil {
+		if errors.Is(err, jobs.ErrInvalid) {
+			return usageError{err}
+		}
+		return err
+	}
+	fmt.Fprintf(stdout, "backfilled %s: %d occurrences submitted\n", name, n)
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -334,5 +335,88 @@ func TestJobsSubmitRefuseAndSignal(t *testing.T) {
 	defer w.Close()
 	if j, err := q.Wait(ctx, "approve-7"); err != nil || j.State != jobs.Succeeded || string(j.Output("wait")) != `{"ok":true}` {
 		t.Fatalf("approve-7: %+v %v; want succeeded with the first payload", j, err)
+	}
+}
+
+// idem jobs schedules shows each schedule's policies and next occurrences;
+// pause and resume reach every scheduler through the cursor; backfill
+// submits a past range once; bad input exits 2.
+func TestJobsSchedulesPauseBackfill(t *testing.T) {
+	c, err := etcdtest.New(t.TempDir(), 1, etcdtest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	ep := c.Endpoints()[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	store, err := etcdstore.New(ctx, c.MustClient(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	q, err := jobs.New(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := jobs.NewScheduler(q, []jobs.Schedule{{Name: "hourly-sync", Kind: "sync", Every: time.Hour, Overlap: jobs.OverlapSkip}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	// The scheduler writes its cursor on its first tick: wait for it on a Watch.
+	cli := c.MustClient(t)
+	cursor := store.Prefix() + "j/s/jobs/hourly-sync"
+	if resp, err := cli.Get(ctx, cursor); err != nil {
+		t.Fatal(err)
+	} else if len(resp.Kvs) == 0 {
+		for wr := range cli.Watch(ctx, cursor, clientv3.WithRev(resp.Header.Revision+1)) {
+			if len(wr.Events) > 0 {
+				break
+			}
+		}
+	}
+	out, err := runCmd(t, "jobs", "schedules", "--endpoints", ep, "-w", "json")
+	var got []struct {
+		Name, Overlap string
+		Paused        bool
+		Next          []time.Time
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil || len(got) != 1 || got[0].Overlap != "skip" || len(got[0].Next) != 3 ||
+		got[0].Next[1].Sub(got[0].Next[0]) != time.Hour {
+		t.Fatalf("jobs schedules: %v\n%s", err, out)
+	}
+	if out, err := runCmd(t, "jobs", "pause", "--endpoints", ep, "hourly-sync"); err != nil || !strings.Contains(out, "paused hourly-sync") {
+		t.Fatalf("jobs pause: %v\n%s", err, out)
+	}
+	if infos, err := jobs.Schedules(ctx, &store.Admin, ""); err != nil || !infos[0].Paused {
+		t.Fatalf("after pause: %+v, %v", infos, err)
+	}
+	if out, err := runCmd(t, "jobs", "resume", "--endpoints", ep, "hourly-sync"); err != nil || !strings.Contains(out, "resumed hourly-sync") {
+		t.Fatalf("jobs resume: %v\n%s", err, out)
+	}
+	if out, err := runCmd(t, "jobs", "pause", "--endpoints", ep, "nightly"); exitCode(err) != 1 || !errors.Is(err, etcdstore.ErrNotFound) {
+		t.Fatalf("jobs pause of a schedule no scheduler ran: %v\n%s", err, out)
+	}
+	hour := time.Now().UTC().Truncate(time.Hour)
+	from, to := hour.Add(-3*time.Hour).Format(time.RFC3339), hour.Add(-time.Hour).Format(time.RFC3339)
+	for want := 3; want >= 0; want -= 3 { // again: nothing new
+		out, err := runCmd(t, "jobs", "backfill", "--endpoints", ep, "--from", from, "--to", to, "hourly-sync")
+		if err != nil || !strings.Contains(out, fmt.Sprintf("%d occurrences submitted", want)) {
+			t.Fatalf("jobs backfill: %v\n%s; want %d submitted", err, out, want)
+		}
+	}
+	if _, err := q.Get(ctx, jobs.OccurrenceID("hourly-sync", hour.Add(-2*time.Hour))); err != nil {
+		t.Fatalf("a backfilled occurrence: %v", err)
+	}
+	for _, bad := range [][]string{
+		{"backfill", "--from", "yesterday", "--to", to, "hourly-sync"},
+		{"backfill", "--from", from, "--to", hour.Add(2 * time.Hour).Format(time.RFC3339), "hourly-sync"}, // the future
+		{"schedules", "--next", "-1"},
+		{"pause"},
+	} {
+		if out, err := runCmd(t, append([]string{"jobs", bad[0], "--endpoints", ep}, bad[1:]...)...); exitCode(err) != 2 {
+			t.Fatalf("jobs %q: %v\n%s; want exit 2", bad, err, out)
+		}
 	}
 }
