@@ -21,7 +21,16 @@
 // record, and a job that keeps failing is parked for an operator (Retry,
 // Cancel; `idem jobs`). A Scheduler submits a Schedule's occurrences (a
 // cron expression or an interval) as jobs whose ids come from the schedule,
-// so every data centre's scheduler names an occurrence alike.
+// so every data centre's scheduler names an occurrence alike; its Overlap
+// policy (allow all, skip, buffer one) says what an occurrence does while
+// the previous one runs, and a schedule can be paused (PauseSchedule) and
+// backfilled (Backfill).
+//
+// A step can wait durably (Run.Sleep, Run.Await for an event that
+// Queue.Signal delivers once): the wait is saved with the job, no worker
+// holds the job meanwhile, and a worker resumes it when the wait is over.
+// Submit can refuse a duplicate (RefuseDuplicate, SubmissionID) and keep an
+// id for less than the store's retention (DedupWindow).
 //
 // # What is guaranteed
 //
