@@ -139,6 +139,15 @@ func (o Overlap) String() string {
 	return fmt.Sprintf("Overlap(%d)", int(o))
 }
 
+// ValidateName checks the name of a schedule, a kind or an event: 1 to 64
+// characters of [A-Za-z0-9._-]. Its error wraps ErrInvalid.
+func ValidateName(name string) error {
+	if err := validName(name, 64, true); err != nil {
+		return fmt.Errorf("%w: name %q: %v", ErrInvalid, name, err)
+	}
+	return nil
+}
+
 // ParseOverlap reads an Overlap's String.
 func ParseOverlap(s string) (Overlap, error) {
 	for o := OverlapAllowAll; o <= OverlapBufferOne; o++ {
@@ -304,7 +313,7 @@ func (s *Scheduler) Close() error {
 // before it ends).
 func (s *Scheduler) loop(ctx context.Context, sc *Schedule) {
 	log := s.q.log.With("schedule", sc.Name)
-	for fails := 0; ctx.Err() == nil; {
+	for fails, again := 0, 0; ctx.Err() == nil; {
 		next, waitFor, err := s.tick(ctx, sc)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -317,8 +326,12 @@ func (s *Scheduler) loop(ctx context.Context, sc *Schedule) {
 		}
 		fails = 0
 		d := next.Sub(s.q.clock.Now())
-		if d <= 0 {
-			d = 20 * time.Millisecond // the cursor moved under a decision: read it again, without spinning
+		if d > 0 {
+			again = 0
+		} else if again++; again > 3 {
+			// The cursor keeps moving under this scheduler's decisions:
+			// read it again, without spinning.
+			d = 20 * time.Millisecond
 		}
 		if waitFor != "" {
 			// An occurrence is buffered: look at the job before it every
@@ -358,7 +371,7 @@ func (s *Scheduler) tick(ctx context.Context, sc *Schedule) (time.Time, string, 
 			s.q.log.Warn("idem: schedule: skipped occurrences: the schedule is paused", "schedule", sc.Name, "skipped", len(submit), "latest", submit[len(submit)-1])
 		}
 	case sc.Overlap != OverlapAllowAll:
-		waitFor, moved, err := s.exclusive(ctx, sc, cur, rev, submit, now)
+		waitFor, moved, err := s.exclusive(ctx, sc, cur, rev, submit, last, now)
 		if err != nil || moved {
 			return now, "", err // another scheduler moved the cursor: read it again
 		}
@@ -414,13 +427,17 @@ func (s *Scheduler) submit(ctx context.Context, sc *Schedule, t time.Time, curso
 // the two leaves an occurrence the cursor names (Prev) without its job,
 // and the next tick of any scheduler submits it (prevRunning). An outcome
 // that may have happened is treated as having happened.
-func (s *Scheduler) exclusive(ctx context.Context, sc *Schedule, cur cursorValue, rev int64, submit []time.Time, now time.Time) (waitFor string, moved bool, err error) {
-	running, err := s.prevRunning(ctx, sc, cur, rev, now)
+func (s *Scheduler) exclusive(ctx context.Context, sc *Schedule, cur cursorValue, rev int64, submit []time.Time, last, now time.Time) (waitFor string, moved bool, err error) {
+	running, undecided, err := s.prevRunning(ctx, sc, cur, rev, now)
 	if errors.Is(err, etcdstore.ErrValueChanged) {
 		return "", true, nil
 	}
 	if err != nil {
 		return "", false, err
+	}
+	if undecided && (len(submit) > 0 || !cur.Buffered.IsZero()) {
+		// Look again in a second: the previous job has not started yet.
+		return OccurrenceID(sc.Name, cur.Prev), false, nil
 	}
 	if !running && !cur.Buffered.IsZero() {
 		nv := cur
@@ -463,7 +480,23 @@ func (s *Scheduler) exclusive(ctx context.Context, sc *Schedule, cur cursorValue
 			if err := s.submit(ctx, sc, t, rev); err != nil {
 				return "", errors.Is(err, etcdstore.ErrValueChanged), ignoreMoved(err)
 			}
+			if now.Before(t.Add(sc.MaxSkew)) {
+				// Its job has not started (it is held back until its time
+				// on the workers' clocks, which may run behind this one):
+				// whether the next ones overlap it is decided once it has
+				// (see prevRunning), not now.
+				return OccurrenceID(sc.Name, t), false, nil
+			}
 		}
+	}
+	if last.After(cur.Last) {
+		// Missed occurrences the catch-up policy skipped (logged): past.
+		nv := cur
+		nv.Last = last
+		if rev, err = s.setCursor(ctx, sc, rev, nv); err != nil || rev == 0 {
+			return "", rev == 0, err
+		}
+		cur = nv
 	}
 	if running && !cur.Buffered.IsZero() {
 		return OccurrenceID(sc.Name, cur.Prev), false, nil
@@ -483,43 +516,61 @@ func ignoreMoved(err error) error {
 // prevRunning reports whether the job of the cursor's Prev occurrence has
 // not ended (parked counts as not ended), submitting it if it was decided
 // and never submitted (its scheduler died between the two). A job that is
-// not there and whose occurrence is older than half the store's retention
-// was forgotten: it ended.
-func (s *Scheduler) prevRunning(ctx context.Context, sc *Schedule, cur cursorValue, rev int64, now time.Time) (bool, error) {
-	if cur.Prev.IsZero() {
-		return false, nil
+// not there and whose occurrence is older than the retention less twice
+// MaxSkew may have been forgotten: it counts as ended. A cursor that names
+// no Prev (written by an older version, or under OverlapAllowAll) is asked
+// of the job of its Last occurrence, if there is one.
+//
+// undecided reports that the previous job has not started yet and its
+// occurrence is less than MaxSkew old on this scheduler's clock: this
+// scheduler's clock may run ahead of the fleet's, and the job is held back
+// (RunAt) until its time on the workers' clocks. No decision is made on it
+// yet: a scheduler decides once the job started, or MaxSkew passed.
+func (s *Scheduler) prevRunning(ctx context.Context, sc *Schedule, cur cursorValue, rev int64, now time.Time) (running, undecided bool, err error) {
+	prev, decided := cur.Prev, true
+	if prev.IsZero() {
+		prev, decided = cur.Last, false
 	}
-	id := OccurrenceID(sc.Name, cur.Prev)
+	if prev.IsZero() {
+		return false, false, nil
+	}
+	id := OccurrenceID(sc.Name, prev)
 	j, err := s.q.Get(ctx, id)
 	if errors.Is(err, etcdstore.ErrNotFound) {
+		if !decided {
+			return false, false, nil // skipped, or never a job of this schedule
+		}
 		// Its job was created, if ever, after the decision, which came
 		// at the earliest MaxSkew before the occurrence (a scheduler whose
 		// clock runs ahead), and is kept a retention after its last
 		// write. Before then (on a clock up to MaxSkew ahead), absent
 		// means never submitted.
-		if !now.Before(cur.Prev.Add(s.q.store.Retention() - 2*sc.MaxSkew)) {
+		if !now.Before(prev.Add(s.q.store.Retention() - 2*sc.MaxSkew)) {
 			// It may have been forgotten: never submitted again, so never
 			// run twice; it may also never have run (its scheduler failed
 			// to submit it for as long): said once.
-			if !sc.forgotten.Equal(cur.Prev) {
-				sc.forgotten = cur.Prev
+			if !sc.forgotten.Equal(prev) {
+				sc.forgotten = prev
 				s.q.log.Warn("idem: schedule: skipped an occurrence: decided to run, its job is not there and may have been forgotten; not submitted again",
-					"schedule", sc.Name, "skipped", 1, "occurrence", cur.Prev)
+					"schedule", sc.Name, "skipped", 1, "occurrence", prev)
 			}
-			return false, nil
+			return false, false, nil
 		}
-		s.q.log.Info("idem: schedule: submitting an occurrence decided to run but not submitted", "schedule", sc.Name, "occurrence", cur.Prev)
-		if err := s.submit(ctx, sc, cur.Prev, rev); err != nil {
-			return false, err
+		s.q.log.Info("idem: schedule: submitting an occurrence decided to run but not submitted", "schedule", sc.Name, "occurrence", prev)
+		if err := s.submit(ctx, sc, prev, rev); err != nil {
+			return false, false, err
 		}
 		if j, err = s.q.Get(ctx, id); errors.Is(err, etcdstore.ErrNotFound) {
-			return false, nil // it cannot be submitted (logged): it never runs
+			return false, false, nil // it cannot be submitted (logged): it never runs
 		}
 	}
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
-	return !j.State.Final(), nil
+	if (j.State == Scheduled || j.State == Queued) && j.Attempts == 0 && now.Before(prev.Add(sc.MaxSkew)) {
+		return true, true, nil
+	}
+	return !j.State.Final(), false, nil
 }
 
 // plan returns the occurrences after from, up to now, to submit, the latest

@@ -195,6 +195,14 @@ func jobsSignal(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	payload := a.fs.String("payload", "", "the event's payload (JSON, or any bytes): what the job's Run.Await returns; the same on every retry")
 	payloadFile := a.fs.String("payload-file", "", "read the payload from this file (- : standard input)")
 	retention := a.fs.Duration("retention", etcdstore.DefaultRetention, "the retention of the workers' store: how long the event is kept")
+	if err := parseFlags(a.fs, args); err != nil {
+		return err
+	}
+	if a.fs.NArg() == 2 {
+		if err := jobs.ValidateName(a.fs.Arg(1)); err != nil {
+			return usageError{fmt.Errorf("event: %w", err)} // before anything talks to etcd
+		}
+	}
 	c, ctx, done, err := a.openJobs(ctx, args, 2)
 	if err != nil {
 		return err
@@ -404,17 +412,25 @@ func jobsSchedules(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return json.NewEncoder(stdout).Encode(views)
 	case "table":
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "SCHEDULE\tKIND\tSPEC\tOVERLAP\tCATCH-UP\tPAUSED\tLAST OCCURRENCE\tNEXT")
+		fmt.Fprintln(tw, "SCHEDULE\tKIND\tSPEC\tZONE\tOVERLAP\tCATCH-UP\tPAUSED\tLAST OCCURRENCE\tNEXT")
 		for _, v := range views {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%v\t%s\t%s\n", v.Name, v.Kind, v.Spec, v.Overlap, v.CatchUp, v.Paused, v.Last.Format(time.RFC3339), times(v.Next))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%v\t%s\t%s\n", v.Name, v.Kind, v.Spec, zone(v.Location), v.Overlap, v.CatchUp, v.Paused, v.Last.Format(time.RFC3339), times(v.Next))
 		}
 		return tw.Flush()
 	}
 	for _, v := range views {
-		fmt.Fprintf(stdout, "%s kind=%s spec=%q overlap=%s catch_up=%s paused=%v last=%s next=%s\n",
-			v.Name, v.Kind, v.Spec, v.Overlap, v.CatchUp, v.Paused, v.Last.Format(time.RFC3339), times(v.Next))
+		fmt.Fprintf(stdout, "%s kind=%s spec=%q zone=%s overlap=%s catch_up=%s paused=%v last=%s next=%s\n",
+			v.Name, v.Kind, v.Spec, zone(v.Location), v.Overlap, v.CatchUp, v.Paused, v.Last.Format(time.RFC3339), times(v.Next))
 	}
 	return nil
+}
+
+// zone is a schedule's time zone as shown: UTC when the cursor says none.
+func zone(loc string) string {
+	if loc == "" {
+		return "UTC"
+	}
+	return loc
 }
 
 // jobsPause pauses or resumes a schedule, for every scheduler of it.
@@ -422,6 +438,14 @@ func jobsPause(ctx context.Context, op string, args []string, stdout, stderr io.
 	a := newJobsCmd(op, op+" [--tenant T] [--retention D] SCHEDULE", stderr)
 	defer func() { err = a.explain(err) }()
 	retention := a.fs.Duration("retention", etcdstore.DefaultRetention, "the retention of the workers' store")
+	if err := parseFlags(a.fs, args); err != nil {
+		return err
+	}
+	if a.fs.NArg() == 1 {
+		if err := jobs.ValidateName(a.fs.Arg(0)); err != nil {
+			return usageError{fmt.Errorf("schedule: %w", err)} // before anything talks to etcd
+		}
+	}
 	c, ctx, done, err := a.openJobs(ctx, args, 1)
 	if err != nil {
 		return err
@@ -460,6 +484,17 @@ func jobsBackfill(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return usageError{fmt.Errorf("--from %q: not an RFC 3339 time (2026-12-01T00:00:00Z)", *fromS)}
 	case terr != nil:
 		return usageError{fmt.Errorf("--to %q: not an RFC 3339 time (2026-12-02T00:00:00Z)", *toS)}
+	case to.Before(from):
+		return usageError{fmt.Errorf("--from %s is after --to %s", *fromS, *toS)}
+	case to.After(time.Now()):
+		return usageError{fmt.Errorf("--to %s is in the future: its occurrences are the schedulers'", *toS)}
+	case from.Before(time.Now().Add(-*retention / 2)):
+		return usageError{fmt.Errorf("--from %s is older than half the retention (%v): those jobs may be forgotten, and would run twice", *fromS, *retention)}
+	}
+	if a.fs.NArg() == 1 {
+		if err := jobs.ValidateName(a.fs.Arg(0)); err != nil {
+			return usageError{fmt.Errorf("schedule: %w", err)}
+		}
 	}
 	c, ctx, done, err := a.openJobs(ctx, args, 1)
 	if err != nil {
