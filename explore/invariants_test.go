@@ -708,7 +708,7 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 
 	bad = append(bad, w.checkJobs(hist, final, rolledBack, opStarts)...)
 	bad = append(bad, w.checkSchedule(hist)...)
-	bad = append(bad, w.checkWaits(final)...)
+	bad = append(bad, w.checkWaits(hist, final)...)
 	bad = append(bad, w.checkKnown(hist, func(key string, token int64) (claimInfo, bool) {
 		cw := claims[claimID{key, token}]
 		if cw == nil {

@@ -232,7 +232,7 @@ func (w *world) drainWaits(a *actor) []string {
 }
 
 // checkWaits checks W1-W5 (see waitKeys).
-func (w *world) checkWaits(final map[string]*etcdstore.Record) []string {
+func (w *world) checkWaits(hist map[string][]version, final map[string]*etcdstore.Record) []string {
 	if !w.durable.on {
 		return nil
 	}
@@ -261,7 +261,14 @@ func (w *world) checkWaits(final map[string]*etcdstore.Record) []string {
 	wokeBy := map[job]string{}           // the process that reached the nap first
 	sleptBefore := map[job]bool{}        // the await suspended once
 	incarnationsOf := func(id string) map[time.Time]bool {
+		// Every job the id named, whether or not it ran: from the
+		// history, and from what the steps saw.
 		out := map[time.Time]bool{}
+		for _, v := range hist[jobKey(id)] {
+			if !v.deleted && v.rec != nil {
+				out[v.rec.Created] = true
+			}
+		}
 		for _, e := range w.waitLog {
 			if e.id == id && e.what != "signal" {
 				out[e.created] = true
