@@ -97,7 +97,6 @@ func decidedToRun(h []cursorValue, at time.Time) bool {
 	return false
 }
 
-
 // DEFECT. Docs: under OverlapSkip "the job of an occurrence is created only
 // after the job of the occurrence before it ended" (invariant O1), and a
 // cursor written by an older version (no overlap fields) still works.

@@ -138,20 +138,9 @@ func jobsSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 		return err
 	}
 	kind := a.fs.Arg(1)
-	var p []byte
-	switch {
-	case *params != "" && *paramsFile != "":
-		return usageError{errors.New("--params and --params-file: give one")}
-	case *paramsFile == "-":
-		if p, err = io.ReadAll(os.Stdin); err != nil {
-			return usageError{fmt.Errorf("--params-file -: %w", err)}
-		}
-	case *paramsFile != "":
-		if p, err = os.ReadFile(*paramsFile); err != nil {
-			return usageError{fmt.Errorf("--params-file: %w", err)}
-		}
-	default:
-		p = []byte(*params)
+	p, err := bytesFlag("params", *params, *paramsFile)
+	if err != nil {
+		return err
 	}
 	opts := []jobs.SubmitOption{jobs.DedupWindow(*window)}
 	if *ifExists == "refuse" {
@@ -187,6 +176,28 @@ func jobsSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	return printJobs(stdout, a.format, []*jobs.Job{j}, false)
 }
 
+// bytesFlag is the bytes of a --NAME / --NAME-file pair of flags: inline,
+// or read from a file ("-": standard input); giving both is a usage error.
+func bytesFlag(name, inline, file string) ([]byte, error) {
+	switch {
+	case inline != "" && file != "":
+		return nil, usageError{fmt.Errorf("--%s and --%s-file: give one", name, name)}
+	case file == "-":
+		b, err := io.ReadAll(os.Stdin)
+		if err != nil {
+			return nil, usageError{fmt.Errorf("--%s-file -: %w", name, err)}
+		}
+		return b, nil
+	case file != "":
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, usageError{fmt.Errorf("--%s-file: %w", name, err)}
+		}
+		return b, nil
+	}
+	return []byte(inline), nil
+}
+
 // jobsSignal delivers an event to a job (Queue.Signal): once, however
 // often it is sent.
 func jobsSignal(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
@@ -212,20 +223,9 @@ func jobsSignal(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	if err != nil {
 		return err
 	}
-	var p []byte
-	switch {
-	case *payload != "" && *payloadFile != "":
-		return usageError{errors.New("--payload and --payload-file: give one")}
-	case *payloadFile == "-":
-		if p, err = io.ReadAll(os.Stdin); err != nil {
-			return usageError{fmt.Errorf("--payload-file -: %w", err)}
-		}
-	case *payloadFile != "":
-		if p, err = os.ReadFile(*payloadFile); err != nil {
-			return usageError{fmt.Errorf("--payload-file: %w", err)}
-		}
-	default:
-		p = []byte(*payload)
+	p, err := bytesFlag("payload", *payload, *payloadFile)
+	if err != nil {
+		return err
 	}
 	q, closeQueue, err := a.queue(ctx, c, *retention)
 	if err != nil {
