@@ -217,6 +217,12 @@ func (w *world) drainWaits(a *actor) []string {
 			if j.State.Final() || j.State == jobs.Parked {
 				break
 			}
+			if j.State == jobs.Waiting {
+				// An event is kept for the store's retention from its
+				// signal: one sent long before the job reached its await
+				// (faults held the job back) may be gone. Send it again.
+				signalled = false
+			}
 			switch j.State {
 			case jobs.Scheduled:
 				clock.Sleep(p.clock, ctx, j.NotBefore.Sub(p.clock.Now())+time.Millisecond)
