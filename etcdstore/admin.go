@@ -11,6 +11,7 @@ import (
 
 	"github.com/idem-dev/idem/clock"
 	"github.com/idem-dev/idem/etcdstore/internal/dict"
+	"github.com/idem-dev/idem/fencing"
 )
 
 // Admin reads and evicts records without a session: for operators' tools,
@@ -387,3 +388,19 @@ func (a *Admin) Stats(ctx context.Context, maxScan int64) (Stats, error) {
 // Prefix returns the etcd key prefix under which the store keeps everything
 // (WithPrefix).
 func (a *Admin) Prefix() string { return a.ks.prefix }
+
+// ClaimHeld reports, with a linearizable read, whether key's record is in
+// flight and held (it has an owner) by the claim whose fencing token is
+// token. False means that claim can write nothing more: its record was
+// taken over (a greater token), given back, ended or deleted. Expiry is
+// not judged here (clocks differ): a held record counts as held.
+func (a *Admin) ClaimHeld(ctx context.Context, key Key, token fencing.Token) (bool, error) {
+	if err := key.Validate(); err != nil {
+		return false, fmt.Errorf("claim held: %w", err)
+	}
+	rec, _, err := a.get(ctx, key)
+	if err != nil {
+		return false, err
+	}
+	return rec != nil && rec.State == InFlight && rec.Owner != "" && rec.Token == token, nil
+}

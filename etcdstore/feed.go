@@ -25,8 +25,8 @@ type FollowOptions struct {
 	// Sessions follows the live sessions of every process too.
 	Sessions bool
 	// Values, when set, follows the values (Store.SetValue) whose names
-	// start with it too.
-	Values string
+	// start with any of these prefixes too.
+	Values []string
 	// Stall bounds how long the feed may go without proving itself
 	// current (the watch answers a progress request every Stall/4) before
 	// Next fails with ErrUnavailable: a watch whose connection stops moving
@@ -47,7 +47,7 @@ type Feed struct {
 
 	stream *watch.Stream
 	recW   int
-	valW   int
+	valW   map[int]bool
 	cancel context.CancelFunc
 	work   clock.Group
 	heard  atomic.Int64 // when the watch last delivered anything (clock time, unix ns)
@@ -91,8 +91,8 @@ func (s *Store) Follow(ctx context.Context, tenant string, o FollowOptions) (*Fe
 			return nil, fmt.Errorf("follow: %w", err)
 		}
 	}
-	if o.Values != "" {
-		if err := validValueName(o.Values); err != nil {
+	for _, p := range o.Values {
+		if err := validValueName(p); err != nil {
 			return nil, fmt.Errorf("follow: %w", err)
 		}
 	}
@@ -115,9 +115,9 @@ func (s *Store) Follow(ctx context.Context, tenant string, o FollowOptions) (*Fe
 	// request of a watch that starts in the future. Events at rev are state
 	// the read saw.
 	f.recW = f.stream.Add(s.client.Watch(wctx, key, opts...))
-	f.valW = -1
-	if o.Values != "" {
-		f.valW = f.stream.Add(s.client.Watch(wctx, s.ks.values()+o.Values, clientv3.WithPrefix(), clientv3.WithRev(f.rev)))
+	f.valW = map[int]bool{}
+	for _, p := range o.Values {
+		f.valW[f.stream.Add(s.client.Watch(wctx, s.ks.values()+p, clientv3.WithPrefix(), clientv3.WithRev(f.rev)))] = true
 	}
 	if o.Sessions {
 		f.stream.Add(s.client.Watch(wctx, s.ks.owners(), clientv3.WithPrefix(), clientv3.WithRev(f.rev)))
@@ -173,8 +173,8 @@ func (f *Feed) read(ctx context.Context, o FollowOptions) error {
 			f.owners = append(f.owners, strings.TrimPrefix(string(kv.Key), s.ks.owners()))
 		}
 	}
-	if o.Values != "" {
-		prefix := s.ks.values() + o.Values
+	for _, p := range o.Values {
+		prefix := s.ks.values() + p
 		end := clientv3.GetPrefixRangeEnd(prefix)
 		for from := prefix; ; {
 			resp, err := get(from, clientv3.WithRange(end), clientv3.WithLimit(500))
@@ -265,7 +265,7 @@ func (f *Feed) Next(ctx context.Context) ([]Change, error) {
 		out := make([]Change, 0, len(r.Events))
 		for _, ev := range r.Events {
 			c := Change{Revision: ev.Kv.ModRevision}
-			if r.Watch == f.valW {
+			if f.valW[r.Watch] {
 				v := &Value{Name: strings.TrimPrefix(string(ev.Kv.Key), f.s.ks.values())}
 				if ev.Type == mvccpb.PUT {
 					v.Value, v.Revision = ev.Kv.Value, ev.Kv.ModRevision

@@ -155,3 +155,28 @@ func (s *Store) SetValue(ctx context.Context, name string, value []byte, rev int
 	}
 	return cur, false, nil
 }
+
+// DeleteValue deletes the value under name if its revision is still rev,
+// and reports whether it did (false: it changed, or is gone). A delete
+// whose outcome is unknown is an error wrapping ErrUnavailable: read the
+// value again.
+func (s *Store) DeleteValue(ctx context.Context, name string, rev int64) (bool, error) {
+	if err := validValueName(name); err != nil {
+		return false, fmt.Errorf("delete value: %w", err)
+	}
+	if rev <= 0 {
+		return false, fmt.Errorf("delete value %q: %w: revision %d", name, ErrInvalidArgument, rev)
+	}
+	key := s.ks.values() + name
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	var resp *clientv3.TxnResponse
+	err := s.kv.Do(ctx, func(ctx context.Context) (err error) {
+		resp, err = s.client.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).Then(clientv3.OpDelete(key)).Commit()
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("delete value %q: %w: %w", name, ErrUnavailable, err)
+	}
+	return resp.Succeeded, nil
+}

@@ -3,7 +3,9 @@ package jobs
 import (
 	"container/heap"
 	"context"
+	"encoding/json"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,6 +33,15 @@ type completer struct {
 	due    dueQueue                   // when each entry may be tried, by time
 	free   int                        // slots for jobs
 	kick   chan struct{}              // closed (and replaced) to wake dispatch
+
+	// Limits: the concurrency slots taken, by slot prefix (a limit and
+	// key) and name; the jobs held back because the index shows their
+	// key full, by slot prefix; when each group of jobs (a limit's key)
+	// last had a job started, for turns.
+	slots   map[string]map[string]holder
+	blocked map[string]map[string]bool
+	served  map[string]uint64
+	tick    uint64
 }
 
 // entry is what the completer knows of one in-flight job.
@@ -46,6 +57,10 @@ type entry struct {
 	parked    bool
 	awaiting  string    // the event it waits for: it is due when that comes
 	created   time.Time // the record's creation, which names the job's events
+	token     int64     // the record's fencing token
+	limits    []keyedLimit
+	limited   string // the limit (label) whose slots were taken when it was last tried
+	woken     bool   // a slot of that limit changed since
 
 	// held: a claim at this revision found the job held by a live owner,
 	// or this worker already tried it at this revision: not again until
@@ -62,7 +77,8 @@ type entry struct {
 const stallAfter = 10 * time.Second
 
 func newCompleter(w *Worker) *completer {
-	return &completer{w: w, jobs: map[string]*entry{}, owners: map[string]bool{}, events: map[string]map[string]bool{}, free: w.conc, kick: make(chan struct{})}
+	return &completer{w: w, jobs: map[string]*entry{}, owners: map[string]bool{}, events: map[string]map[string]bool{}, free: w.conc, kick: make(chan struct{}),
+		slots: map[string]map[string]holder{}, blocked: map[string]map[string]bool{}, served: map[string]uint64{}}
 }
 
 // start runs the completer's two pieces of work until the worker stops.
@@ -89,7 +105,7 @@ func (c *completer) wakeLocked() {
 func (c *completer) follow(ctx context.Context) {
 	for fails := 0; ctx.Err() == nil; fails++ {
 		feed, err := c.w.q.store.Follow(ctx, c.w.q.tenant, etcdstore.FollowOptions{Sessions: true, Stall: stallAfter,
-			Values: eventPrefix(c.w.q.tenant)})
+			Values: []string{eventPrefix(c.w.q.tenant), limitPrefix(c.w.q.tenant)}})
 		if err == nil {
 			fails = 0
 			c.load(feed)
@@ -113,7 +129,12 @@ func (c *completer) load(feed *etcdstore.Feed) {
 		owners[o] = true
 	}
 	events := map[string]map[string]bool{}
+	slots := map[string]map[string]holder{}
 	for _, v := range feed.Values() {
+		if strings.HasPrefix(v.Name, limitPrefix(c.w.q.tenant)) {
+			setSlot(slots, v)
+			continue
+		}
 		if id, created, name, ok := parseEvent(v.Name[len(eventPrefix(c.w.q.tenant)):]); ok {
 			job := eventJob(id, created)
 			if events[job] == nil {
@@ -135,8 +156,9 @@ func (c *completer) load(feed *etcdstore.Feed) {
 			e.running, e.held = true, old.held
 		}
 	}
-	c.jobs, c.owners, c.events, c.due = jobs, owners, events, nil
+	c.jobs, c.owners, c.events, c.due, c.slots, c.blocked = jobs, owners, events, nil, slots, map[string]map[string]bool{}
 	for _, e := range jobs {
+		c.blockLimited(e)
 		c.schedule(e)
 	}
 	c.wakeLocked()
@@ -152,6 +174,8 @@ func (c *completer) watch(ctx context.Context, feed *etcdstore.Feed) error {
 		c.mu.Lock()
 		for _, ch := range changes {
 			switch {
+			case ch.Value != nil && strings.HasPrefix(ch.Value.Name, limitPrefix(c.w.q.tenant)):
+				c.slotChanged(ch.Value)
 			case ch.Value != nil:
 				c.eventChanged(ch.Value)
 			case ch.Owner != "" && ch.Alive:
@@ -175,6 +199,7 @@ func (c *completer) watch(ctx context.Context, feed *etcdstore.Feed) error {
 
 // recordChanged applies one change of a job record.
 func (c *completer) recordChanged(ch etcdstore.Change) {
+	c.unblockHeldBy(ch.Key.ID)
 	e := c.entryOf(ch.Record)
 	if e == nil {
 		c.drop(ch.Key.ID)
@@ -184,6 +209,7 @@ func (c *completer) recordChanged(ch etcdstore.Change) {
 		e.running, e.held, e.fails, e.version = old.running, old.held, old.fails, old.version
 	}
 	c.jobs[e.id] = e
+	c.blockLimited(e)
 	c.schedule(e)
 }
 
@@ -232,8 +258,11 @@ func (c *completer) entryOf(rec *etcdstore.Record) *entry {
 	if err != nil || c.w.kinds[st.Kind] == nil {
 		return nil
 	}
-	e := &entry{id: rec.Key.ID, fp: rec.Fingerprint, kind: c.w.kinds[st.Kind], rev: rec.Revision, owner: rec.Owner,
-		deadline: rec.Deadline, expires: rec.Expires, parked: st.Parked, awaiting: st.Awaiting, created: rec.Created}
+	k := c.w.kinds[st.Kind]
+	e := &entry{id: rec.Key.ID, fp: rec.Fingerprint, kind: k, rev: rec.Revision, owner: rec.Owner,
+		deadline: rec.Deadline, expires: rec.Expires, parked: st.Parked, awaiting: st.Awaiting, created: rec.Created,
+		token: int64(rec.Token), limited: st.Limited}
+	e.limits, _ = k.limitsOf(st.Params) // (an error fails the job when it is tried)
 	if st.NotBefore != 0 {
 		e.notBefore = time.UnixMilli(st.NotBefore)
 	}
@@ -258,6 +287,8 @@ func (c *completer) when(e *entry, now time.Time) (time.Time, bool) {
 	switch {
 	case e.owner == "" && e.awaiting != "" && c.events[eventJob(e.id, e.created.UnixMilli())][e.awaiting]:
 		t = now // its event came
+	case e.owner == "" && e.woken:
+		t = now // a slot of the limit that held it back changed (a rate's time is its NotBefore)
 	case e.owner == "": // queued, abandoned, scheduled for later, waiting for an event until its timeout
 		t = e.notBefore
 	case !c.owners[e.owner] && e.owner != c.w.q.store.Owner():
@@ -291,13 +322,9 @@ func (c *completer) dispatch(ctx context.Context) {
 		c.mu.Lock()
 		now := c.w.q.clock.Now()
 		var next time.Time
-		for c.free > 0 && len(c.due) > 0 {
-			it := c.due[0]
-			if it.at.After(now) {
-				next = it.at
-				break
-			}
-			heap.Pop(&c.due)
+		var ready []*entry
+		for c.free > 0 && len(c.due) > 0 && !c.due[0].at.After(now) {
+			it := heap.Pop(&c.due).(dueItem)
 			e := c.jobs[it.id]
 			if e == nil || e.version != it.version {
 				continue // changed or gone since it was queued
@@ -306,11 +333,37 @@ func (c *completer) dispatch(ctx context.Context) {
 				c.schedule(e)
 				continue
 			}
+			if p := c.room(e); p != "" {
+				c.block(e, p) // its key's slots are all taken: until one frees
+				continue
+			}
+			ready = append(ready, e)
+		}
+		// Turns: the group (a limit's key) whose job started longest ago
+		// goes first, so that one key with many jobs due does not hold
+		// the others back.
+		for c.free > 0 && len(ready) > 0 {
+			best := 0
+			for i, e := range ready {
+				if c.served[group(e)] < c.served[group(ready[best])] {
+					best = i
+				}
+			}
+			e := ready[best]
+			ready = slices.Delete(ready, best, best+1)
+			c.tick++
+			c.served[group(e)] = c.tick
 			e.running = true
 			c.free--
 			job := *e
 			// Not ctx: a running job has Close's drain to finish.
 			c.w.wg.Go(c.w.q.clock, context.WithoutCancel(ctx), "job "+e.id, func(context.Context) { c.run(job) })
+		}
+		for _, e := range ready {
+			heap.Push(&c.due, dueItem{at: now, id: e.id, version: e.version})
+		}
+		if len(c.due) > 0 && c.free > 0 {
+			next = c.due[0].at
 		}
 		kick := c.kick
 		c.mu.Unlock()
@@ -380,4 +433,124 @@ func (q *dueQueue) Pop() any {
 	it := old[len(old)-1]
 	*q = old[:len(old)-1]
 	return it
+}
+
+// group names the turn a job takes among due jobs: its first limit's key
+// ("" for a job without limits).
+func group(e *entry) string {
+	if len(e.limits) == 0 {
+		return ""
+	}
+	return e.limits[0].label()
+}
+
+// rateSuffix ends the label of a rate limit that held a job back.
+const rateSuffix = " (rate)"
+
+// setSlot notes a concurrency slot's value (a deletion: Revision 0) in
+// slots, by its prefix (a limit and key).
+func setSlot(slots map[string]map[string]holder, v etcdstore.Value) {
+	i := strings.LastIndex(v.Name, "/c/")
+	if i < 0 {
+		return // a rate slot
+	}
+	prefix := v.Name[:i+3]
+	if v.Revision == 0 {
+		delete(slots[prefix], v.Name)
+		if len(slots[prefix]) == 0 {
+			delete(slots, prefix)
+		}
+		return
+	}
+	var h holder
+	if json.Unmarshal(v.Value, &h) != nil {
+		return // damaged: whoever tries takes it
+	}
+	if slots[prefix] == nil {
+		slots[prefix] = map[string]holder{}
+	}
+	slots[prefix][v.Name] = h
+}
+
+// slotChanged notes a slot taken or freed, and lets the jobs held back by
+// its key try again.
+func (c *completer) slotChanged(v *etcdstore.Value) {
+	setSlot(c.slots, *v)
+	if i := strings.LastIndex(v.Name, "/c/"); i >= 0 {
+		c.unblock(v.Name[:i+3])
+	}
+}
+
+// room returns the slot prefix of the first of e's concurrency limits
+// whose slots the index shows all held by live claims, or "" when each has
+// room. A holder counts while the index knows its job in flight, owned, at
+// the slot's token: a slot whose claim is over (its release lost) does not
+// hold a job back; the attempt frees it.
+func (c *completer) room(e *entry) string {
+	for _, kl := range e.limits {
+		if kl.Concurrency == 0 {
+			continue
+		}
+		prefix := kl.slots(c.w.q.tenant, "c")
+		live := 0
+		for _, h := range c.slots[prefix] {
+			if j := c.jobs[h.Job]; h.Job != e.id && j != nil && j.owner != "" && j.token == h.Token {
+				live++
+			}
+		}
+		if live >= kl.Concurrency {
+			return prefix
+		}
+	}
+	return ""
+}
+
+// block holds e back until a slot under prefix changes, or a job holding
+// one does.
+func (c *completer) block(e *entry, prefix string) {
+	if c.blocked[prefix] == nil {
+		c.blocked[prefix] = map[string]bool{}
+	}
+	c.blocked[prefix][e.id] = true
+}
+
+// blockLimited holds back a job that an attempt found limited by a
+// concurrency limit until a slot of its key changes (or its NotBefore, a
+// poll, comes).
+func (c *completer) blockLimited(e *entry) {
+	if e.owner != "" || e.limited == "" || strings.HasSuffix(e.limited, rateSuffix) {
+		return
+	}
+	for _, kl := range e.limits {
+		if kl.label() == e.limited {
+			c.block(e, kl.slots(c.w.q.tenant, "c"))
+		}
+	}
+}
+
+// unblock lets the jobs held back by prefix's slots try again.
+func (c *completer) unblock(prefix string) {
+	for id := range c.blocked[prefix] {
+		if e := c.jobs[id]; e != nil {
+			e.woken = true
+			c.schedule(e)
+		}
+	}
+	delete(c.blocked, prefix)
+}
+
+// unblockHeldBy unblocks the keys whose slots job id holds: its claim
+// changed, and may be over.
+func (c *completer) unblockHeldBy(id string) {
+	for prefix, hs := range c.slots {
+		if len(c.blocked[prefix]) == 0 {
+			continue
+		}
+		for _, h := range hs {
+			if h.Job == id {
+				c.unblock(prefix)
+				break
+			}
+		}
+	}
 }

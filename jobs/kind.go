@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -33,6 +34,10 @@ type Kind struct {
 	// had died (its context ends with etcdstore.ErrDeadline). Without it,
 	// only a worker's death ends its attempt.
 	Deadline time.Duration
+	// Limits bound how many of the kind's jobs that share a key run an
+	// attempt at once, or start one per second, across every worker (see
+	// Limit). A job must hold a slot of each to run a step.
+	Limits []Limit
 }
 
 // Defaults of a Kind.
@@ -121,6 +126,17 @@ func (k *Kind) validate(retention time.Duration) error {
 		if s.OnError < Retry || s.OnError > Compensate {
 			return fmt.Errorf("%w: kind %s, step %s: unknown OnError %d", ErrInvalid, k.Name, s.Name, s.OnError)
 		}
+	}
+	k.Limits = slices.Clone(k.Limits)
+	names := map[string]bool{}
+	for i := range k.Limits {
+		if err := k.Limits[i].validate(k.Name); err != nil {
+			return err
+		}
+		if names[k.Limits[i].Name] {
+			return fmt.Errorf("%w: kind %s has two limits named %s", ErrInvalid, k.Name, k.Limits[i].Name)
+		}
+		names[k.Limits[i].Name] = true
 	}
 	switch {
 	case k.MaxAttempts < 0:

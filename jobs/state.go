@@ -60,6 +60,10 @@ type state struct {
 	// Awaiting is the event the job was given back to wait for (with
 	// NotBefore its timeout, or 0 for none).
 	Awaiting string `json:"awaiting,omitempty"`
+	// Limited names the limit and key (<limit>=<key>) whose slots were
+	// all taken when the job was last tried: it waits for one (with
+	// NotBefore when to look again).
+	Limited string `json:"limited,omitempty"`
 }
 
 // wait is one durable wait of a step: the N-th call of Run.Sleep or
@@ -221,6 +225,10 @@ type Job struct {
 	NotBefore time.Time
 	// Awaiting is the event a Waiting job waits for.
 	Awaiting string
+	// Limited names the limit and key (<limit>=<key>) whose slots were
+	// all taken when the job was last tried (a Scheduled job waits for
+	// one).
+	Limited string
 	// Owner is the session of the worker running it (Running).
 	Owner string
 	// Token is the fencing token of the job's last claim.
@@ -294,6 +302,7 @@ func FromRecord(rec *etcdstore.Record, now time.Time) (*Job, error) {
 		Expires:   rec.Expires,
 		Err:       st.lastError(),
 		Truncated: st.Truncated,
+		Limited:   st.Limited,
 	}
 	for _, e := range st.Errors {
 		j.Errors = append(j.Errors, AttemptError{Attempt: e.Attempt, Token: fencing.Token(e.Token), Step: e.Step, Err: e.Err, At: time.UnixMilli(e.At)})

@@ -202,15 +202,17 @@ func (w *Worker) execute(ctx context.Context, id string, fp etcdstore.Fingerprin
 	if k.Deadline > 0 {
 		opts = append(opts, etcdstore.WithDeadline(k.Deadline))
 	}
+	var held []heldSlot // limits' slots the attempt took: freed once its claim ends
 	_, err := w.q.store.Run(ctx, w.q.Key(id), fp, func(ctx context.Context, c *etcdstore.Claim) (etcdstore.Outcome, etcdstore.End) {
-		return w.attempt(ctx, c, k)
+		return w.attempt(ctx, c, k, &held)
 	}, opts...)
+	w.release(held)
 	return err
 }
 
 // attempt runs one attempt of a claimed job: every unfinished step in
 // order, each finished by a fenced checkpoint, and says how the claim ends.
-func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind) (etcdstore.Outcome, etcdstore.End) {
+func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind, held *[]heldSlot) (etcdstore.Outcome, etcdstore.End) {
 	// (Never a fresh claim: execute claims WithoutCreate.)
 	st, err := decodeState(c.LastCheckpoint())
 	if err != nil || st.Kind != k.Name {
@@ -221,15 +223,20 @@ func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind) (etcd
 	}
 	n := c.Takeovers() - st.Base
 	switch {
-	case st.Parked || st.NotBefore > w.q.clock.Now().UnixMilli() && !w.q.eventCame(ctx, st.Awaiting, c.Key().ID, c.Created()):
+	case st.Parked || st.NotBefore > w.q.clock.Now().UnixMilli() && st.Limited == "" && !w.q.eventCame(ctx, st.Awaiting, c.Key().ID, c.Created()):
+		// (A job held back by a limit is tried whenever it is claimed:
+		// its workers claim it when a slot frees.)
 		return w.giveBack(ctx, c, st) // not this attempt's to run now
 	case n > k.MaxAttempts:
 		st.addError(w.errorOf(c, n, "", fmt.Errorf("attempt %d of %d: a previous attempt ended without saying why (its worker died or was cut off)", n, k.MaxAttempts)))
 		return w.park(ctx, c, st, n)
 	}
+	if out, end, ok := w.limit(ctx, c, st, k, held); !ok {
+		return out, end
+	}
 	// Whatever held it back (a wait, a backoff) is over: this attempt
 	// runs. A wait it reaches again sets them anew; a failure, its backoff.
-	st.NotBefore, st.Awaiting = 0, ""
+	st.NotBefore, st.Awaiting, st.Limited = 0, "", ""
 	st.Steps = st.Steps[:0]
 	for _, s := range k.Steps {
 		st.Steps = append(st.Steps, s.Name)
