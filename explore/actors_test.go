@@ -92,6 +92,10 @@ func (w *world) spawnActor(n int) {
 		w.s.spawn(name+"/pause", p, false, func(a *actor) { w.pauser(a, p) })
 		return
 	}
+	if w.limits.on && w.rng.IntN(4) == 0 {
+		w.s.spawn(name+"/limit", p, false, func(a *actor) { w.limitSubmitter(a, p) })
+		return
+	}
 	if w.durable.on && w.rng.IntN(4) == 0 {
 		w.s.spawn(name+"/signal", p, false, func(a *actor) { w.signaller(a, p) })
 		return

@@ -176,6 +176,11 @@ var expected = []string{
 	"path:batch sent beside another once the hold passed",
 	"path:full batch sent beside another",
 	"config:durable waits",
+	"config:per-key limits",
+	"path:every slot of a key held at once",
+	"path:limited step committed under its slot",
+	"path:rate spaced a key's attempts",
+	"path:slot of an earlier attempt retaken",
 	"path:occurrence skipped: another ran (skip)",
 	"path:occurrence skipped: another ran (buffer-one)",
 	"path:buffered occurrence submitted when the previous ended",
@@ -485,7 +490,7 @@ func (w *world) heal(fatal func(string, ...any)) {
 		if !drainer && w.clientsDone() {
 			drainer = true
 			p := w.procs[0]
-			w.s.spawn("drain/jobs", p, false, func(a *actor) { drained = append(w.drainJobs(a), w.drainWaits(a)...); drainerDone = true })
+			w.s.spawn("drain/jobs", p, false, func(a *actor) { drained = append(append(w.drainJobs(a), w.drainWaits(a)...), w.drainLimits(a)...); drainerDone = true })
 		}
 		now := w.s.Now()
 		if drainerDone && w.clientsDone() && (now.Sub(lastCheck) >= time.Second || !now.Before(healedAt.Add(bound))) {
@@ -611,6 +616,11 @@ func (w *world) keys() []string {
 	}
 	if w.durable.on {
 		for _, id := range waitKeys {
+			seen[jobKey(id)] = true
+		}
+	}
+	if w.limits.on {
+		for _, id := range limitKeys {
 			seen[jobKey(id)] = true
 		}
 	}

@@ -176,6 +176,7 @@ func (w *world) history(ctx context.Context) (map[string][]version, error) {
 	if err := w.feed.catchUp(end.Header.Revision); err != nil {
 		return nil, err
 	}
+	w.histEnd = end.Header.Revision
 	out := make(map[string][]version)
 	// In a shard world, a key's history is merged across the shards: the
 	// record it has is the one last written on the shard that holds it
@@ -709,6 +710,7 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 	bad = append(bad, w.checkJobs(hist, final, rolledBack, opStarts)...)
 	bad = append(bad, w.checkSchedule(hist)...)
 	bad = append(bad, w.checkWaits(hist, final)...)
+	bad = append(bad, w.checkLimits(hist, w.histEnd)...)
 	bad = append(bad, w.checkKnown(hist, func(key string, token int64) (claimInfo, bool) {
 		cw := claims[claimID{key, token}]
 		if cw == nil {

@@ -101,12 +101,15 @@ type world struct {
 	ledger  *ledger
 
 	faults     faults
-	jobs       jobsConfig  // how the schedule's jobs fail
-	durable    waitsConfig // a wait world's sleeps and awaits
-	waitLog    []waitEv    // what the wait jobs and signals did
-	healed     bool        // no more faults
-	faultCount int         // faults injected
-	attempts   int         // attempt ids handed out
+	jobs       jobsConfig   // how the schedule's jobs fail
+	durable    waitsConfig  // a wait world's sleeps and awaits
+	waitLog    []waitEv     // what the wait jobs and signals did
+	limits     limitsConfig // a limit world's limit
+	limitLog   []limitEv    // the steps the limited jobs' attempts reached
+	histEnd    int64        // the revision the history ends at
+	healed     bool         // no more faults
+	faultCount int          // faults injected
+	attempts   int          // attempt ids handed out
 
 	mu     sync.Mutex
 	events []event // the log the invariants are checked on
@@ -174,6 +177,7 @@ func newWorld(seed uint64) (*world, error) {
 	w.pickConfig()
 	w.pickJobs()
 	w.pickWaits()
+	w.pickLimits()
 	admin, err := cluster.Client()
 	if err != nil {
 		return nil, err
@@ -297,6 +301,7 @@ func (w *world) newProcess(slot, gen int) (*process, error) {
 	p.owner = p.keys.Owner()
 	w.startScheduler(p)
 	w.startWaitWorker(p)
+	w.startLimitWorker(p)
 	mw, err := idemhttp.New(idemhttp.Config{Store: p.keys, OnUnknownOutcome: etcdstore.EndSave, ClaimDeadline: w.cfg.claimDeadline, Logger: slog.New(&ledgerLog{w: w, p: p})})
 	if err != nil {
 		return nil, err

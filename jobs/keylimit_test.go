@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -257,5 +258,47 @@ func TestLimitErrors(t *testing.T) {
 	j, err := w.Run(ctx, "bad")
 	if err != nil || j.State != Failed || !strings.Contains(j.Err, "limit merchant") {
 		t.Fatalf("a job whose key is an object: %+v, %v", j, err)
+	}
+}
+
+// One key with many jobs due does not hold another key back: due jobs of
+// different keys start in turn.
+func TestKeysTakeTurns(t *testing.T) {
+	ctx := testCtx(t)
+	prefix := testPrefix(t)
+	q := newQueue(t, newStore(t, prefix))
+	var mu sync.Mutex
+	var order []string
+	k := Kind{Name: "turn", Limits: []Limit{{Name: "merchant", Key: ParamKey("merchant"), Concurrency: 100}},
+		Steps: []Step{{Name: "s", Run: func(ctx context.Context, r *Run) ([]byte, error) {
+			mu.Lock()
+			order = append(order, merchantOf(r.Params()))
+			mu.Unlock()
+			return nil, nil
+		}}}}
+	var ids []string
+	for i := 0; i < 10; i++ {
+		ids = append(ids, fmt.Sprintf("noisy-%d", i))
+		if _, err := q.Submit(ctx, ids[i], "turn", []byte(`{"merchant":"noisy"}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids = append(ids, "quiet")
+	// Due last of all (the others have no time set): by due time alone,
+	// it would run last.
+	if _, err := q.Submit(ctx, "quiet", "turn", []byte(`{"merchant":"quiet"}`), RunAt(time.Now())); err != nil {
+		t.Fatal(err)
+	}
+	// One job at a time: the worker's slots, not the limit, are scarce.
+	newWorker(t, q, []Kind{k}, Concurrency(1))
+	for _, id := range ids {
+		if j := waitJob(t, q, id); j.State != Succeeded {
+			t.Fatalf("%s: %s", id, j.State)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if i := slices.Index(order, "quiet"); i < 0 || i > 1 {
+		t.Fatalf("the quiet merchant's job ran %d-th of %d: %v", i+1, len(order), order)
 	}
 }
