@@ -117,3 +117,70 @@ func TestJobsAPIConformsToOpenAPI(t *testing.T) {
 		t.Fatalf("submit where no jobs are served = %d %v; want 404 no-such-route", st, r)
 	}
 }
+
+// The slots of the jobs' limits, read through the worker API while a
+// limited job runs, validated against the OpenAPI document over a real
+// socket.
+func TestLimitsAPIConformsToOpenAPI(t *testing.T) {
+	doc := loadSpec(t)
+	doc.Servers = nil
+	router, err := legacy.NewRouter(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vc := &validatingClient{t: t, router: router, seen: map[string]bool{}}
+	prefix := fmt.Sprintf("/t/api/%d/", prefixSeq.Add(1))
+	store := newStore(t, prefix)
+	api, err := idemhttp.NewAPI(idemhttp.APIConfig{Store: store, Jobs: &idemhttp.JobsConfig{
+		Queue: func(tenant string) (*jobs.Queue, error) { return jobs.New(store, jobs.WithTenant(tenant)) },
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(api)
+	t.Cleanup(srv.Close)
+	c := &apiClient{t, srv.URL, &http.Client{Transport: vc}}
+
+	q, err := jobs.New(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, release := make(chan string, 1), make(chan struct{})
+	w, err := jobs.NewWorker(q, []jobs.Kind{{Name: "payout",
+		Limits: []jobs.Limit{{Name: "merchant", Key: jobs.ParamKey("merchant"), Concurrency: 1}},
+		Steps: []jobs.Step{{Name: "pay", Run: func(ctx context.Context, r *jobs.Run) ([]byte, error) {
+			entered <- r.Key().ID
+			<-release
+			return nil, nil
+		}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if st, r := c.post("/v1/jobs", map[string]any{"id": "p-1", "kind": "payout", "params": map[string]any{"merchant": "acme/eu"}}); st != 201 {
+		t.Fatalf("submit = %d %v", st, r)
+	}
+	<-entered
+	st, r := c.get("/v1/limits?limit=merchant")
+	slots, _ := r["slots"].([]any)
+	if st != 200 || len(slots) != 1 || fmt.Sprint(slots[0].(map[string]any)["key"]) != "acme/eu" || slots[0].(map[string]any)["job"] != "p-1" {
+		t.Fatalf("limits while p-1 runs = %d %v; want p-1 holding acme/eu's slot", st, r)
+	}
+	if st, r := c.get("/v1/limits?limit=bad*name"); st != 400 {
+		t.Fatalf("limits of a bad name = %d %v; want 400", st, r)
+	}
+	close(release)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if j, err := q.Wait(ctx, "p-1"); err != nil || j.State != jobs.Succeeded {
+		t.Fatalf("p-1: %+v %v", j, err)
+	}
+	if st, r := c.get("/v1/limits"); st != 200 || len(r["slots"].([]any)) != 0 {
+		t.Fatalf("limits once p-1 ended = %d %v; want none held", st, r)
+	}
+	for _, want := range []string{"listSlots 200", "listSlots 400"} {
+		if !vc.seen[want] {
+			t.Errorf("no exchange covered %q", want)
+		}
+	}
+}

@@ -42,6 +42,7 @@ var apiRoutes = []Route{
 	{"POST", "/v1/jobs", "submitJob"},
 	{"GET", "/v1/jobs/{id}", "getJob"},
 	{"POST", "/v1/jobs/{id}/signals/{event}", "signalJob"},
+	{"GET", "/v1/limits", "listSlots"},
 }
 
 // APIConfig configures the worker API.
@@ -132,10 +133,10 @@ func NewAPI(cfg APIConfig) (*API, error) {
 	handlers := map[string]http.HandlerFunc{
 		"claim": a.claim, "complete": a.complete, "checkpoint": a.checkpoint,
 		"renew": a.renew, "release": a.release, "abandon": a.abandon, "get": a.get,
-		"submitJob": a.submitJob, "getJob": a.getJob, "signalJob": a.signalJob,
+		"submitJob": a.submitJob, "getJob": a.getJob, "signalJob": a.signalJob, "listSlots": a.listSlots,
 	}
 	if cfg.Jobs == nil {
-		for _, op := range []string{"submitJob", "getJob", "signalJob"} {
+		for _, op := range []string{"submitJob", "getJob", "signalJob", "listSlots"} {
 			handlers[op] = func(w http.ResponseWriter, r *http.Request) {
 				a.problem(w, NewProblem(http.StatusNotFound, KindNoSuchRoute, "this idem serves no jobs (they run on one etcd cluster, not a shard set)"))
 			}

@@ -66,6 +66,7 @@ type JobJSON struct {
 	Error     string          `json:"error,omitempty"`
 	NotBefore *time.Time      `json:"not_before,omitempty"`
 	Awaiting  string          `json:"awaiting,omitempty"`
+	Limited   string          `json:"limited,omitempty"`
 	Created   time.Time       `json:"created"`
 	Expires   time.Time       `json:"expires"`
 }
@@ -82,7 +83,7 @@ type JobStepJSON struct {
 // JobView is j on the wire.
 func JobView(j *jobs.Job) JobJSON {
 	v := JobJSON{Tenant: j.Key.Tenant, ID: j.Key.ID, Kind: j.Kind, State: j.State, Attempts: j.Attempts, Token: int64(j.Token),
-		Error: j.Err, Awaiting: j.Awaiting, Created: j.Created, Expires: j.Expires}
+		Error: j.Err, Awaiting: j.Awaiting, Limited: j.Limited, Created: j.Created, Expires: j.Expires}
 	v.Params, v.ParamsB64 = rawOrBase64(j.Params)
 	if !j.NotBefore.IsZero() {
 		nb := j.NotBefore
@@ -239,4 +240,45 @@ func (a *API) signalJob(w http.ResponseWriter, r *http.Request) {
 		ID    string `json:"id"`
 		Event string `json:"event"`
 	}{r.PathValue("id"), r.PathValue("event")})
+}
+
+// SlotJSON is one held slot of a jobs limit on the wire.
+type SlotJSON struct {
+	Limit string    `json:"limit"`
+	Key   string    `json:"key"`
+	Slot  int       `json:"slot"`
+	Job   string    `json:"job"`
+	Token int64     `json:"token"`
+	Since time.Time `json:"since"`
+}
+
+// listSlots answers the concurrency slots of the caller's jobs limits held
+// now (?limit=NAME: one limit's).
+func (a *API) listSlots(w http.ResponseWriter, r *http.Request) {
+	tenant, ok := a.jobsTenant(w, r)
+	if !ok {
+		return
+	}
+	limit := r.URL.Query().Get("limit")
+	if limit != "" {
+		if err := jobs.ValidateName(limit); err != nil {
+			a.problem(w, NewProblem(http.StatusBadRequest, KindInvalidRequest, "limit: "+err.Error()))
+			return
+		}
+	}
+	q := a.jobsQueue(w, r, tenant)
+	if q == nil {
+		return
+	}
+	slots, err := q.Slots(r.Context(), limit)
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	out := make([]SlotJSON, len(slots))
+	for i, s := range slots {
+		out[i] = SlotJSON{Limit: s.Limit, Key: s.Key, Slot: s.Slot, Job: s.Job, Token: int64(s.Token), Since: s.Since}
+	}
+	a.labelIs(w, labelPassthrough)
+	writeJSON(w, http.StatusOK, map[string]any{"slots": out})
 }

@@ -1,12 +1,14 @@
 package jobs
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -438,4 +440,60 @@ func (w *Worker) limit(ctx context.Context, c *etcdstore.Claim, st *state, k *Ki
 	// claim's end (execute).
 	out, end := w.giveBack(ctx, c, st)
 	return out, end, false
+}
+
+// Slot is one concurrency slot of a limit, held by a job's attempt.
+type Slot struct {
+	Limit string // the limit's name
+	Key   string // the key the limit applies to (the merchant, the customer)
+	Slot  int    // the slot's number, from 0
+	Job   string // the job whose attempt holds it
+	Token fencing.Token
+	Since time.Time // when it was taken, on the taker's clock
+}
+
+// Slots returns the concurrency slots of the queue's limits that are held
+// now: see the package function Slots.
+func (q *Queue) Slots(ctx context.Context, limit string) ([]Slot, error) {
+	return Slots(ctx, &q.store.Admin, q.tenant, limit)
+}
+
+// Slots returns the concurrency slots of tenant's limits that are held now
+// (read linearizably), by limit, key and slot; limit "" lists every
+// limit's. A slot whose attempt is over but was not released (its worker
+// died, or its release was lost) is listed until the next attempt that
+// needs it takes it.
+func Slots(ctx context.Context, admin *etcdstore.Admin, tenant, limit string) ([]Slot, error) {
+	if tenant == "" {
+		tenant = DefaultTenant
+	}
+	prefix := limitPrefix(tenant)
+	if limit != "" {
+		if err := validName(limit, 64, true); err != nil {
+			return nil, fmt.Errorf("slots: %w: limit name %q: %v", ErrInvalid, limit, err)
+		}
+		prefix += limit + "/"
+	}
+	vals, err := admin.Values(ctx, prefix)
+	if err != nil {
+		return nil, fmt.Errorf("slots: %w", err)
+	}
+	var out []Slot
+	for _, v := range vals {
+		parts := strings.Split(strings.TrimPrefix(v.Name, limitPrefix(tenant)), "/")
+		if len(parts) != 4 || parts[2] != "c" {
+			continue // a rate's slot
+		}
+		key, err1 := url.PathUnescape(parts[1])
+		n, err2 := strconv.Atoi(parts[3])
+		var h holder
+		if err1 != nil || err2 != nil || json.Unmarshal(v.Value, &h) != nil {
+			continue
+		}
+		out = append(out, Slot{Limit: parts[0], Key: key, Slot: n, Job: h.Job, Token: fencing.Token(h.Token), Since: time.UnixMilli(h.At)})
+	}
+	slices.SortFunc(out, func(a, b Slot) int {
+		return cmp.Or(cmp.Compare(a.Limit, b.Limit), cmp.Compare(a.Key, b.Key), cmp.Compare(a.Slot, b.Slot))
+	})
+	return out, nil
 }

@@ -139,7 +139,7 @@ func (o Overlap) String() string {
 	return fmt.Sprintf("Overlap(%d)", int(o))
 }
 
-// ValidateName checks the name of a schedule, a kind or an event: 1 to 64
+// ValidateName checks the name of a schedule, a kind, an event or a limit: 1 to 64
 // characters of [A-Za-z0-9._-]. Its error wraps ErrInvalid.
 func ValidateName(name string) error {
 	if err := validName(name, 64, true); err != nil {

@@ -58,6 +58,8 @@ func jobsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return jobsPause(ctx, args[0], args[1:], stdout, stderr)
 	case "backfill":
 		return jobsBackfill(ctx, args[1:], stdout, stderr)
+	case "limits":
+		return jobsLimits(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, jobsUsage)
 		return nil
@@ -425,6 +427,58 @@ func jobsSchedules(ctx context.Context, args []string, stdout, stderr io.Writer)
 	return nil
 }
 
+// jobsLimits lists the concurrency slots of the jobs' limits held now:
+// which job holds which merchant's (customer's...) slot, since when.
+func jobsLimits(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
+	a := newJobsCmd("limits", "limits [--tenant T] [--limit NAME] [-w simple|json|table]", stderr)
+	defer func() { err = a.explain(err) }()
+	limit := a.fs.String("limit", "", "only this limit's slots (Limit.Name)")
+	if err := parseFlags(a.fs, args); err != nil {
+		return err
+	}
+	if *limit != "" {
+		if err := jobs.ValidateName(*limit); err != nil {
+			return usageError{fmt.Errorf("--limit: %w", err)}
+		}
+	}
+	c, ctx, done, err := a.openJobs(ctx, args, 0)
+	if err != nil {
+		return err
+	}
+	defer done()
+	slots, err := jobs.Slots(ctx, c.adm, a.tenant, *limit)
+	if err != nil {
+		return err
+	}
+	type view struct {
+		Limit string    `json:"limit"`
+		Key   string    `json:"key"`
+		Slot  int       `json:"slot"`
+		Job   string    `json:"job"`
+		Token int64     `json:"token"`
+		Since time.Time `json:"since"`
+	}
+	views := make([]view, len(slots))
+	for i, s := range slots {
+		views[i] = view{Limit: s.Limit, Key: s.Key, Slot: s.Slot, Job: s.Job, Token: int64(s.Token), Since: s.Since}
+	}
+	switch a.format {
+	case "json":
+		return json.NewEncoder(stdout).Encode(views)
+	case "table":
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "LIMIT\tKEY\tSLOT\tJOB\tTOKEN\tSINCE")
+		for _, v := range views {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\n", v.Limit, v.Key, v.Slot, v.Job, v.Token, v.Since.Format(time.RFC3339))
+		}
+		return tw.Flush()
+	}
+	for _, v := range views {
+		fmt.Fprintf(stdout, "%s key=%q slot=%d job=%s token=%d since=%s\n", v.Limit, v.Key, v.Slot, v.Job, v.Token, v.Since.Format(time.RFC3339))
+	}
+	return nil
+}
+
 // zone is a schedule's time zone as shown: UTC when the cursor says none.
 func zone(loc string) string {
 	if loc == "" {
@@ -549,6 +603,8 @@ type jobView struct {
 	Owner     string        `json:"owner,omitempty"`
 	Error     string        `json:"error,omitempty"`
 	NotBefore *time.Time    `json:"not_before,omitempty"`
+	Awaiting  string        `json:"awaiting,omitempty"`
+	Limited   string        `json:"limited,omitempty"`
 	Params    string        `json:"params,omitempty"`
 	Steps     []stepView    `json:"steps,omitempty"`
 	Errors    []attemptView `json:"errors,omitempty"`
@@ -575,7 +631,7 @@ type attemptView struct {
 
 func viewJob(j *jobs.Job) jobView {
 	v := jobView{Tenant: j.Key.Tenant, ID: j.Key.ID, Kind: j.Kind, State: j.State, Attempts: j.Attempts, Token: int64(j.Token),
-		Owner: j.Owner, Error: j.Err, Params: string(j.Params), Created: j.Created, Expires: j.Expires}
+		Owner: j.Owner, Error: j.Err, Awaiting: j.Awaiting, Limited: j.Limited, Params: string(j.Params), Created: j.Created, Expires: j.Expires}
 	if !j.NotBefore.IsZero() {
 		t := j.NotBefore
 		v.NotBefore = &t
@@ -623,6 +679,12 @@ func printJobs(w io.Writer, format string, js []*jobs.Job, detail bool) error {
 		}
 		if !j.NotBefore.IsZero() {
 			fmt.Fprintf(w, " not_before=%s", j.NotBefore.Format(time.RFC3339))
+		}
+		if j.Awaiting != "" {
+			fmt.Fprintf(w, " awaiting=%s", j.Awaiting)
+		}
+		if j.Limited != "" {
+			fmt.Fprintf(w, " limited=%q", j.Limited)
 		}
 		if j.Err != "" {
 			fmt.Fprintf(w, " error=%q", oneLine(j.Err, 200))

@@ -420,3 +420,77 @@ func TestJobsSchedulesPauseBackfill(t *testing.T) {
 		}
 	}
 }
+
+// idem jobs limits shows which job holds which key's slot while it runs,
+// and nothing once it ended; a bad limit name exits 2; idem jobs get says
+// what holds a job back.
+func TestJobsLimits(t *testing.T) {
+	c, err := etcdtest.New(t.TempDir(), 1, etcdtest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	ep := c.Endpoints()[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	store, err := etcdstore.New(ctx, c.MustClient(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	q, err := jobs.New(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, release := make(chan string, 1), make(chan struct{})
+	k := jobs.Kind{Name: "payout", Limits: []jobs.Limit{{Name: "merchant", Key: jobs.ParamKey("merchant"), Concurrency: 1}},
+		Steps: []jobs.Step{{Name: "pay", Run: func(ctx context.Context, r *jobs.Run) ([]byte, error) {
+			entered <- r.Key().ID
+			<-release
+			return nil, nil
+		}}}}
+	w, err := jobs.NewWorker(q, []jobs.Kind{k})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	for _, id := range []string{"p-1", "p-2"} {
+		if _, err := q.Submit(ctx, id, "payout", []byte(`{"merchant":"acme"}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := <-entered
+	second := map[string]string{"p-1": "p-2", "p-2": "p-1"}[first]
+	out, err := runCmd(t, "jobs", "limits", "--endpoints", ep, "-w", "json")
+	var got []struct {
+		Limit, Key, Job string
+		Slot            int
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil || len(got) != 1 || got[0].Limit != "merchant" || got[0].Key != "acme" || got[0].Job != first {
+		t.Fatalf("jobs limits while %s runs: %v\n%s", first, err, out)
+	}
+	// The other job, tried by a worker without a completer, is held back.
+	other, err := jobs.NewWorker(q, []jobs.Kind{k}, jobs.Concurrency(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if j, err := other.Run(ctx, second); err != nil || j.Limited != "merchant=acme" {
+		t.Fatalf("%s run while the slot is held: %+v %v", second, j, err)
+	}
+	if out, err := runCmd(t, "jobs", "get", "--endpoints", ep, second); err != nil || !strings.Contains(out, `limited="merchant=acme"`) {
+		t.Fatalf("jobs get %s: %v\n%s", second, err, out)
+	}
+	if out, err := runCmd(t, "jobs", "limits", "--endpoints", ep, "--limit", "bad*name"); exitCode(err) != 2 {
+		t.Fatalf("jobs limits --limit bad*name: exit %d, want 2\n%s", exitCode(err), out)
+	}
+	close(release)
+	for _, id := range []string{"p-1", "p-2"} {
+		if j, err := q.Wait(ctx, id); err != nil || j.State != jobs.Succeeded {
+			t.Fatalf("%s: %+v %v", id, j, err)
+		}
+	}
+	if out, err := runCmd(t, "jobs", "limits", "--endpoints", ep); err != nil || strings.TrimSpace(out) != "" {
+		t.Fatalf("jobs limits once both ended: %v\n%q", err, out)
+	}
+}
