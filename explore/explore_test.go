@@ -490,7 +490,10 @@ func (w *world) heal(fatal func(string, ...any)) {
 		if !drainer && w.clientsDone() {
 			drainer = true
 			p := w.procs[0]
-			w.s.spawn("drain/jobs", p, false, func(a *actor) { drained = append(append(w.drainJobs(a), w.drainWaits(a)...), w.drainLimits(a)...); drainerDone = true })
+			w.s.spawn("drain/jobs", p, false, func(a *actor) {
+				drained = append(append(w.drainJobs(a), w.drainWaits(a)...), w.drainLimits(a)...)
+				drainerDone = true
+			})
 		}
 		now := w.s.Now()
 		if drainerDone && w.clientsDone() && (now.Sub(lastCheck) >= time.Second || !now.Before(healedAt.Add(bound))) {
