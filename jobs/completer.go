@@ -39,6 +39,7 @@ type completer struct {
 	// key full, by slot prefix; when each group of jobs (a limit's key)
 	// last had a job started, for turns.
 	slots   map[string]map[string]holder
+	slotGen map[string]uint64 // bumps with every change of a prefix's slots
 	blocked map[string]map[string]bool
 	served  map[string]uint64
 	tick    uint64
@@ -59,8 +60,9 @@ type entry struct {
 	created   time.Time // the record's creation, which names the job's events
 	token     int64     // the record's fencing token
 	limits    []keyedLimit
-	limited   string // the limit (label) whose slots were taken when it was last tried
-	woken     bool   // a slot of that limit changed since
+	limited   string            // the limit (label) whose slots were taken when it was last tried
+	woken     bool              // a slot of that limit changed since
+	tried     map[string]uint64 // when it was last started here: the generation of each of its limits' slots
 
 	// held: a claim at this revision found the job held by a live owner,
 	// or this worker already tried it at this revision: not again until
@@ -78,7 +80,7 @@ const stallAfter = 10 * time.Second
 
 func newCompleter(w *Worker) *completer {
 	return &completer{w: w, jobs: map[string]*entry{}, owners: map[string]bool{}, events: map[string]map[string]bool{}, free: w.conc, kick: make(chan struct{}),
-		slots: map[string]map[string]holder{}, blocked: map[string]map[string]bool{}, served: map[string]uint64{}}
+		slots: map[string]map[string]holder{}, slotGen: map[string]uint64{}, blocked: map[string]map[string]bool{}, served: map[string]uint64{}}
 }
 
 // start runs the completer's two pieces of work until the worker stops.
@@ -206,7 +208,7 @@ func (c *completer) recordChanged(ch etcdstore.Change) {
 		return
 	}
 	if old := c.jobs[e.id]; old != nil {
-		e.running, e.held, e.fails, e.version = old.running, old.held, old.fails, old.version
+		e.running, e.held, e.fails, e.version, e.tried = old.running, old.held, old.fails, old.version, old.tried
 	}
 	c.jobs[e.id] = e
 	c.blockLimited(e)
@@ -354,6 +356,11 @@ func (c *completer) dispatch(ctx context.Context) {
 			c.tick++
 			c.served[group(e)] = c.tick
 			e.running = true
+			e.tried = map[string]uint64{}
+			for _, kl := range e.limits {
+				p := kl.slots(c.w.q.tenant, "c")
+				e.tried[p] = c.slotGen[p]
+			}
 			c.free--
 			job := *e
 			// Not ctx: a running job has Close's drain to finish.
@@ -477,6 +484,7 @@ func setSlot(slots map[string]map[string]holder, v etcdstore.Value) {
 func (c *completer) slotChanged(v *etcdstore.Value) {
 	setSlot(c.slots, *v)
 	if i := strings.LastIndex(v.Name, "/c/"); i >= 0 {
+		c.slotGen[v.Name[:i+3]]++
 		c.unblock(v.Name[:i+3])
 	}
 }
@@ -522,9 +530,18 @@ func (c *completer) blockLimited(e *entry) {
 		return
 	}
 	for _, kl := range e.limits {
-		if kl.label() == e.limited {
-			c.block(e, kl.slots(c.w.q.tenant, "c"))
+		if kl.label() != e.limited {
+			continue
 		}
+		p := kl.slots(c.w.q.tenant, "c")
+		if gen, ok := e.tried[p]; ok && gen != c.slotGen[p] {
+			// Its slots changed since this worker tried it (a release
+			// seen before the record that says it was held back): try
+			// again now, or that release's wakeup is lost.
+			e.woken = true
+			return
+		}
+		c.block(e, p)
 	}
 }
 

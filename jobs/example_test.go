@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log"
+	"sync"
 	"net/http"
 	"os"
 	"strings"
@@ -246,4 +247,66 @@ func Example_approval() {
 	// Output:
 	// paying "42 EUR", approved by "ada"
 	// succeeded 1
+}
+
+// Example_merchantLimit runs payouts at most one at a time per merchant,
+// and at most five a second, across every worker of every data centre:
+// a merchant's second payout waits for the first's slot.
+func Example_merchantLimit() {
+	ctx, stop := context.WithTimeout(context.Background(), 30*time.Second)
+	defer stop()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints(), Logger: zap.NewNop()})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cli.Close()
+	store, err := etcdstore.New(ctx, cli, etcdstore.WithPrefix("/idem-example-limit/"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	q, err := jobs.New(store)
+	if err != nil {
+		log.Fatal(err)
+	}
+	var mu sync.Mutex
+	running := map[string]int{} // payouts of each merchant running now
+	payout := jobs.Kind{Name: "payout",
+		Limits: []jobs.Limit{{Name: "merchant", Key: jobs.ParamKey("merchant"), Concurrency: 1, Rate: 5}},
+		Steps: []jobs.Step{{Name: "pay", Run: func(ctx context.Context, r *jobs.Run) ([]byte, error) {
+			m, _ := jobs.ParamKey("merchant")(r.Params())
+			mu.Lock()
+			running[m]++
+			if running[m] > 1 {
+				fmt.Println("two payouts of", m, "at once")
+			}
+			mu.Unlock()
+			defer func() { mu.Lock(); running[m]--; mu.Unlock() }()
+			return nil, nil
+		}}}}
+	w, err := jobs.NewWorker(q, []jobs.Kind{payout}, jobs.Concurrency(8))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer w.Close()
+	for i := range 6 {
+		params := fmt.Sprintf(`{"merchant":"m%d","amount":%d}`, i%2, 10*i)
+		if _, err := q.Submit(ctx, fmt.Sprintf("payout-%d", i), "payout", []byte(params)); err != nil {
+			log.Fatal(err)
+		}
+	}
+	for i := range 6 {
+		j, err := q.Wait(ctx, fmt.Sprintf("payout-%d", i))
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(j.Key.ID, j.State)
+	}
+	// Output:
+	// payout-0 succeeded
+	// payout-1 succeeded
+	// payout-2 succeeded
+	// payout-3 succeeded
+	// payout-4 succeeded
+	// payout-5 succeeded
 }
