@@ -89,12 +89,19 @@ func (a *Admin) values(ctx context.Context, key string, prefix bool) ([]Value, e
 // ValueOption configures SetValue.
 type ValueOption func(*valueConfig)
 
-type valueConfig struct{ retained bool }
+type valueConfig struct{ retained, session bool }
 
 // Retained puts the value on a retention lease, as a record: it is deleted
 // once the store's retention has passed since this write, instead of being
 // kept until it is deleted. Package jobs keeps its events so.
 func Retained() ValueOption { return func(c *valueConfig) { c.retained = true } }
+
+// OnSession puts the value on this process's current session lease: it is
+// deleted when the session ends (the process died, was cut off past the
+// session's TTL, or closed the store). The process starts a new session
+// then, under a new owner (Store.Owner): write the value again for it.
+// Package jobs' workers advertise themselves so.
+func OnSession() ValueOption { return func(c *valueConfig) { c.session = true } }
 
 // SetValue writes value under name if the value's revision is still rev (0:
 // only if there is none), and reports whether it did; if not, it returns
@@ -120,7 +127,13 @@ func (s *Store) SetValue(ctx context.Context, name string, value []byte, rev int
 	for refreshed := false; ; refreshed = true {
 		var put []clientv3.OpOption
 		var id clientv3.LeaseID
-		if cfg.retained {
+		if cfg.session {
+			sess, serr := s.session()
+			if serr != nil {
+				return Value{}, false, fmt.Errorf("set value %q: %w", name, serr)
+			}
+			put = append(put, clientv3.WithLease(sess.Lease()))
+		} else if cfg.retained {
 			if id, err = s.buckets.For(ctx, s.now()); err != nil {
 				return Value{}, false, fmt.Errorf("set value %q: %w", name, err)
 			}
@@ -130,7 +143,7 @@ func (s *Store) SetValue(ctx context.Context, name string, value []byte, rev int
 			resp, err = s.client.Txn(ctx).If(cmp).Then(clientv3.OpPut(key, string(value), put...)).Else(clientv3.OpGet(key)).Commit()
 			return err
 		})
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) && !refreshed {
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) && !refreshed && !cfg.session {
 			s.buckets.Invalidate(id) // nothing was written: try a fresh lease
 			continue
 		}

@@ -67,6 +67,7 @@ type JobJSON struct {
 	NotBefore *time.Time      `json:"not_before,omitempty"`
 	Awaiting  string          `json:"awaiting,omitempty"`
 	Limited   string          `json:"limited,omitempty"`
+	Zone      string          `json:"zone,omitempty"`
 	Created   time.Time       `json:"created"`
 	Expires   time.Time       `json:"expires"`
 }
@@ -83,7 +84,7 @@ type JobStepJSON struct {
 // JobView is j on the wire.
 func JobView(j *jobs.Job) JobJSON {
 	v := JobJSON{Tenant: j.Key.Tenant, ID: j.Key.ID, Kind: j.Kind, State: j.State, Attempts: j.Attempts, Token: int64(j.Token),
-		Error: j.Err, Awaiting: j.Awaiting, Limited: j.Limited, Created: j.Created, Expires: j.Expires}
+		Error: j.Err, Awaiting: j.Awaiting, Limited: j.Limited, Zone: j.Zone, Created: j.Created, Expires: j.Expires}
 	v.Params, v.ParamsB64 = rawOrBase64(j.Params)
 	if !j.NotBefore.IsZero() {
 		nb := j.NotBefore

@@ -43,6 +43,8 @@ type completer struct {
 	blocked map[string]map[string]bool
 	served  map[string]uint64
 	tick    uint64
+
+	workers map[string]advert // the live workers' adverts, by owner
 }
 
 // entry is what the completer knows of one in-flight job.
@@ -63,6 +65,8 @@ type entry struct {
 	limited   string            // the limit (label) whose slots were taken when it was last tried
 	woken     bool              // a slot of that limit changed since
 	tried     map[string]uint64 // when it was last started here: the generation of each of its limits' slots
+	zone      string            // the zone that submitted it
+	seenAt    time.Time         // when this completer first saw it at this revision
 
 	// held: a claim at this revision found the job held by a live owner,
 	// or this worker already tried it at this revision: not again until
@@ -80,7 +84,7 @@ const stallAfter = 10 * time.Second
 
 func newCompleter(w *Worker) *completer {
 	return &completer{w: w, jobs: map[string]*entry{}, owners: map[string]bool{}, events: map[string]map[string]bool{}, free: w.conc, kick: make(chan struct{}),
-		slots: map[string]map[string]holder{}, slotGen: map[string]uint64{}, blocked: map[string]map[string]bool{}, served: map[string]uint64{}}
+		slots: map[string]map[string]holder{}, slotGen: map[string]uint64{}, blocked: map[string]map[string]bool{}, served: map[string]uint64{}, workers: map[string]advert{}}
 }
 
 // start runs the completer's two pieces of work until the worker stops.
@@ -88,6 +92,9 @@ func (c *completer) start() {
 	clk := c.w.q.clock
 	c.w.wg.Go(clk, c.w.stopping, "job completer follow", c.follow)
 	c.w.wg.Go(clk, c.w.stopping, "job completer dispatch", c.dispatch)
+	if c.w.fallback > 0 {
+		c.w.wg.Go(clk, c.w.stopping, "job worker advert", c.advertise)
+	}
 }
 
 func (c *completer) wake() {
@@ -107,7 +114,7 @@ func (c *completer) wakeLocked() {
 func (c *completer) follow(ctx context.Context) {
 	for fails := 0; ctx.Err() == nil; fails++ {
 		feed, err := c.w.q.store.Follow(ctx, c.w.q.tenant, etcdstore.FollowOptions{Sessions: true, Stall: stallAfter,
-			Values: []string{eventPrefix(c.w.q.tenant), limitPrefix(c.w.q.tenant)}})
+			Values: []string{eventPrefix(c.w.q.tenant), limitPrefix(c.w.q.tenant), advertPrefix(c.w.q.tenant)}})
 		if err == nil {
 			fails = 0
 			c.load(feed)
@@ -132,9 +139,17 @@ func (c *completer) load(feed *etcdstore.Feed) {
 	}
 	events := map[string]map[string]bool{}
 	slots := map[string]map[string]holder{}
+	workers := map[string]advert{}
 	for _, v := range feed.Values() {
 		if strings.HasPrefix(v.Name, limitPrefix(c.w.q.tenant)) {
 			setSlot(slots, v)
+			continue
+		}
+		if owner, ok := strings.CutPrefix(v.Name, advertPrefix(c.w.q.tenant)); ok {
+			var a advert
+			if json.Unmarshal(v.Value, &a) == nil {
+				workers[owner] = a
+			}
 			continue
 		}
 		if id, created, name, ok := parseEvent(v.Name[len(eventPrefix(c.w.q.tenant)):]); ok {
@@ -158,7 +173,7 @@ func (c *completer) load(feed *etcdstore.Feed) {
 			e.running, e.held = true, old.held
 		}
 	}
-	c.jobs, c.owners, c.events, c.due, c.slots, c.blocked = jobs, owners, events, nil, slots, map[string]map[string]bool{}
+	c.jobs, c.owners, c.events, c.due, c.slots, c.blocked, c.workers = jobs, owners, events, nil, slots, map[string]map[string]bool{}, workers
 	for _, e := range jobs {
 		c.blockLimited(e)
 		c.schedule(e)
@@ -178,6 +193,8 @@ func (c *completer) watch(ctx context.Context, feed *etcdstore.Feed) error {
 			switch {
 			case ch.Value != nil && strings.HasPrefix(ch.Value.Name, limitPrefix(c.w.q.tenant)):
 				c.slotChanged(ch.Value)
+			case ch.Value != nil && strings.HasPrefix(ch.Value.Name, advertPrefix(c.w.q.tenant)):
+				c.advertChanged(ch.Value)
 			case ch.Value != nil:
 				c.eventChanged(ch.Value)
 			case ch.Owner != "" && ch.Alive:
@@ -209,6 +226,9 @@ func (c *completer) recordChanged(ch etcdstore.Change) {
 	}
 	if old := c.jobs[e.id]; old != nil {
 		e.running, e.held, e.fails, e.version, e.tried = old.running, old.held, old.fails, old.version, old.tried
+		if old.rev == e.rev {
+			e.seenAt = old.seenAt
+		}
 	}
 	c.jobs[e.id] = e
 	c.blockLimited(e)
@@ -263,7 +283,7 @@ func (c *completer) entryOf(rec *etcdstore.Record) *entry {
 	k := c.w.kinds[st.Kind]
 	e := &entry{id: rec.Key.ID, fp: rec.Fingerprint, kind: k, rev: rec.Revision, owner: rec.Owner,
 		deadline: rec.Deadline, expires: rec.Expires, parked: st.Parked, awaiting: st.Awaiting, created: rec.Created,
-		token: int64(rec.Token), limited: st.Limited}
+		token: int64(rec.Token), limited: st.Limited, zone: st.Zone, seenAt: c.w.q.clock.Now()}
 	e.limits, _ = k.limitsOf(st.Params) // (an error fails the job when it is tried)
 	if st.NotBefore != 0 {
 		e.notBefore = time.UnixMilli(st.NotBefore)
@@ -286,6 +306,7 @@ func (c *completer) when(e *entry, now time.Time) (time.Time, bool) {
 		return maxTime(e.deadline, e.retryAt), true
 	}
 	var t time.Time
+	free := true // nobody holds it: its preferred worker tries it first
 	switch {
 	case e.owner == "" && e.awaiting != "" && c.events[eventJob(e.id, e.created.UnixMilli())][e.awaiting]:
 		t = now // its event came
@@ -296,6 +317,7 @@ func (c *completer) when(e *entry, now time.Time) (time.Time, bool) {
 	case !c.owners[e.owner] && e.owner != c.w.q.store.Owner():
 		t = now // its worker's session is gone
 	case !e.deadline.IsZero():
+		free = false
 		t = e.deadline
 	default:
 		// A live owner. (This process's own claims all end, on every
@@ -303,6 +325,11 @@ func (c *completer) when(e *entry, now time.Time) (time.Time, bool) {
 		// claim whose write had an unknown outcome. A claim of ours seen
 		// here is one whose end has not reached the watch yet.)
 		return time.Time{}, false
+	}
+	if d := c.fallbackFor(e); free && d > 0 {
+		// Another worker is preferred: this one takes the job only if
+		// that one has not, d after it became due (as this worker saw it).
+		t = maxTime(t, e.seenAt).Add(d)
 	}
 	if e.retryAt.After(t) {
 		t = e.retryAt

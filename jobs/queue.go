@@ -27,6 +27,7 @@ type Queue struct {
 	tenant string
 	log    *slog.Logger
 	clock  clock.Clock
+	zone   string
 }
 
 // Option configures a Queue.
@@ -42,6 +43,24 @@ func WithTenant(tenant string) Option {
 		return nil
 	}
 }
+
+// WithZone names the data centre (or zone) this process runs in: the jobs
+// it submits are kept there while it has workers (each job prefers a
+// worker of the zone that submitted it), and its workers say they run
+// there. 1 to 64 characters of [A-Za-z0-9._-]; default none (every
+// worker is as good as another).
+func WithZone(zone string) Option {
+	return func(q *Queue) error {
+		if err := validName(zone, 64, true); err != nil {
+			return fmt.Errorf("%w: zone %q: %v", ErrInvalid, zone, err)
+		}
+		q.zone = zone
+		return nil
+	}
+}
+
+// Zone returns the queue's zone (WithZone), or "".
+func (q *Queue) Zone() string { return q.zone }
 
 // WithLogger sets the logger of the queue and of the workers and
 // schedulers on it (default: discard).
@@ -145,7 +164,7 @@ func (q *Queue) Submit(ctx context.Context, id, kind string, params []byte, opts
 	}
 	// Submission tells this call's job from one another submission
 	// wrote: it stays in the job's state for good.
-	cfg := submitConfig{st: &state{Kind: kind, Params: params, Submission: rand.Text()}}
+	cfg := submitConfig{st: &state{Kind: kind, Params: params, Submission: rand.Text(), Zone: q.zone}}
 	for _, o := range opts {
 		o(&cfg)
 	}

@@ -64,6 +64,9 @@ type state struct {
 	// all taken when the job was last tried: it waits for one (with
 	// NotBefore when to look again).
 	Limited string `json:"limited,omitempty"`
+	// Zone is the zone of the process that submitted the job
+	// (WithZone): a worker there is preferred while there is one.
+	Zone string `json:"zone,omitempty"`
 }
 
 // wait is one durable wait of a step: the N-th call of Run.Sleep or
@@ -229,6 +232,9 @@ type Job struct {
 	// all taken when the job was last tried (a Scheduled job waits for
 	// one).
 	Limited string
+	// Zone is the zone that submitted the job (WithZone): its workers
+	// are preferred.
+	Zone string
 	// Owner is the session of the worker running it (Running).
 	Owner string
 	// Token is the fencing token of the job's last claim.
@@ -303,6 +309,7 @@ func FromRecord(rec *etcdstore.Record, now time.Time) (*Job, error) {
 		Err:       st.lastError(),
 		Truncated: st.Truncated,
 		Limited:   st.Limited,
+		Zone:      st.Zone,
 	}
 	for _, e := range st.Errors {
 		j.Errors = append(j.Errors, AttemptError{Attempt: e.Attempt, Token: fencing.Token(e.Token), Step: e.Step, Err: e.Err, At: time.UnixMilli(e.At)})

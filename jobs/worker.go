@@ -25,11 +25,12 @@ import (
 // follows the queue's records and the live sessions, one starts due jobs,
 // and one runs each job); Close stops it.
 type Worker struct {
-	q     *Queue
-	kinds map[string]*Kind
-	conc  int
-	drain time.Duration
-	log   *slog.Logger
+	q        *Queue
+	kinds    map[string]*Kind
+	conc     int
+	drain    time.Duration
+	fallback time.Duration
+	log      *slog.Logger
 
 	stopping context.Context // ends when Close starts: no job starts after
 	stop     context.CancelFunc
@@ -83,7 +84,7 @@ func NewWorker(q *Queue, kinds []Kind, opts ...WorkerOption) (*Worker, error) {
 	if q == nil {
 		return nil, fmt.Errorf("new worker: %w: nil queue", ErrInvalid)
 	}
-	w := &Worker{q: q, kinds: map[string]*Kind{}, conc: DefaultConcurrency, drain: 30 * time.Second, log: q.log,
+	w := &Worker{q: q, kinds: map[string]*Kind{}, conc: DefaultConcurrency, drain: 30 * time.Second, fallback: DefaultFallbackAfter, log: q.log,
 		running: map[string]context.CancelCauseFunc{}}
 	w.stopping, w.stop = context.WithCancel(context.Background())
 	for i := range kinds {

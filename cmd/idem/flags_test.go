@@ -17,6 +17,7 @@ func TestServeRefusesBadFlagsBeforeStartingAnything(t *testing.T) {
 		{[]string{"--upstream", "ftp://example.com"}, "--upstream"},
 		{[]string{"--upstream", "/relative"}, "--upstream"},
 		{[]string{"--on-unknown-outcome", "retry"}, "--on-unknown-outcome"},
+		{[]string{"--zone", "eu west"}, "--zone"},
 		{[]string{"--log-format", "xml"}, "--log-format"},
 		{[]string{"--log-level", "loud"}, "--log-level"},
 		{[]string{"--tenant-header", "X-Tenant"}, "--trusted-proxies"},

@@ -80,7 +80,7 @@ func newJobsCmd(name, synopsis string, stderr io.Writer) *adminCmd {
 
 // queue opens a store on c with the workers' retention, and the queue of
 // the command's tenant: for the commands that write jobs.
-func (a *adminCmd) queue(ctx context.Context, c cluster, retention time.Duration) (*jobs.Queue, func(), error) {
+func (a *adminCmd) queue(ctx context.Context, c cluster, retention time.Duration, opts ...jobs.Option) (*jobs.Queue, func(), error) {
 	store, err := etcdstore.New(ctx, c.cli, etcdstore.WithPrefix(a.etcd.prefix), etcdstore.WithRetention(retention))
 	if err != nil {
 		if errors.Is(err, etcdstore.ErrInvalidArgument) {
@@ -88,7 +88,7 @@ func (a *adminCmd) queue(ctx context.Context, c cluster, retention time.Duration
 		}
 		return nil, nil, err
 	}
-	q, err := jobs.New(store, jobs.WithTenant(a.tenant))
+	q, err := jobs.New(store, append([]jobs.Option{jobs.WithTenant(a.tenant)}, opts...)...)
 	if err != nil {
 		store.Close()
 		return nil, nil, usageError{err}
@@ -121,8 +121,16 @@ func jobsSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	submission := a.fs.String("submission-id", "", "names this submission on every retry of it, so that --if-exists refuse recognises its own job after an unknown outcome")
 	window := a.fs.Duration("dedup-window", 0, "ID names one job for this long after it was submitted (0: the store's retention); past it, an ended job is replaced")
 	retention := a.fs.Duration("retention", etcdstore.DefaultRetention, "the retention of the workers' store (idem serve --retention, etcdstore.WithRetention)")
+	zone := a.fs.String("zone", "", "the data centre (zone) the job is submitted in: a worker there runs it while there is one (jobs.WithZone)")
 	if err := parseFlags(a.fs, args); err != nil {
 		return err
+	}
+	var qopts []jobs.Option
+	if *zone != "" {
+		if err := jobs.ValidateName(*zone); err != nil {
+			return usageError{fmt.Errorf("--zone: %w", err)}
+		}
+		qopts = append(qopts, jobs.WithZone(*zone))
 	}
 	if *ifExists != "return" && *ifExists != "refuse" {
 		return usageError{fmt.Errorf("--if-exists %q: return or refuse", *ifExists)}
@@ -158,7 +166,7 @@ func jobsSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 		}
 		opts = append(opts, jobs.RunAt(t))
 	}
-	q, closeQueue, err := a.queue(ctx, c, *retention)
+	q, closeQueue, err := a.queue(ctx, c, *retention, qopts...)
 	if err != nil {
 		return err
 	}
@@ -605,6 +613,7 @@ type jobView struct {
 	NotBefore *time.Time    `json:"not_before,omitempty"`
 	Awaiting  string        `json:"awaiting,omitempty"`
 	Limited   string        `json:"limited,omitempty"`
+	Zone      string        `json:"zone,omitempty"`
 	Params    string        `json:"params,omitempty"`
 	Steps     []stepView    `json:"steps,omitempty"`
 	Errors    []attemptView `json:"errors,omitempty"`
@@ -631,7 +640,7 @@ type attemptView struct {
 
 func viewJob(j *jobs.Job) jobView {
 	v := jobView{Tenant: j.Key.Tenant, ID: j.Key.ID, Kind: j.Kind, State: j.State, Attempts: j.Attempts, Token: int64(j.Token),
-		Owner: j.Owner, Error: j.Err, Awaiting: j.Awaiting, Limited: j.Limited, Params: string(j.Params), Created: j.Created, Expires: j.Expires}
+		Owner: j.Owner, Error: j.Err, Awaiting: j.Awaiting, Limited: j.Limited, Zone: j.Zone, Params: string(j.Params), Created: j.Created, Expires: j.Expires}
 	if !j.NotBefore.IsZero() {
 		t := j.NotBefore
 		v.NotBefore = &t
@@ -694,6 +703,9 @@ func printJobs(w io.Writer, format string, js []*jobs.Job, detail bool) error {
 			continue
 		}
 		fmt.Fprintf(w, "  created %s, expires %s\n", j.Created.Format(time.RFC3339), j.Expires.Format(time.RFC3339))
+		if j.Zone != "" {
+			fmt.Fprintf(w, "  submitted in zone %s\n", j.Zone)
+		}
 		if len(j.Params) > 0 {
 			fmt.Fprintf(w, "  params %s\n", printable(j.Params))
 		}

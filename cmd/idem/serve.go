@@ -23,6 +23,7 @@ import (
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/idemhttp"
 	"github.com/idem-dev/idem/internal/tlsfiles"
+	"github.com/idem-dev/idem/jobs"
 )
 
 const serveUsage = `usage: idem serve [flags]
@@ -67,6 +68,7 @@ type serveConfig struct {
 	maxWait             time.Duration
 	claimDeadline       time.Duration
 	apiDeadline         time.Duration
+	zone                string
 	maxCheckpoint       int
 	limits              idemhttp.Limits
 	tenantHeader        string
@@ -138,6 +140,7 @@ func (c *serveConfig) flags(stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&c.maxWait, "max-wait", idemhttp.DefaultMaxWait, "cap on Prefer: wait=N")
 	fs.DurationVar(&c.claimDeadline, "claim-deadline", 0, "deadline of a proxied claim (0: none; only the owner's death makes it stale): at least 5/4 of --upstream-timeout; the request is cancelled a fifth of it before the deadline")
 	fs.DurationVar(&c.apiDeadline, "api-deadline", idemhttp.DefaultAPIDeadline, "default deadline of a claim made through the JSON API")
+	fs.StringVar(&c.zone, "zone", "", "the data centre (zone) this process runs in: jobs submitted through its worker API are run by a worker of this zone while it has one (package jobs, WithZone)")
 	fs.IntVar(&c.maxCheckpoint, "max-checkpoint-bytes", idemhttp.DefaultMaxCheckpoint, "largest checkpoint a worker of the JSON API may save, bytes (413 past it)")
 	fs.Float64Var(&c.limits.ClaimsPerSecond, "tenant-claims-per-second", 0, "keyed requests (claims, replays included) one tenant may make per second in this process (429 past it; 0: no limit)")
 	fs.IntVar(&c.limits.ClaimBurst, "tenant-claim-burst", 0, "burst of --tenant-claims-per-second (0: one second's worth)")
@@ -192,6 +195,11 @@ func (c *serveConfig) validate() error {
 	}
 	if _, ok := ends[c.onUnknownOutcome]; !ok {
 		return fmt.Errorf("--on-unknown-outcome %q: must be save, release or abandon", c.onUnknownOutcome)
+	}
+	if c.zone != "" {
+		if err := jobs.ValidateName(c.zone); err != nil {
+			return fmt.Errorf("--zone: %w", err)
+		}
 	}
 	if c.logFormat != "json" && c.logFormat != "text" {
 		return fmt.Errorf("--log-format %q: must be json or text", c.logFormat)

@@ -284,7 +284,13 @@ func (c *serveConfig) edge(store backend, metrics *idemhttp.Metrics, log *slog.L
 	if c.upstream == "" {
 		var jc *idemhttp.JobsConfig
 		if st, ok := store.(*etcdstore.Store); ok { // jobs run on one cluster, not a shard set
-			jc = &idemhttp.JobsConfig{Queue: func(t string) (*jobs.Queue, error) { return jobs.New(st, jobs.WithTenant(t)) }}
+			opts := []jobs.Option{}
+			if c.zone != "" {
+				opts = append(opts, jobs.WithZone(c.zone))
+			}
+			jc = &idemhttp.JobsConfig{Queue: func(t string) (*jobs.Queue, error) {
+				return jobs.New(st, append([]jobs.Option{jobs.WithTenant(t)}, opts...)...)
+			}}
 			if c.tlsClientCAFile != "" || c.tokens != nil || c.tenantHeader != "" {
 				jc.Tenant = tenant // the caller's tenant, as for keys
 			}

@@ -1,0 +1,157 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/idem-dev/idem/clock"
+	"github.com/idem-dev/idem/etcdstore"
+)
+
+// How work is spread. Every worker with a completer advertises itself: a
+// value w/<tenant>/<owner> on its session's lease (etcdstore.OnSession),
+// naming its zone and kinds, gone when its session is. Each completer
+// follows the adverts, and for every job it may take computes the job's
+// preferred worker: among the workers of the job's kind in the zone that
+// submitted it (or all of them when that zone has none), the one whose
+// owner hashes highest with the job's id (rendezvous hashing: a worker
+// that comes or goes moves only its own share). The preferred worker tries
+// the job when it is due; another of its zone FallbackAfter later, one of
+// another zone twice that. So a job runs once where it was submitted while
+// that zone is up, the work of a zone is spread over its workers, and a
+// job whose preferred worker is gone, stuck or cut off is still taken,
+// late: the claim, not the preference, decides who runs it.
+
+// DefaultFallbackAfter is how long a worker that is not a job's preferred
+// waits before it tries the job itself.
+const DefaultFallbackAfter = 2 * time.Second
+
+// FallbackAfter sets how long this worker's completer waits, after a job
+// is due, before it tries a job another worker is preferred for (default
+// DefaultFallbackAfter; twice that for a job of another zone whose zone
+// has workers). 0 turns spreading off: the worker tries every due job at
+// once, racing the others.
+func FallbackAfter(d time.Duration) WorkerOption {
+	return func(w *Worker) error {
+		if d < 0 {
+			return fmt.Errorf("%w: fallback %v is negative", ErrInvalid, d)
+		}
+		w.fallback = d
+		return nil
+	}
+}
+
+// advert is what a worker says of itself.
+type advert struct {
+	Zone  string   `json:"zone,omitempty"`
+	Kinds []string `json:"kinds"`
+}
+
+func (a advert) runs(kind string) bool { return slices.Contains(a.Kinds, kind) }
+
+// advertPrefix starts the names of tenant's workers' adverts.
+func advertPrefix(tenant string) string { return "w/" + tenant + "/" }
+
+// advertise keeps this worker's advert written under its store's current
+// session, until ctx ends; then deletes it.
+func (c *completer) advertise(ctx context.Context) {
+	kinds := make([]string, 0, len(c.w.kinds))
+	for k := range c.w.kinds {
+		kinds = append(kinds, k)
+	}
+	slices.Sort(kinds)
+	val, _ := json.Marshal(advert{Zone: c.w.q.zone, Kinds: kinds})
+	var done string // the owner advertised under
+	var rev int64
+	defer func() {
+		if done != "" {
+			dctx, cancel := c.w.q.clock.WithTimeout(context.Background(), 5*time.Second)
+			c.w.q.store.DeleteValue(dctx, advertPrefix(c.w.q.tenant)+done, rev)
+			cancel()
+		}
+	}()
+	for fails := 0; ctx.Err() == nil; {
+		owner := c.w.q.store.Owner()
+		if owner != "" && owner != done {
+			v, ok, err := c.w.q.store.SetValue(ctx, advertPrefix(c.w.q.tenant)+owner, val, 0, etcdstore.OnSession())
+			switch {
+			case err == nil && (ok || string(v.Value) == string(val)):
+				done, rev, fails = owner, v.Revision, 0
+			case err != nil:
+				fails++
+				c.w.log.Info("idem: a job worker could not advertise itself; others take its jobs after their fallback", "err", err)
+			}
+		}
+		// The session changes rarely; a look a second costs no etcd call.
+		wait := time.Second
+		if fails > 0 {
+			wait = min(time.Duration(100<<min(fails, 6))*time.Millisecond, 5*time.Second)
+		}
+		if clock.Sleep(c.w.q.clock, ctx, wait) != nil {
+			return
+		}
+	}
+}
+
+// advertChanged notes a worker's advert written or gone, and reconsiders
+// every job: its preferred worker may have changed.
+func (c *completer) advertChanged(v *etcdstore.Value) {
+	owner := strings.TrimPrefix(v.Name, advertPrefix(c.w.q.tenant))
+	if v.Revision == 0 {
+		delete(c.workers, owner)
+	} else {
+		var a advert
+		if json.Unmarshal(v.Value, &a) != nil {
+			return
+		}
+		c.workers[owner] = a
+	}
+	for _, e := range c.jobs {
+		c.schedule(e)
+	}
+}
+
+// fallbackFor returns how long after e is due this worker waits before it
+// tries e: 0 when it is e's preferred worker (or spreading is off, or no
+// worker of e's kind is known).
+func (c *completer) fallbackFor(e *entry) time.Duration {
+	if c.w.fallback == 0 || len(c.workers) == 0 {
+		return 0
+	}
+	me := c.w.q.store.Owner()
+	var best string
+	var bestHash uint64
+	zoned := false // the job's zone has workers of its kind
+	for pass := 0; pass < 2 && best == ""; pass++ {
+		for owner, a := range c.workers {
+			if !a.runs(e.kind.Name) || pass == 0 && (e.zone == "" || a.Zone != e.zone) {
+				continue
+			}
+			if h := rendezvous(e.id, owner); best == "" || h > bestHash || h == bestHash && owner > best {
+				best, bestHash = owner, h
+			}
+		}
+		zoned = zoned || pass == 0 && best != ""
+	}
+	switch {
+	case best == "" || best == me:
+		return 0
+	case zoned && c.w.q.zone != e.zone:
+		return 2 * c.w.fallback
+	}
+	return c.w.fallback
+}
+
+// rendezvous is the weight of a worker for a job.
+func rendezvous(job, owner string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(job))
+	h.Write([]byte{0})
+	h.Write([]byte(owner))
+	return h.Sum64()
+}
