@@ -178,6 +178,8 @@ var expected = []string{
 	"config:durable waits",
 	"config:per-key limits",
 	"path:every slot of a key held at once",
+	"path:job held back by a limit",
+	"path:job taken in its preferred worker's place",
 	"path:limited step committed under its slot",
 	"path:rate spaced a key's attempts",
 	"path:slot of an earlier attempt retaken",

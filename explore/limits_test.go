@@ -93,7 +93,7 @@ func (w *world) startLimitWorker(p *process) {
 	if !w.limits.on || p.store == nil {
 		return
 	}
-	q, err := jobs.New(p.store, jobs.WithLogger(slog.New(&ledgerLog{w: w, p: p})))
+	q, err := jobs.New(p.store, w.zoneOf(p), jobs.WithLogger(slog.New(&ledgerLog{w: w, p: p})))
 	if err != nil {
 		panic(err)
 	}
@@ -129,7 +129,7 @@ func (w *world) limitKind() jobs.Kind {
 
 // limitSubmitter submits limited jobs through p.
 func (w *world) limitSubmitter(a *actor, p *process) {
-	q, err := jobs.New(p.store)
+	q, err := jobs.New(p.store, w.zoneOf(p))
 	if err != nil {
 		panic(err)
 	}
@@ -152,7 +152,7 @@ func (w *world) drainLimits(a *actor) []string {
 		return nil
 	}
 	p := w.procs[0]
-	q, err := jobs.New(p.store)
+	q, err := jobs.New(p.store, w.zoneOf(p))
 	if err != nil {
 		return []string{err.Error()}
 	}
@@ -368,4 +368,13 @@ func (w *world) checkLimits(hist map[string][]version, end int64) []string {
 		}
 	}
 	return bad
+}
+
+// zoneOf is the jobs option of process p: in a zoned world, each process
+// is a data centre of its own, so its jobs prefer its workers.
+func (w *world) zoneOf(p *process) jobs.Option {
+	if !w.zoned {
+		return func(*jobs.Queue) error { return nil }
+	}
+	return jobs.WithZone(fmt.Sprintf("dc%d", p.slot))
 }

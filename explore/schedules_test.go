@@ -78,7 +78,7 @@ func (w *world) startScheduler(p *process) {
 	if w.sched == nil || p.store == nil {
 		return
 	}
-	q, err := jobs.New(p.store, jobs.WithLogger(slog.New(&ledgerLog{w: w, p: p})))
+	q, err := jobs.New(p.store, w.zoneOf(p), jobs.WithLogger(slog.New(&ledgerLog{w: w, p: p})))
 	if err != nil {
 		panic(err)
 	}
@@ -225,7 +225,7 @@ func (w *world) checkSchedule(hist map[string][]version) []string {
 // through faults; a resume that never lands leaves it paused, its
 // occurrences counted as skipped).
 func (w *world) pauser(a *actor, p *process) {
-	q, err := jobs.New(p.store)
+	q, err := jobs.New(p.store, w.zoneOf(p))
 	if err != nil {
 		panic(err)
 	}

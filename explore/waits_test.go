@@ -87,7 +87,7 @@ func (w *world) startWaitWorker(p *process) {
 	if !w.durable.on || p.store == nil {
 		return
 	}
-	q, err := jobs.New(p.store, jobs.WithLogger(slog.New(&ledgerLog{w: w, p: p})))
+	q, err := jobs.New(p.store, w.zoneOf(p), jobs.WithLogger(slog.New(&ledgerLog{w: w, p: p})))
 	if err != nil {
 		panic(err)
 	}
@@ -139,7 +139,7 @@ func (w *world) waitKind(p *process) jobs.Kind {
 // own.
 func (w *world) signaller(a *actor, p *process) {
 	id := waitKeys[w.rng.IntN(len(waitKeys))]
-	q, err := jobs.New(p.store)
+	q, err := jobs.New(p.store, w.zoneOf(p))
 	if err != nil {
 		panic(err)
 	}
@@ -182,7 +182,7 @@ func (w *world) drainWaits(a *actor) []string {
 	}
 	var bad []string
 	p := w.procs[0]
-	q, err := jobs.New(p.store)
+	q, err := jobs.New(p.store, w.zoneOf(p))
 	if err != nil {
 		return []string{err.Error()}
 	}

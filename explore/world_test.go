@@ -107,6 +107,7 @@ type world struct {
 	limits     limitsConfig // a limit world's limit
 	limitLog   []limitEv    // the steps the limited jobs' attempts reached
 	histEnd    int64        // the revision the history ends at
+	zoned      bool         // each process is a data centre of its own (jobs.WithZone)
 	healed     bool         // no more faults
 	faultCount int          // faults injected
 	attempts   int          // attempt ids handed out
@@ -178,6 +179,7 @@ func newWorld(seed uint64) (*world, error) {
 	w.pickJobs()
 	w.pickWaits()
 	w.pickLimits()
+	w.zoned = w.rng.IntN(2) == 0
 	admin, err := cluster.Client()
 	if err != nil {
 		return nil, err
@@ -403,6 +405,10 @@ func (l *ledgerLog) Handle(_ context.Context, r slog.Record) error {
 			return true
 		})
 		l.w.ledger.hit("path:occurrences skipped while paused")
+	case msg == "job taken in its preferred worker's place":
+		l.w.ledger.hit("path:job taken in its preferred worker's place")
+	case msg == "job waits for a limit":
+		l.w.ledger.hit("path:job held back by a limit")
 	case msg == "schedule: submitting the buffered occurrence: the previous one ended":
 		l.w.ledger.hit("path:buffered occurrence submitted when the previous ended")
 	case msg == "schedule: submitting an occurrence decided to run but not submitted":

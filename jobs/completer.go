@@ -382,6 +382,9 @@ func (c *completer) dispatch(ctx context.Context) {
 			ready = slices.Delete(ready, best, best+1)
 			c.tick++
 			c.served[group(e)] = c.tick
+			if e.owner == "" && c.fallbackFor(e) > 0 {
+				c.w.log.Debug("idem: job taken in its preferred worker's place", "job", c.w.q.Key(e.id).Digest(), "zone", e.zone)
+			}
 			e.running = true
 			e.tried = map[string]uint64{}
 			for _, kl := range e.limits {
