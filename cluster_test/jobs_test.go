@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -10,10 +11,12 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -21,6 +24,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/etcdtest"
@@ -37,11 +41,23 @@ import (
 // (its member isolated, its worker's link to the sink held, as TCP holds
 // what it cannot deliver) for longer than the TTL.
 //
+// Each data centre is a zone (jobs.WithZone): a job prefers a worker of
+// the data centre that submitted it. Orders run under a per-merchant limit
+// of one at a time (jobs.Limit), all through the faults. Before them, a
+// refund naps durably (Run.Sleep) across the kill of the worker that
+// started its nap, then awaits its approval (Run.Await), signalled twice
+// at once from two other data centres.
+//
 // At the end: every job and every occurrence finished; each step applied
 // once at the sink, and its etcd effect written once; no finished step ran
 // again under a later claim (each takeover resumed at the first unfinished
-// step); and the late calls of the paused worker and of the cut-off data
-// centre were refused by the sink's fencing.
+// step); the late calls of the paused worker and of the cut-off data
+// centre were refused by the sink's fencing; every write that finished an
+// order's step held one of its merchant's slots (from etcd's history); the
+// refund woke no earlier than its nap asked and got the approval once.
+// Figures logged: step runs, the workers' Txns per step run against the
+// least an uninterrupted run sends, the share of step runs in the data
+// centre that submitted their job, and the most slots a merchant held.
 func TestJobsAcrossThreeDataCentres(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fault scenarios skipped in -short mode")
@@ -122,7 +138,7 @@ func TestJobsAcrossThreeDataCentres(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { st.Close() })
-		q, err := jobs.New(st)
+		q, err := jobs.New(st, jobs.WithZone(dcs[i]))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -142,7 +158,7 @@ func TestJobsAcrossThreeDataCentres(t *testing.T) {
 
 	// Orders are submitted all along, each through some data centre,
 	// retried (through the next one) until it is in.
-	const orders = 80
+	const orders, merchants = 80, 8
 	submitted := make(chan struct{})
 	go func() {
 		defer close(submitted)
@@ -150,7 +166,7 @@ func TestJobsAcrossThreeDataCentres(t *testing.T) {
 			id := fmt.Sprintf("order-%03d", n)
 			for try := 0; ctx.Err() == nil; try++ {
 				sctx, scancel := context.WithTimeout(ctx, 3*time.Second)
-				_, err := queues[(n+try)%3].Submit(sctx, id, "order", []byte(fmt.Sprintf(`{"order":%d}`, n)))
+				_, err := queues[(n+try)%3].Submit(sctx, id, "order", []byte(fmt.Sprintf(`{"order":%d,"merchant":"m%d"}`, n, n%merchants)))
 				scancel()
 				if err == nil {
 					break
@@ -196,6 +212,45 @@ func TestJobsAcrossThreeDataCentres(t *testing.T) {
 		}
 		t.Fatalf("the session of %s did not end", owner)
 	}
+
+	// 0. A refund naps across a worker kill, then waits for its approval,
+	// which is sent twice, from two data centres at once (a retried
+	// signal).
+	if _, err := queues[0].Submit(ctx, "refund-1", "refund", []byte(`"42 EUR"`)); err != nil {
+		t.Fatal(err)
+	}
+	waitState := func(id string, ok func(*jobs.Job) bool) *jobs.Job {
+		t.Helper()
+		for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) { // polls a state
+			if j, err := queues[0].Get(ctx, id); err == nil && ok(j) {
+				return j
+			}
+		}
+		j, err := queues[0].Get(ctx, id)
+		t.Fatalf("%s never reached the state waited for: %+v %v", id, j, err)
+		return nil
+	}
+	waitState("refund-1", func(j *jobs.Job) bool { return j.State == jobs.Scheduled }) // asleep: its wake-up time saved
+	napper := firstLine("refund-1", "nap")
+	workers[napper.dc].cmd.Process.Kill()
+	workers[napper.dc].cmd.Wait()
+	workers[napper.dc] = startJobWorker(t, napper.dc, env(napper.dc), steps)
+	waitState("refund-1", func(j *jobs.Job) bool { return j.State == jobs.Waiting && j.Awaiting == "approved" })
+	var signals sync.WaitGroup
+	sigErrs := make([]error, 2)
+	for i, from := range []int{1, 2} {
+		signals.Go(func() { sigErrs[i] = queues[from].Signal(ctx, "refund-1", "approved", []byte(`"ada"`)) })
+	}
+	signals.Wait()
+	if sigErrs[0] != nil || sigErrs[1] != nil {
+		t.Fatalf("the approval, sent from %s and %s: %v", dcs[1], dcs[2], sigErrs)
+	}
+	waitDone(0, "refund-1")
+	if j, _ := queues[0].Get(ctx, "refund-1"); string(j.Output("approval")) != `"ada"` {
+		t.Fatalf("refund-1's approval step returned %q; want the event's payload", j.Output("approval"))
+	}
+	t.Logf("a refund napped %v across the kill of %s's worker, then got its approval, sent from %s and %s at once, once",
+		napFor, dcs[napper.dc], dcs[1], dcs[2])
 
 	// 1. A worker is killed mid-step; it restarts at once, as a supervisor
 	// would restart it. The job is resumed by whichever worker claims it
@@ -289,8 +344,8 @@ func TestJobsAcrossThreeDataCentres(t *testing.T) {
 			t.Fatalf("occurrence %d is %s; want %s: a second was skipped or doubled", i, id, want)
 		}
 	}
-	if len(ids)-len(occurrences) != orders {
-		t.Fatalf("%d orders in the queue; want %d", len(ids)-len(occurrences), orders)
+	if len(ids)-len(occurrences)-1 != orders {
+		t.Fatalf("%d orders in the queue; want %d", len(ids)-len(occurrences)-1, orders)
 	}
 
 	// The history of every job record, up to a sentinel.
@@ -299,6 +354,15 @@ func TestJobsAcrossThreeDataCentres(t *testing.T) {
 		t.Fatal(err)
 	}
 	versions := map[string][]*etcdstore.Record{}
+	type slotEv struct {
+		rev      int64
+		name     string
+		job      string // "" : freed
+		token    int64
+		merchant string
+	}
+	var slotEvs []slotEv
+	slotPrefix := prefix + "j/l/" + jobs.DefaultTenant + "/merchant/"
 	dec, err := etcdstore.NewAdmin(admin, etcdstore.WithPrefix(prefix))
 	if err != nil {
 		t.Fatal(err)
@@ -313,6 +377,22 @@ history:
 			k := string(ev.Kv.Key)
 			if k == end {
 				break history
+			}
+			if rest, ok := strings.CutPrefix(k, slotPrefix); ok {
+				merchant, _, _ := strings.Cut(rest, "/")
+				se := slotEv{rev: ev.Kv.ModRevision, name: rest, merchant: merchant}
+				if ev.Type == mvccpb.PUT {
+					var h struct {
+						Job   string `json:"job"`
+						Token int64  `json:"token"`
+					}
+					if err := json.Unmarshal(ev.Kv.Value, &h); err != nil {
+						t.Fatalf("slot %s: %v", rest, err)
+					}
+					se.job, se.token = h.Job, h.Token
+				}
+				slotEvs = append(slotEvs, se)
+				continue
 			}
 			if !strings.HasPrefix(k, tenant) || ev.Type != mvccpb.PUT {
 				continue
@@ -346,8 +426,11 @@ history:
 		}
 		takeovers += len(claims) - 2 // the enqueue, and the first attempt's claim
 		kind := "order"
-		if strings.HasPrefix(id, schedule.Name+"@") {
+		switch {
+		case strings.HasPrefix(id, schedule.Name+"@"):
 			kind = "report"
+		case strings.HasPrefix(id, "refund-"):
+			kind = "refund"
 		}
 		for _, step := range stepNames(kind) {
 			nsteps++
@@ -355,6 +438,9 @@ history:
 			if !ok {
 				t.Errorf("%s: step %s never finished", id, step)
 				continue
+			}
+			if step == "nap" || step == "approval" {
+				continue // no call to the sink
 			}
 			cs := calls["jobs:"+id+"."+step]
 			applied := 0
@@ -397,16 +483,145 @@ history:
 	if takeovers < 3 {
 		t.Errorf("INVALID: %d takeovers; the three faults should each have caused one", takeovers)
 	}
+	// The limit: every write that finished a step of an order found one of
+	// its merchant's slots holding the order and the token of the claim
+	// that wrote it; and how many slots a merchant ever held at once.
+	heldAt := func(merchant string, rev int64) map[string]slotEv {
+		held := map[string]slotEv{}
+		for _, se := range slotEvs {
+			if se.rev > rev {
+				break
+			}
+			if se.merchant != merchant {
+				continue
+			}
+			if se.job == "" {
+				delete(held, se.name)
+			} else {
+				held[se.name] = se
+			}
+		}
+		return held
+	}
+	for _, id := range ids {
+		if !strings.HasPrefix(id, "order-") {
+			continue
+		}
+		n, _ := strconv.Atoi(strings.TrimPrefix(id, "order-"))
+		merchant := fmt.Sprintf("m%d", n%merchants)
+		finished := map[string]bool{}
+		for _, rec := range versions[id] {
+			j, _ := jobs.FromRecord(rec, time.Now())
+			for _, s := range j.Steps {
+				if !s.Finished || finished[s.Name] {
+					continue
+				}
+				finished[s.Name] = true
+				if s.Token != rec.Token {
+					continue
+				}
+				ok := false
+				for _, se := range heldAt(merchant, rec.Revision) {
+					ok = ok || se.job == id && se.token == int64(s.Token)
+				}
+				if !ok {
+					t.Errorf("%s finished %s at revision %d under token %d without a slot of merchant %s", id, s.Name, rec.Revision, s.Token, merchant)
+				}
+			}
+		}
+	}
+	highWater := 0
+	held := map[string]map[string]bool{}
+	for _, se := range slotEvs {
+		if held[se.merchant] == nil {
+			held[se.merchant] = map[string]bool{}
+		}
+		if se.job == "" {
+			delete(held[se.merchant], se.name)
+		} else {
+			held[se.merchant][se.name] = true
+		}
+		highWater = max(highWater, len(held[se.merchant]))
+	}
+	if highWater != 1 {
+		t.Errorf("a merchant held %d slots at once; the limit is 1 (and every merchant reached it)", highWater)
+	}
+	// The refund slept no less than it asked, across the kill.
+	workerLog.mu.Lock()
+	lines := slices.Clone(workerLog.lines)
+	var txns int64
+	for _, w := range workerLog.workers {
+		txns += w.txns.Load()
+	}
+	workerLog.mu.Unlock()
+	var naps []time.Time
+	for _, l := range lines {
+		if l.job == "refund-1" && l.step == "nap" && !l.done {
+			naps = append(naps, l.at)
+		}
+	}
+	if len(naps) < 2 || naps[len(naps)-1].Sub(naps[0]) < napFor {
+		t.Errorf("refund-1's nap started at %v: it woke before its %v were over", naps, napFor)
+	}
+	// Where the steps ran, against the data centre that submitted their
+	// job; and what they cost in Txns, against the least an uninterrupted
+	// run would send (a claim, a write per step, the last step's ops in a
+	// checkpoint of their own, and an order's slot taken and freed).
+	zoneOf := map[string]string{}
+	var least int
+	for _, j := range recs {
+		zoneOf[j.Key.ID] = j.Zone
+		switch {
+		case strings.HasPrefix(j.Key.ID, "order-"):
+			least += 1 + 3 + 1 + 2
+		case strings.HasPrefix(j.Key.ID, schedule.Name+"@"):
+			least += 1 + 2
+		default:
+			least += 1 + 3 + 4 // a refund: claim, nap checkpoint, given back and claimed again, the approval saved
+		}
+	}
+	runs, inZone := 0, 0
+	perDC := map[string]int{}
+	for _, l := range lines {
+		if l.done {
+			continue
+		}
+		runs++
+		perDC[dcs[l.dc]]++
+		if zoneOf[l.job] == dcs[l.dc] {
+			inZone++
+		}
+	}
+	t.Logf("figures: %d step runs (%d steps); %d Txns from the workers, %.2f per step run (least: %.2f); %.0f%% of step runs in the data centre that submitted the job, by data centre %v; a merchant's slots held at once at most %d (limit 1)",
+		runs, nsteps, txns, float64(txns)/float64(runs), float64(least)/float64(nsteps), 100*float64(inZone)/float64(runs), perDC, highWater)
 	t.Logf("%d orders and %d occurrences, %d steps: all finished, each step applied once; %d takeovers, %d steps called more than once (unfinished when their worker stopped), late calls refused by fencing %v; %v",
 		orders, len(occurrences), nsteps, takeovers, reruns, lateRefused, time.Since(start).Round(time.Second))
 }
 
 // stepNames are the steps of a kind of the scenario.
 func stepNames(kind string) []string {
-	if kind == "report" {
+	switch kind {
+	case "report":
 		return []string{"gather", "send"}
+	case "refund":
+		return []string{"nap", "approval", "pay"}
 	}
 	return []string{"reserve", "charge", "ship"}
+}
+
+// napFor is how long a refund sleeps before it waits for its approval.
+const napFor = 3 * time.Second
+
+// firstLine returns the first start of step of job any worker printed.
+func firstLine(job, step string) workerLine {
+	workerLog.mu.Lock()
+	defer workerLog.mu.Unlock()
+	for _, l := range workerLog.lines {
+		if l.job == job && l.step == step && !l.done {
+			return l
+		}
+	}
+	return workerLine{dc: -1}
 }
 
 // runJobWorker is a data centre's worker process: it runs the scenario's
@@ -414,7 +629,17 @@ func stepNames(kind string) []string {
 func runJobWorker() int {
 	ctx := context.Background()
 	dc, sinkURL, prefix := os.Getenv("JOBS_DC"), os.Getenv("JOBS_SINK"), os.Getenv("JOBS_PREFIX")
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{os.Getenv("JOBS_ENDPOINTS")}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	// Every Txn this worker sends (a batch of the group commit counts
+	// once: one round trip), reported every 200 ms.
+	var txns atomic.Int64
+	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if method == "/etcdserverpb.KV/Txn" {
+			txns.Add(1)
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{os.Getenv("JOBS_ENDPOINTS")}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(count)}})
 	if err != nil {
 		fmt.Println("error", err)
 		return 1
@@ -426,17 +651,26 @@ func runJobWorker() int {
 		return 1
 	}
 	defer store.Close()
-	q, err := jobs.New(store, jobs.WithLogger(storeLogger()))
+	q, err := jobs.New(store, jobs.WithLogger(storeLogger()), jobs.WithZone(dc))
 	if err != nil {
 		fmt.Println("error", err)
 		return 1
 	}
 	var out sync.Mutex
+	say := func(format string, args ...any) {
+		out.Lock()
+		defer out.Unlock()
+		fmt.Printf(format+"\n", args...)
+	}
+	go func() {
+		for range time.Tick(200 * time.Millisecond) {
+			say("txns %d", txns.Load())
+		}
+	}()
 	step := func(name string) jobs.Step {
 		return jobs.Step{Name: name, Run: func(ctx context.Context, r *jobs.Run) ([]byte, error) {
-			out.Lock()
-			fmt.Printf("step %s %s %d\n", r.Key().ID, name, r.Token())
-			out.Unlock()
+			say("step %s %s %d", r.Key().ID, name, r.Token())
+			defer say("done %s %s %d", r.Key().ID, name, r.Token())
 			time.Sleep(time.Duration(100+rand.IntN(300)) * time.Millisecond) // the step's work, not synchronisation
 			if name == "ship" {
 				r.Commit(clientv3.OpPut("/jobs-effects"+prefix+r.Key().ID, strconv.FormatInt(int64(r.Token()), 10)))
@@ -446,9 +680,24 @@ func runJobWorker() int {
 			return nil, callSink(context.WithoutCancel(ctx), sinkURL, dc, r)
 		}}
 	}
+	// A refund waits durably: a nap, then an approval (an event), then the
+	// payment.
+	refund := []jobs.Step{
+		{Name: "nap", Run: func(ctx context.Context, r *jobs.Run) ([]byte, error) {
+			say("step %s nap %d", r.Key().ID, r.Token())
+			return nil, r.Sleep(napFor)
+		}},
+		{Name: "approval", Run: func(ctx context.Context, r *jobs.Run) ([]byte, error) {
+			say("step %s approval %d", r.Key().ID, r.Token())
+			return r.Await("approved", 2*time.Minute)
+		}},
+		step("pay"),
+	}
 	kinds := []jobs.Kind{
-		{Name: "order", MaxAttempts: 20, Backoff: 100 * time.Millisecond, Steps: []jobs.Step{step("reserve"), step("charge"), step("ship")}},
+		{Name: "order", MaxAttempts: 20, Backoff: 100 * time.Millisecond, Steps: []jobs.Step{step("reserve"), step("charge"), step("ship")},
+			Limits: []jobs.Limit{{Name: "merchant", Key: jobs.ParamKey("merchant"), Concurrency: 1}}},
 		{Name: "report", MaxAttempts: 20, Backoff: 100 * time.Millisecond, Steps: []jobs.Step{step("gather"), step("send")}},
+		{Name: "refund", MaxAttempts: 20, Backoff: 100 * time.Millisecond, Steps: refund},
 	}
 	w, err := jobs.NewWorker(q, kinds, jobs.Concurrency(2))
 	if err != nil {
@@ -541,6 +790,23 @@ func (s *stepSink) snapshot() map[string][]sinkCall {
 type jobWorker struct {
 	cmd   *exec.Cmd
 	owner string
+	txns  atomic.Int64 // the Txns it last said it sent
+}
+
+// workerLog is every step start and end the workers printed, as the test
+// received them, and every worker process started.
+var workerLog struct {
+	mu      sync.Mutex
+	lines   []workerLine
+	workers []*jobWorker
+}
+
+type workerLine struct {
+	at        time.Time
+	dc        int
+	done      bool // the step's end (else its start)
+	job, step string
+	token     int64
 }
 
 // stepLine is a step a worker started.
@@ -563,6 +829,9 @@ func startJobWorker(t *testing.T, dc int, env []string, steps chan<- stepLine) *
 		t.Fatal(err)
 	}
 	w := &jobWorker{cmd: cmd}
+	workerLog.mu.Lock()
+	workerLog.workers = append(workerLog.workers, w)
+	workerLog.mu.Unlock()
 	ready := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)
@@ -571,8 +840,17 @@ func startJobWorker(t *testing.T, dc int, env []string, steps chan<- stepLine) *
 			switch {
 			case len(f) == 2 && f[0] == "ready":
 				ready <- f[1]
-			case len(f) == 4 && f[0] == "step":
+			case len(f) == 2 && f[0] == "txns":
+				n, _ := strconv.ParseInt(f[1], 10, 64)
+				w.txns.Store(n)
+			case len(f) == 4 && (f[0] == "step" || f[0] == "done"):
 				tok, _ := strconv.ParseInt(f[3], 10, 64)
+				workerLog.mu.Lock()
+				workerLog.lines = append(workerLog.lines, workerLine{time.Now(), dc, f[0] == "done", f[1], f[2], tok})
+				workerLog.mu.Unlock()
+				if f[0] == "done" {
+					continue
+				}
 				select {
 				case steps <- stepLine{dc, f[1], f[2], tok}:
 				default: // nobody is waiting for old steps
