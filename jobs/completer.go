@@ -38,11 +38,12 @@ type completer struct {
 	// key) and name; the jobs held back because the index shows their
 	// key full, by slot prefix; when each group of jobs (a limit's key)
 	// last had a job started, for turns.
-	slots   map[string]map[string]holder
-	slotGen map[string]uint64 // bumps with every change of a prefix's slots
-	blocked map[string]map[string]bool
-	served  map[string]uint64
-	tick    uint64
+	slots    map[string]map[string]holder
+	slotGen  map[string]uint64 // the tick of the last change of a prefix's held slots (none held: forgotten)
+	slotTick uint64
+	blocked  map[string]map[string]bool
+	served   map[string]uint64
+	tick     uint64
 
 	workers map[string]advert // the live workers' adverts, by owner
 }
@@ -399,6 +400,17 @@ func (c *completer) dispatch(ctx context.Context) {
 		for _, e := range ready {
 			heap.Push(&c.due, dueItem{at: now, id: e.id, version: e.version})
 		}
+		if len(c.served) > 2*len(c.jobs)+64 {
+			// Forget the turns of keys with no job left, so that the map
+			// does not grow with every key ever seen.
+			keep := map[string]uint64{}
+			for _, e := range c.jobs {
+				if t, ok := c.served[group(e)]; ok {
+					keep[group(e)] = t
+				}
+			}
+			c.served = keep
+		}
 		if len(c.due) > 0 && c.free > 0 {
 			next = c.due[0].at
 		}
@@ -514,7 +526,21 @@ func setSlot(slots map[string]map[string]holder, v etcdstore.Value) {
 func (c *completer) slotChanged(v *etcdstore.Value) {
 	setSlot(c.slots, *v)
 	if i := strings.LastIndex(v.Name, "/c/"); i >= 0 {
-		c.slotGen[v.Name[:i+3]]++
+		// A tick no earlier change had: an attempt that saw another
+		// generation knows its key's slots changed since.
+		p := v.Name[:i+3]
+		c.slotTick++
+		c.slotGen[p] = c.slotTick
+		if len(c.slotGen) > 4096 {
+			// Forget the keys with no slot held and no job held back. (A
+			// job tried when its key's tick was forgotten may miss a
+			// wakeup: it is tried again at its poll, limitPoll later.)
+			for q := range c.slotGen {
+				if len(c.slots[q]) == 0 && len(c.blocked[q]) == 0 {
+					delete(c.slotGen, q)
+				}
+			}
+		}
 		c.unblock(v.Name[:i+3])
 	}
 }
