@@ -3,6 +3,8 @@ package jobs
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -67,8 +69,20 @@ type Limit struct {
 // maxSlots bounds a limit's slots per key: a full key is read whole.
 const maxSlots = 1000
 
-// maxLimitKey bounds a key, escaped, in a slot's name.
-const maxLimitKey = 256
+// maxLimitKey bounds a key (its bytes, as Key returns it).
+const maxLimitKey = 1024
+
+// keySegment is a key as it is named in its slots' names: URL-escaped,
+// or, past 128 bytes escaped, '#' and a SHA-256 of the key ('#' is never
+// left unescaped, so the two cannot meet). The key itself is in every
+// concurrency slot's value.
+func keySegment(key string) string {
+	if e := url.PathEscape(key); len(e) <= 128 {
+		return e
+	}
+	sum := sha256.Sum256([]byte(key))
+	return "#" + hex.EncodeToString(sum[:20])
+}
 
 // ParamKey returns a Limit.Key that reads field of the job's JSON
 // parameters, a string or a number. A job without the field is not
@@ -143,7 +157,7 @@ type keyedLimit struct {
 // slots returns the prefix of the key's slots of kind c (concurrency) or r
 // (rate).
 func (kl keyedLimit) slots(tenant, kind string) string {
-	return limitPrefix(tenant) + kl.Name + "/" + url.PathEscape(kl.key) + "/" + kind + "/"
+	return limitPrefix(tenant) + kl.Name + "/" + keySegment(kl.key) + "/" + kind + "/"
 }
 
 // label names the limit and key, for logs and a job's state.
@@ -161,8 +175,8 @@ func (k *Kind) limitsOf(params []byte) ([]keyedLimit, error) {
 		if key == "" {
 			continue
 		}
-		if e := url.PathEscape(key); len(e) > maxLimitKey {
-			return nil, fmt.Errorf("limit %s: the job's key is %d bytes escaped, limit %d", l.Name, len(e), maxLimitKey)
+		if len(key) > maxLimitKey {
+			return nil, fmt.Errorf("limit %s: the job's key is %d bytes, limit %d", l.Name, len(key), maxLimitKey)
 		}
 		out = append(out, keyedLimit{l, key})
 	}
@@ -174,7 +188,8 @@ func (k *Kind) limitsOf(params []byte) ([]keyedLimit, error) {
 type holder struct {
 	Job   string `json:"job"`
 	Token int64  `json:"token"`
-	At    int64  `json:"at"` // unix ms, for operators
+	At    int64  `json:"at"`            // unix ms, for operators
+	Key   string `json:"key,omitempty"` // the limit's key, for operators
 }
 
 // rateSlot is what a rate slot holds: when it may be used again.
@@ -226,7 +241,7 @@ func (w *Worker) acquire(ctx context.Context, c *etcdstore.Claim, lims []keyedLi
 func (w *Worker) takeSlot(ctx context.Context, c *etcdstore.Claim, kl keyedLimit, held *[]heldSlot) error {
 	prefix := kl.slots(w.q.tenant, "c")
 	id, token := c.Key().ID, int64(c.Token())
-	mine, _ := json.Marshal(holder{Job: id, Token: token, At: w.q.clock.Now().UnixMilli()})
+	mine, _ := json.Marshal(holder{Job: id, Token: token, At: w.q.clock.Now().UnixMilli(), Key: kl.key})
 	for try := 0; try < 8; try++ {
 		vals, err := w.q.store.Values(ctx, prefix)
 		if err != nil {
@@ -252,9 +267,15 @@ func (w *Worker) takeSlot(ctx context.Context, c *etcdstore.Claim, kl keyedLimit
 				return nil
 			}
 			taken[i] = v
-			if h.Job == id {
+			switch {
+			case h.Job == id && h.Token < token:
 				stale = append(stale, v) // an earlier attempt of this job: its claim is over
-			} else {
+			case h.Job == id:
+				// A later claim of this job holds a slot: this claim was
+				// taken over, and must take nothing (found by review: it
+				// took the later claim's slot as an earlier one's).
+				return fmt.Errorf("limit %s: %w: a later claim of the job (token %d) holds a slot", kl.label(), etcdstore.ErrFenced, h.Token)
+			default:
 				others = append(others, v)
 			}
 		}
@@ -487,8 +508,11 @@ func Slots(ctx context.Context, admin *etcdstore.Admin, tenant, limit string) ([
 		key, err1 := url.PathUnescape(parts[1])
 		n, err2 := strconv.Atoi(parts[3])
 		var h holder
-		if err1 != nil || err2 != nil || json.Unmarshal(v.Value, &h) != nil {
+		if err2 != nil || json.Unmarshal(v.Value, &h) != nil {
 			continue
+		}
+		if h.Key != "" || err1 != nil {
+			key = h.Key // (a long key is named by its digest)
 		}
 		out = append(out, Slot{Limit: parts[0], Key: key, Slot: n, Job: h.Job, Token: fencing.Token(h.Token), Since: time.UnixMilli(h.At)})
 	}
@@ -496,4 +520,70 @@ func Slots(ctx context.Context, admin *etcdstore.Admin, tenant, limit string) ([
 		return cmp.Or(cmp.Compare(a.Limit, b.Limit), cmp.Compare(a.Key, b.Key), cmp.Compare(a.Slot, b.Slot))
 	})
 	return out, nil
+}
+
+// setRate notes a rate slot's time (a deletion: Revision 0) in rates, by
+// its prefix (a limit and key).
+func setRate(rates map[string]map[string]int64, v etcdstore.Value) {
+	i := strings.LastIndex(v.Name, "/r/")
+	if i < 0 {
+		return
+	}
+	prefix := v.Name[:i+3]
+	var r rateSlot
+	if v.Revision == 0 || json.Unmarshal(v.Value, &r) != nil {
+		delete(rates[prefix], v.Name)
+		if len(rates[prefix]) == 0 {
+			delete(rates, prefix)
+		}
+		return
+	}
+	if rates[prefix] == nil {
+		rates[prefix] = map[string]int64{}
+	}
+	rates[prefix][v.Name] = r.Until
+}
+
+// rateSlotsOf returns the prefixes of e's rate limits' slots.
+func rateSlotsOf(tenant string, e *entry) []string {
+	var out []string
+	for _, kl := range e.limits {
+		if kl.Rate > 0 {
+			out = append(out, kl.slots(tenant, "r"))
+		}
+	}
+	return out
+}
+
+// rateRoom returns the prefix of the first of e's rate limits whose slots,
+// as the index shows them, are all used now or about to be (by attempts of
+// its key this completer runs), and when the soonest is free again; "" when
+// each has room.
+func (c *completer) rateRoom(e *entry, now time.Time) (string, time.Time) {
+	for _, kl := range e.limits {
+		if kl.Rate == 0 {
+			continue
+		}
+		prefix := kl.slots(c.w.q.tenant, "r")
+		free, soonest := kl.Burst, time.Time{}
+		for name, until := range c.rates[prefix] {
+			if i, err := strconv.Atoi(strings.TrimPrefix(name, prefix)); err != nil || i >= kl.Burst {
+				continue
+			}
+			if at := time.UnixMilli(until); at.After(now) {
+				free--
+				if soonest.IsZero() || at.Before(soonest) {
+					soonest = at
+				}
+			}
+		}
+		if free-c.ratePending[prefix] > 0 {
+			continue
+		}
+		if soonest.IsZero() {
+			soonest = now.Add(limitPoll) // the running attempts' slots are not seen yet
+		}
+		return prefix, soonest
+	}
+	return "", time.Time{}
 }

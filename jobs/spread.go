@@ -14,7 +14,7 @@ import (
 )
 
 // How work is spread. Every worker with a completer advertises itself: a
-// value w/<tenant>/<owner> on its session's lease (etcdstore.OnSession),
+// value w/<tenant>/<owner>/<worker> on its session's lease (etcdstore.OnSession),
 // naming its zone and kinds, gone when its session is. Each completer
 // follows the adverts, and for every job it may take computes the job's
 // preferred worker: among the workers of the job's kind in the zone that
@@ -68,21 +68,30 @@ func (c *completer) advertise(ctx context.Context) {
 	val, _ := json.Marshal(advert{Zone: c.w.q.zone, Kinds: kinds})
 	var done string // the owner advertised under
 	var rev int64
+	name := func(owner string) string { return advertPrefix(c.w.q.tenant) + owner + "/" + c.w.id }
 	defer func() {
 		if done != "" {
 			dctx, cancel := c.w.q.clock.WithTimeout(context.Background(), 5*time.Second)
-			c.w.q.store.DeleteValue(dctx, advertPrefix(c.w.q.tenant)+done, rev)
+			c.w.q.store.DeleteValue(dctx, name(done), rev)
 			cancel()
 		}
 	}()
 	for fails := 0; ctx.Err() == nil; {
 		owner := c.w.q.store.Owner()
 		if owner != "" && owner != done {
-			v, ok, err := c.w.q.store.SetValue(ctx, advertPrefix(c.w.q.tenant)+owner, val, 0, etcdstore.OnSession())
+			v, ok, err := c.w.q.store.SetValue(ctx, name(owner), val, 0, etcdstore.OnSession())
 			switch {
+			case err == nil && c.w.q.store.Owner() != owner:
+				// The session changed between the two: the advert may be on
+				// the new session's lease under the old owner. Take it back.
+				if ok {
+					c.w.q.store.DeleteValue(ctx, name(owner), v.Revision)
+				}
 			case err == nil && (ok || string(v.Value) == string(val)):
 				done, rev, fails = owner, v.Revision, 0
-			case err != nil:
+			case err == nil:
+				fails++ // (another worker's advert under this name: cannot be)
+			default:
 				fails++
 				c.w.log.Info("idem: a job worker could not advertise itself; others take its jobs after their fallback", "err", err)
 			}
@@ -101,7 +110,7 @@ func (c *completer) advertise(ctx context.Context) {
 // advertChanged notes a worker's advert written or gone, and reconsiders
 // every job: its preferred worker may have changed.
 func (c *completer) advertChanged(v *etcdstore.Value) {
-	owner := strings.TrimPrefix(v.Name, advertPrefix(c.w.q.tenant))
+	owner := strings.TrimPrefix(v.Name, advertPrefix(c.w.q.tenant)) // owner/worker
 	if v.Revision == 0 {
 		delete(c.workers, owner)
 	} else {
@@ -123,7 +132,7 @@ func (c *completer) fallbackFor(e *entry) time.Duration {
 	if c.w.fallback == 0 || len(c.workers) == 0 {
 		return 0
 	}
-	me := c.w.q.store.Owner()
+	me := c.w.q.store.Owner() + "/" + c.w.id
 	var best string
 	var bestHash uint64
 	zoned := false // the job's zone has workers of its kind

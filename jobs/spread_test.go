@@ -48,21 +48,26 @@ func TestJobsRunOnTheirPreferredWorker(t *testing.T) {
 	prefix := testPrefix(t)
 	log := &runLog{ran: map[string]string{}}
 	var q *Queue
+	var workers []*Worker
 	byOwner := map[string]string{}
 	for _, name := range []string{"w0", "w1", "w2"} {
 		st := newStore(t, prefix)
 		wq := newQueue(t, st)
 		w := newWorker(t, wq, []Kind{log.kind(name, nil)})
-		_ = w
 		q = wq
+		workers = append(workers, w)
 		waitFor(t, func() bool { return st.Owner() != "" })
-		byOwner[st.Owner()] = name
+		byOwner[st.Owner()+"/"+w.id] = name // its advert's name
 	}
 	owners := waitAdverts(t, q, 3)
 	for o := range byOwner {
 		if !owners[o] {
 			t.Fatalf("worker %s did not advertise itself: %v", o, owners)
 		}
+	}
+	// Every completer knows every advert (its watch has caught up).
+	for _, w := range workers {
+		waitFor(t, func() bool { w.comp.mu.Lock(); defer w.comp.mu.Unlock(); return len(w.comp.workers) == 3 })
 	}
 	var ids []string
 	for i := 0; i < 30; i++ {
@@ -103,13 +108,17 @@ func TestJobsStayInTheirZoneAndFallBack(t *testing.T) {
 	block := make(chan struct{})
 	defer close(block)
 	queues := map[string]*Queue{}
+	var workers []*Worker
 	for _, zone := range []string{"dc-a", "dc-b"} {
 		q := newQueue(t, newStore(t, prefix), WithZone(zone))
 		// One job at a time: the blocker holds dc-a's worker.
-		newWorker(t, q, []Kind{log.kind(zone, block)}, Concurrency(1))
+		workers = append(workers, newWorker(t, q, []Kind{log.kind(zone, block)}, Concurrency(1)))
 		queues[zone] = q
 	}
 	waitAdverts(t, queues["dc-a"], 2)
+	for _, w := range workers {
+		waitFor(t, func() bool { w.comp.mu.Lock(); defer w.comp.mu.Unlock(); return len(w.comp.workers) == 2 })
+	}
 	var ids []string
 	for i := 0; i < 10; i++ {
 		for zone, q := range queues {

@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -30,6 +31,7 @@ type Worker struct {
 	conc     int
 	drain    time.Duration
 	fallback time.Duration
+	id       string // names the worker's advert beside others of its process
 	log      *slog.Logger
 
 	stopping context.Context // ends when Close starts: no job starts after
@@ -84,7 +86,7 @@ func NewWorker(q *Queue, kinds []Kind, opts ...WorkerOption) (*Worker, error) {
 	if q == nil {
 		return nil, fmt.Errorf("new worker: %w: nil queue", ErrInvalid)
 	}
-	w := &Worker{q: q, kinds: map[string]*Kind{}, conc: DefaultConcurrency, drain: 30 * time.Second, fallback: DefaultFallbackAfter, log: q.log,
+	w := &Worker{q: q, kinds: map[string]*Kind{}, conc: DefaultConcurrency, drain: 30 * time.Second, fallback: DefaultFallbackAfter, id: rand.Text()[:12], log: q.log,
 		running: map[string]context.CancelCauseFunc{}}
 	w.stopping, w.stop = context.WithCancel(context.Background())
 	for i := range kinds {
