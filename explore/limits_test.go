@@ -97,7 +97,7 @@ func (w *world) startLimitWorker(p *process) {
 	if err != nil {
 		panic(err)
 	}
-	if _, err := jobs.NewWorker(q, []jobs.Kind{w.limitKind()}, jobs.Concurrency(2), jobs.DrainTimeout(5*time.Second)); err != nil {
+	if _, err := jobs.NewWorker(q, []jobs.Kind{w.limitKind()}, jobs.Concurrency(2), jobs.DrainTimeout(5*time.Second), jobs.WorkerName(p.name+"/lim")); err != nil {
 		panic(err)
 	}
 }

@@ -95,7 +95,7 @@ func (w *world) startScheduler(p *process) {
 			return nil, r.Sleep(time.Duration(h.Sum32()%51) * time.Second)
 		}},
 	}}
-	if _, err := jobs.NewWorker(q, []jobs.Kind{tick}, jobs.Concurrency(2), jobs.DrainTimeout(5*time.Second)); err != nil {
+	if _, err := jobs.NewWorker(q, []jobs.Kind{tick}, jobs.Concurrency(2), jobs.DrainTimeout(5*time.Second), jobs.WorkerName(p.name+"/tick")); err != nil {
 		panic(err)
 	}
 	// The scheduler stops with the process: its work is the process's

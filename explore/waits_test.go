@@ -91,7 +91,7 @@ func (w *world) startWaitWorker(p *process) {
 	if err != nil {
 		panic(err)
 	}
-	if _, err := jobs.NewWorker(q, []jobs.Kind{w.waitKind(p)}, jobs.Concurrency(2), jobs.DrainTimeout(5*time.Second)); err != nil {
+	if _, err := jobs.NewWorker(q, []jobs.Kind{w.waitKind(p)}, jobs.Concurrency(2), jobs.DrainTimeout(5*time.Second), jobs.WorkerName(p.name+"/wait")); err != nil {
 		panic(err)
 	}
 }

@@ -514,10 +514,14 @@ type dueItem struct {
 
 type dueQueue []dueItem
 
-func (q dueQueue) Len() int           { return len(q) }
-func (q dueQueue) Less(i, j int) bool { return q[i].at.Before(q[j].at) }
-func (q dueQueue) Swap(i, j int)      { q[i], q[j] = q[j], q[i] }
-func (q *dueQueue) Push(x any)        { *q = append(*q, x.(dueItem)) }
+func (q dueQueue) Len() int { return len(q) }
+func (q dueQueue) Less(i, j int) bool {
+	// Ties by id: jobs due at once start in one order, whatever order
+	// they were queued in (maps' order), as a replayed simulation needs.
+	return q[i].at.Before(q[j].at) || q[i].at.Equal(q[j].at) && q[i].id < q[j].id
+}
+func (q dueQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *dueQueue) Push(x any)   { *q = append(*q, x.(dueItem)) }
 func (q *dueQueue) Pop() any {
 	old := *q
 	it := old[len(old)-1]

@@ -310,3 +310,43 @@ func Example_merchantLimit() {
 	// payout-4 succeeded
 	// payout-5 succeeded
 }
+
+// Example_zone submits a job in a data centre's zone: its workers there
+// are preferred (each job by one of them), and the workers of other
+// zones take it only when none of the zone's has, FallbackAfter later.
+func Example_zone() {
+	ctx, stop := context.WithTimeout(context.Background(), 30*time.Second)
+	defer stop()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints(), Logger: zap.NewNop()})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cli.Close()
+	store, err := etcdstore.New(ctx, cli, etcdstore.WithPrefix("/idem-example-zone/"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	q, err := jobs.New(store, jobs.WithZone("eu-west-1")) // or idem serve --zone, idem jobs submit --zone
+	if err != nil {
+		log.Fatal(err)
+	}
+	report := jobs.Kind{Name: "report", Steps: []jobs.Step{{Name: "build", Run: func(ctx context.Context, r *jobs.Run) ([]byte, error) {
+		return []byte(`"built in ` + q.Zone() + `"`), nil
+	}}}}
+	w, err := jobs.NewWorker(q, []jobs.Kind{report}, jobs.FallbackAfter(2*time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := q.Submit(ctx, "report-2026-12", "report", nil); err != nil {
+		log.Fatal(err)
+	}
+	j, err := q.Wait(ctx, "report-2026-12")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(j.State, j.Zone, string(j.Output("build")))
+	// Output:
+	// succeeded eu-west-1 "built in eu-west-1"
+}

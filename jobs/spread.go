@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"hash/fnv"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/idem-dev/idem/clock"
@@ -46,10 +48,32 @@ func FallbackAfter(d time.Duration) WorkerOption {
 	}
 }
 
+// WorkerName names the worker in the rendezvous that picks each job's
+// preferred worker (default: its session's owner id and a number, new at
+// every start). A name that stays the same across restarts (a pod's name)
+// gives a restarted worker back the same share of the jobs. Names must
+// differ between the workers of one tenant: 1 to 128 bytes of visible
+// ASCII.
+func WorkerName(name string) WorkerOption {
+	return func(w *Worker) error {
+		if name == "" || len(name) > 128 {
+			return fmt.Errorf("%w: worker name %q: 1 to 128 bytes", ErrInvalid, name)
+		}
+		for i := 0; i < len(name); i++ {
+			if c := name[i]; c <= ' ' || c > '~' {
+				return fmt.Errorf("%w: worker name %q: byte %#02x is not visible ASCII", ErrInvalid, name, c)
+			}
+		}
+		w.name = name
+		return nil
+	}
+}
+
 // advert is what a worker says of itself.
 type advert struct {
 	Zone  string   `json:"zone,omitempty"`
 	Kinds []string `json:"kinds"`
+	Name  string   `json:"name,omitempty"` // WorkerName, if set
 }
 
 func (a advert) runs(kind string) bool { return slices.Contains(a.Kinds, kind) }
@@ -65,10 +89,10 @@ func (c *completer) advertise(ctx context.Context) {
 		kinds = append(kinds, k)
 	}
 	slices.Sort(kinds)
-	val, _ := json.Marshal(advert{Zone: c.w.q.zone, Kinds: kinds})
+	val, _ := json.Marshal(advert{Zone: c.w.q.zone, Kinds: kinds, Name: c.w.name})
 	var done string // the owner advertised under
 	var rev int64
-	name := func(owner string) string { return advertPrefix(c.w.q.tenant) + owner + "/" + c.w.id }
+	name := func(owner string) string { return advertPrefix(c.w.q.tenant) + owner + "/" + c.w.idName() }
 	defer func() {
 		if done != "" {
 			dctx, cancel := c.w.q.clock.WithTimeout(context.Background(), 5*time.Second)
@@ -132,7 +156,7 @@ func (c *completer) fallbackFor(e *entry) time.Duration {
 	if c.w.fallback == 0 || len(c.workers) == 0 {
 		return 0
 	}
-	me := c.w.q.store.Owner() + "/" + c.w.id
+	me := c.w.q.store.Owner() + "/" + c.w.idName()
 	var best string
 	var bestHash uint64
 	zoned := false // the job's zone has workers of its kind
@@ -141,7 +165,11 @@ func (c *completer) fallbackFor(e *entry) time.Duration {
 			if !a.runs(e.kind.Name) || pass == 0 && (e.zone == "" || a.Zone != e.zone) {
 				continue
 			}
-			if h := rendezvous(e.id, owner); best == "" || h > bestHash || h == bestHash && owner > best {
+			weight := owner
+			if a.Name != "" {
+				weight = a.Name
+			}
+			if h := rendezvous(e.id, weight); best == "" || h > bestHash || h == bestHash && owner > best {
 				best, bestHash = owner, h
 			}
 		}
@@ -164,3 +192,42 @@ func rendezvous(job, owner string) uint64 {
 	h.Write([]byte(owner))
 	return h.Sum64()
 }
+
+// workerIDs numbers the live workers of each store, the smallest number
+// free first: a worker's advert is named by its store's owner and this
+// number, the same in every replay of a simulation (package explore),
+// unlike a random name, on which the preferred workers would depend.
+var workerIDs struct {
+	sync.Mutex
+	live map[*etcdstore.Store]map[int]bool
+}
+
+func workerID(s *etcdstore.Store) int {
+	workerIDs.Lock()
+	defer workerIDs.Unlock()
+	if workerIDs.live == nil {
+		workerIDs.live = map[*etcdstore.Store]map[int]bool{}
+	}
+	if workerIDs.live[s] == nil {
+		workerIDs.live[s] = map[int]bool{}
+	}
+	n := 1
+	for workerIDs.live[s][n] {
+		n++
+	}
+	workerIDs.live[s][n] = true
+	return n
+}
+
+// freeWorkerID gives a closed worker's number back.
+func freeWorkerID(s *etcdstore.Store, n int) {
+	workerIDs.Lock()
+	defer workerIDs.Unlock()
+	delete(workerIDs.live[s], n)
+	if len(workerIDs.live[s]) == 0 {
+		delete(workerIDs.live, s)
+	}
+}
+
+// idName is the worker's number as its advert names it.
+func (w *Worker) idName() string { return "w" + strconv.Itoa(w.id) }

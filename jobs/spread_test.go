@@ -2,7 +2,9 @@ package jobs
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -57,7 +59,7 @@ func TestJobsRunOnTheirPreferredWorker(t *testing.T) {
 		q = wq
 		workers = append(workers, w)
 		waitFor(t, func() bool { return st.Owner() != "" })
-		byOwner[st.Owner()+"/"+w.id] = name // its advert's name
+		byOwner[st.Owner()+"/"+w.idName()] = name // its advert's name
 	}
 	owners := waitAdverts(t, q, 3)
 	for o := range byOwner {
@@ -156,5 +158,16 @@ func TestJobsStayInTheirZoneAndFallBack(t *testing.T) {
 	log.mu.Unlock()
 	if ran != "dc-b" || time.Since(start) < 2*DefaultFallbackAfter {
 		t.Fatalf("a dc-a job while dc-a's worker was busy ran in %s after %v; want dc-b, after %v", ran, time.Since(start), 2*DefaultFallbackAfter)
+	}
+}
+
+// A worker's name is checked when it starts.
+func TestWorkerNameChecked(t *testing.T) {
+	q := newQueue(t, newStore(t, testPrefix(t)))
+	k := (&runLog{ran: map[string]string{}}).kind("w", nil)
+	for _, name := range []string{"", "pod one", strings.Repeat("x", 129)} {
+		if _, err := NewWorker(q, []Kind{k}, WorkerName(name)); !errors.Is(err, ErrInvalid) {
+			t.Errorf("WorkerName(%q): %v, want ErrInvalid", name, err)
+		}
 	}
 }

@@ -2,7 +2,6 @@ package jobs
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -31,7 +30,8 @@ type Worker struct {
 	conc     int
 	drain    time.Duration
 	fallback time.Duration
-	id       string // names the worker's advert beside others of its process
+	id       int    // numbers the worker's advert beside others of its store (workerID)
+	name     string // WorkerName
 	log      *slog.Logger
 
 	stopping context.Context // ends when Close starts: no job starts after
@@ -86,7 +86,7 @@ func NewWorker(q *Queue, kinds []Kind, opts ...WorkerOption) (*Worker, error) {
 	if q == nil {
 		return nil, fmt.Errorf("new worker: %w: nil queue", ErrInvalid)
 	}
-	w := &Worker{q: q, kinds: map[string]*Kind{}, conc: DefaultConcurrency, drain: 30 * time.Second, fallback: DefaultFallbackAfter, id: rand.Text()[:12], log: q.log,
+	w := &Worker{q: q, kinds: map[string]*Kind{}, conc: DefaultConcurrency, drain: 30 * time.Second, fallback: DefaultFallbackAfter, log: q.log,
 		running: map[string]context.CancelCauseFunc{}}
 	w.stopping, w.stop = context.WithCancel(context.Background())
 	for i := range kinds {
@@ -105,6 +105,7 @@ func NewWorker(q *Queue, kinds []Kind, opts ...WorkerOption) (*Worker, error) {
 		}
 	}
 	if w.conc > 0 {
+		w.id = workerID(q.store)
 		w.comp = newCompleter(w)
 		w.comp.start()
 	}
@@ -134,6 +135,9 @@ func (w *Worker) Close() error {
 	}
 	w.mu.Unlock()
 	w.wg.Wait(clk, context.Background())
+	if w.id != 0 {
+		freeWorkerID(w.q.store, w.id)
+	}
 	return nil
 }
 
