@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
 
@@ -146,6 +147,8 @@ func TestLimitsAPIConformsToOpenAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	entered, release := make(chan string, 1), make(chan struct{})
+	closeRelease := sync.OnceFunc(func() { close(release) })
+	defer closeRelease() // a failure must not leave the step blocked
 	w, err := jobs.NewWorker(q, []jobs.Kind{{Name: "payout",
 		Limits: []jobs.Limit{{Name: "merchant", Key: jobs.ParamKey("merchant"), Concurrency: 1}},
 		Steps: []jobs.Step{{Name: "pay", Run: func(ctx context.Context, r *jobs.Run) ([]byte, error) {
@@ -169,7 +172,7 @@ func TestLimitsAPIConformsToOpenAPI(t *testing.T) {
 	if st, r := c.get("/v1/limits?limit=bad*name"); st != 400 {
 		t.Fatalf("limits of a bad name = %d %v; want 400", st, r)
 	}
-	close(release)
+	closeRelease()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if j, err := q.Wait(ctx, "p-1"); err != nil || j.State != jobs.Succeeded {

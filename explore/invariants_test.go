@@ -662,8 +662,11 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 	// 6. Closes.
 	started := map[string]string{} // task -> process, for final writes not finished
 	closedAt := map[string]event{} // the session a close began under -> its close
+	lost := map[string]bool{}      // sessions their process judged lost: revoking one is its cleanup, not the close's
 	for _, e := range w.events {
 		switch {
+		case e.kind == evSessionLost:
+			lost[e.owner] = true
 		case e.kind == evTaskStart:
 			started[e.task] = e.proc
 		case e.kind == evTaskDone:
@@ -673,7 +676,7 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 		case e.kind == evSessionEnd && strings.HasPrefix(e.body, "revoked by "):
 			proc := strings.TrimPrefix(e.body, "revoked by ")
 			c, closing := closedAt[e.owner] // the session Close revokes, not one lost before
-			if !closing || c.proc != proc || e.at.Sub(c.at) >= etcdstore.DefaultEndTimeout {
+			if !closing || lost[e.owner] || c.proc != proc || e.at.Sub(c.at) >= etcdstore.DefaultEndTimeout {
 				continue
 			}
 			at := c.at

@@ -329,6 +329,15 @@ func (c *completer) when(e *entry, now time.Time) (time.Time, bool) {
 		t = e.dueSince(now) // a slot of the limit that held it back changed (a rate's time is its NotBefore)
 	case e.owner == "": // queued, abandoned, scheduled for later, waiting for an event until its timeout
 		t = e.notBefore
+		if t.IsZero() {
+			// First come, first served (not by id): when it was created,
+			// or when this completer saw it, if that is sooner (another
+			// clock wrote it).
+			t = e.created
+			if e.seenAt.Before(t) {
+				t = e.seenAt
+			}
+		}
 	case !c.owners[e.owner] && e.owner != c.w.q.store.Owner():
 		t = e.dueSince(now) // its worker's session is gone
 	case !e.deadline.IsZero():
@@ -377,6 +386,7 @@ func (c *completer) dispatch(ctx context.Context) {
 		now := c.w.q.clock.Now()
 		var next time.Time
 		var ready []*entry
+		var readyAt []time.Time // when each was due: a job not started keeps its place
 		for c.free > 0 && len(c.due) > 0 && !c.due[0].at.After(now) {
 			it := heap.Pop(&c.due).(dueItem)
 			e := c.jobs[it.id]
@@ -391,7 +401,7 @@ func (c *completer) dispatch(ctx context.Context) {
 				c.block(e, p) // its key's slots are all taken: until one frees
 				continue
 			}
-			ready = append(ready, e)
+			ready, readyAt = append(ready, e), append(readyAt, it.at)
 		}
 		// Turns: the group (a limit's key) whose job started longest ago
 		// goes first, so that one key with many jobs due does not hold
@@ -404,7 +414,7 @@ func (c *completer) dispatch(ctx context.Context) {
 				}
 			}
 			e := ready[best]
-			ready = slices.Delete(ready, best, best+1)
+			ready, readyAt = slices.Delete(ready, best, best+1), slices.Delete(readyAt, best, best+1)
 			if p, at := c.rateRoom(e, now); p != "" {
 				// Its key's rate slots are used (or about to be, by
 				// attempts running): not before the soonest is free again,
@@ -433,8 +443,12 @@ func (c *completer) dispatch(ctx context.Context) {
 			// Not ctx: a running job has Close's drain to finish.
 			c.w.wg.Go(c.w.q.clock, context.WithoutCancel(ctx), "job "+e.id, func(context.Context) { c.run(job) })
 		}
-		for _, e := range ready {
-			heap.Push(&c.due, dueItem{at: now, id: e.id, version: e.version})
+		for i, e := range ready {
+			// At the time it was due, not now: pushed back as now, a job
+			// left over lost its place to every job due since, and a
+			// job of a busy group could wait for ever (found by the 3-DC
+			// scenario: a refund queued for a minute behind reports).
+			heap.Push(&c.due, dueItem{at: readyAt[i], id: e.id, version: e.version})
 		}
 		if len(c.served) > 2*len(c.jobs)+64 {
 			// Forget the turns of keys with no job left, so that the map

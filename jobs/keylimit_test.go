@@ -57,6 +57,8 @@ func TestConcurrencyLimitHoldsAcrossWorkers(t *testing.T) {
 	prefix := testPrefix(t)
 	g := newGauge()
 	release := make(chan struct{})
+	closeRelease := sync.OnceFunc(func() { close(release) })
+	defer closeRelease() // a failure must not leave the steps blocked
 	k := Kind{Name: "charge", Limits: []Limit{{Name: "merchant", Key: ParamKey("merchant"), Concurrency: 2}},
 		Steps: []Step{{Name: "call", Run: func(ctx context.Context, r *Run) ([]byte, error) {
 			m := merchantOf(r.Params())
@@ -92,7 +94,7 @@ func TestConcurrencyLimitHoldsAcrossWorkers(t *testing.T) {
 		h2, _ := g.get("m2")
 		return h1 >= 2 && h2 >= 2
 	})
-	close(release)
+	closeRelease()
 	for _, id := range ids {
 		if j := waitJob(t, qs[0], id); j.State != Succeeded {
 			t.Fatalf("job %s: %s (%s)", id, j.State, j.Err)
@@ -130,6 +132,8 @@ func TestLimitedJobWaitsUncounted(t *testing.T) {
 	prefix := testPrefix(t)
 	q := newQueue(t, newStore(t, prefix))
 	release := make(chan struct{})
+	closeRelease := sync.OnceFunc(func() { close(release) })
+	defer closeRelease() // a failure must not leave the step blocked
 	entered := make(chan string, 2)
 	k := Kind{Name: "one", MaxAttempts: 1, Limits: []Limit{{Name: "tenant", Key: ParamKey("t"), Concurrency: 1}},
 		Steps: []Step{{Name: "s", Run: func(ctx context.Context, r *Run) ([]byte, error) {
@@ -159,7 +163,7 @@ func TestLimitedJobWaitsUncounted(t *testing.T) {
 	if j.Limited != "tenant=a" || j.State != Scheduled || j.Attempts != 0 {
 		t.Fatalf("second, held back: state %s, limited %q, attempts %d", j.State, j.Limited, j.Attempts)
 	}
-	close(release)
+	closeRelease()
 	if got := <-entered; got != "second" {
 		t.Fatalf("%s ran second", got)
 	}

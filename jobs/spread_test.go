@@ -171,3 +171,39 @@ func TestWorkerNameChecked(t *testing.T) {
 		}
 	}
 }
+
+// Queued jobs start first come, first served, not by id: a job a stream
+// of later jobs with smaller ids keeps overtaking could wait for ever
+// (found by the 3-DC scenario: a refund queued for a minute behind the
+// schedule's reports).
+func TestQueuedJobsStartInTheirOrder(t *testing.T) {
+	ctx := testCtx(t)
+	q := newQueue(t, newStore(t, testPrefix(t)))
+	var mu sync.Mutex
+	var order []string
+	k := Kind{Name: "fifo", Steps: []Step{{Name: "s", Run: func(ctx context.Context, r *Run) ([]byte, error) {
+		mu.Lock()
+		order = append(order, r.Key().ID)
+		mu.Unlock()
+		return nil, nil
+	}}}}
+	ids := []string{"z-first"}
+	for i := 0; i < 8; i++ {
+		ids = append(ids, fmt.Sprintf("a-%d", i))
+	}
+	for _, id := range ids {
+		if _, err := q.Submit(ctx, id, "fifo", nil); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Millisecond) // created a millisecond apart at least (record times are in ms), not synchronisation
+	}
+	newWorker(t, q, []Kind{k}, Concurrency(1))
+	for _, id := range ids {
+		waitJob(t, q, id)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if order[0] != "z-first" {
+		t.Fatalf("jobs ran in the order %v; the first submitted (z-first) should run first", order)
+	}
+}
