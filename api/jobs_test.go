@@ -11,6 +11,7 @@ import (
 
 	"github.com/getkin/kin-openapi/routers/legacy"
 
+	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/idemhttp"
 	"github.com/idem-dev/idem/jobs"
 )
@@ -20,24 +21,7 @@ import (
 // event a Go worker's job awaits; every exchange validated against the
 // OpenAPI document, over a real socket.
 func TestJobsAPIConformsToOpenAPI(t *testing.T) {
-	doc := loadSpec(t)
-	doc.Servers = nil
-	router, err := legacy.NewRouter(doc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vc := &validatingClient{t: t, router: router, seen: map[string]bool{}}
-	prefix := fmt.Sprintf("/t/api/%d/", prefixSeq.Add(1))
-	store := newStore(t, prefix)
-	api, err := idemhttp.NewAPI(idemhttp.APIConfig{Store: store, Jobs: &idemhttp.JobsConfig{
-		Queue: func(tenant string) (*jobs.Queue, error) { return jobs.New(store, jobs.WithTenant(tenant)) },
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(api)
-	t.Cleanup(srv.Close)
-	c := &apiClient{t, srv.URL, &http.Client{Transport: vc}}
+	c, vc, store := newJobsAPI(t)
 
 	sub := map[string]any{"id": "refund-9", "kind": "refund", "params": map[string]any{"amount": 5}}
 	if st, r := c.post("/v1/jobs", sub); st != 201 || r["state"] != "queued" || r["tenant"] != "jobs" {
@@ -123,24 +107,7 @@ func TestJobsAPIConformsToOpenAPI(t *testing.T) {
 // limited job runs, validated against the OpenAPI document over a real
 // socket.
 func TestLimitsAPIConformsToOpenAPI(t *testing.T) {
-	doc := loadSpec(t)
-	doc.Servers = nil
-	router, err := legacy.NewRouter(doc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vc := &validatingClient{t: t, router: router, seen: map[string]bool{}}
-	prefix := fmt.Sprintf("/t/api/%d/", prefixSeq.Add(1))
-	store := newStore(t, prefix)
-	api, err := idemhttp.NewAPI(idemhttp.APIConfig{Store: store, Jobs: &idemhttp.JobsConfig{
-		Queue: func(tenant string) (*jobs.Queue, error) { return jobs.New(store, jobs.WithTenant(tenant)) },
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(api)
-	t.Cleanup(srv.Close)
-	c := &apiClient{t, srv.URL, &http.Client{Transport: vc}}
+	c, vc, store := newJobsAPI(t)
 
 	q, err := jobs.New(store)
 	if err != nil {
@@ -186,4 +153,30 @@ func TestLimitsAPIConformsToOpenAPI(t *testing.T) {
 			t.Errorf("no exchange covered %q", want)
 		}
 	}
+}
+
+// newJobsAPI serves the worker API with jobs on a fresh store, over a real
+// socket, and returns a client whose every exchange is validated against
+// the OpenAPI document.
+func newJobsAPI(t *testing.T) (*apiClient, *validatingClient, *etcdstore.Store) {
+	t.Helper()
+	doc := loadSpec(t)
+	doc.Servers = nil
+	router, err := legacy.NewRouter(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vc := &validatingClient{t: t, router: router, seen: map[string]bool{}}
+	prefix := fmt.Sprintf("/t/api/%d/", prefixSeq.Add(1))
+	store := newStore(t, prefix)
+	api, err := idemhttp.NewAPI(idemhttp.APIConfig{Store: store, Jobs: &idemhttp.JobsConfig{
+		Queue: func(tenant string) (*jobs.Queue, error) { return jobs.New(store, jobs.WithTenant(tenant)) },
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(api)
+	t.Cleanup(srv.Close)
+	c := &apiClient{t, srv.URL, &http.Client{Transport: vc}}
+	return c, vc, store
 }
