@@ -37,6 +37,9 @@ func (s *Store) Enqueue(ctx context.Context, key Key, fp Fingerprint, data []byt
 	for _, o := range opts {
 		o(&cfg)
 	}
+	if cfg.err != nil {
+		return nil, fmt.Errorf("enqueue %s: %w", key, cfg.err)
+	}
 	if cfg.value != "" {
 		if err := validValueName(cfg.value); err != nil {
 			return nil, fmt.Errorf("enqueue %s: %w", key, err)
@@ -55,11 +58,21 @@ func (s *Store) Enqueue(ctx context.Context, key Key, fp Fingerprint, data []byt
 	var landed landing
 	for round := 0; round < 8; round++ {
 		now := s.now()
+		if cfg.route.existing && !known {
+			rec, _, err := s.get(ctx, key)
+			if err != nil {
+				return nil, wrapEtcd("enqueue", key, err)
+			}
+			cur, known = rec, true
+		}
+		if cfg.route.existing && (cur == nil || cur.expired(now) || cur.State == Moved) {
+			return nil, fmt.Errorf("enqueue %s: %w: no live record in this store (WithoutCreate)", key, ErrNotFound)
+		}
 		cmps := []cond{created(ekey, pb.Compare_EQUAL, 0)}
 		var expect *Record // the record this round's write replaces (nil: none)
 		if known && cur != nil {
 			switch {
-			case cur.expired(now):
+			case cur.expired(now), cfg.route.overMoved && cur.State == Moved:
 				cmps, expect = []cond{modified(ekey, cur.Revision)}, cur // a new operation
 			case cur.State == Moved:
 				return nil, &MovedError{Key: key, To: cur.MovedTo, Epoch: cur.Epoch}
@@ -86,7 +99,7 @@ func (s *Store) Enqueue(ctx context.Context, key Key, fp Fingerprint, data []byt
 		if s.epochs {
 			rec.Epoch = epoch
 			var guards []cond
-			guards, setRev = s.guards(epoch, 0)
+			guards, setRev = s.guards(epoch, cfg.route.setRev)
 			cmps = append(cmps, guards...)
 		}
 		res, err := s.writeRecord(ctx, key, "", cmps, rec, 0)
@@ -137,6 +150,25 @@ type EnqueueOption func(*enqueueConfig)
 type enqueueConfig struct {
 	value    string
 	valueRev int64
+	route    claimConfig // Routed
+	err      error
+}
+
+// Routed makes Enqueue write where, and only as, a claim with opts would:
+// UnderShardSet compares that shard set instead of the store's own,
+// WithoutCreate enqueues nothing where the key has no live record (it
+// returns the live one, or an error wrapping ErrNotFound), ReplaceMoved
+// replaces a Moved record as a new job instead of failing with a
+// *MovedError. Other claim options are ignored. Package shard enqueues so
+// on the shard it routed the key to (shard.Store.Enqueue).
+func Routed(opts ...ClaimOption) EnqueueOption {
+	return func(c *enqueueConfig) {
+		for _, o := range opts {
+			if err := o.applyRun(&c.route); err != nil && c.err == nil {
+				c.err = err
+			}
+		}
+	}
 }
 
 // IfValue makes Enqueue write the record only while the value name

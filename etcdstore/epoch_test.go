@@ -121,3 +121,58 @@ func TestShardSetGuardsClaims(t *testing.T) {
 		t.Fatalf("enqueue after learning the set: %v", err)
 	}
 }
+
+// Enqueue routed as a claim (Routed): only where the key has a live
+// record (WithoutCreate), over a Moved record (ReplaceMoved), and under the
+// shard set named (UnderShardSet), refused once that set changed even by a
+// store that has learnt the newer one.
+func TestEnqueueRouted(t *testing.T) {
+	s := newStore(t, client(t), testPrefix(t), WithEpochs())
+	ctx := testCtx(t)
+	fp := Fingerprint{1}
+	if _, err := s.Enqueue(ctx, Key{ID: "absent"}, fp, nil, Routed(WithoutCreate())); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("WithoutCreate of an absent key = %v; want ErrNotFound", err)
+	}
+	if rec, _ := s.Get(ctx, Key{ID: "absent"}); rec != nil {
+		t.Fatalf("WithoutCreate wrote %+v", rec)
+	}
+	live, err := s.Enqueue(ctx, Key{ID: "live"}, fp, []byte("first"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := s.Enqueue(ctx, Key{ID: "live"}, fp, []byte("second"), Routed(WithoutCreate())); err != nil || rec.Revision != live.Revision {
+		t.Fatalf("WithoutCreate of a live key = %+v, %v; want it as it is", rec, err)
+	}
+	moved, err := s.Forward(ctx, Key{ID: "moved"}, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Enqueue(ctx, Key{ID: "moved"}, fp, nil, Routed(WithoutCreate())); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("WithoutCreate of a moved key = %v; want ErrNotFound", err)
+	}
+	var me *MovedError
+	if _, err := s.Enqueue(ctx, Key{ID: "moved"}, fp, nil); !errors.As(err, &me) {
+		t.Fatalf("Enqueue over a Moved record = %v; want a *MovedError", err)
+	}
+	rec, err := s.Enqueue(ctx, Key{ID: "moved"}, fp, []byte("here"), Routed(ReplaceMoved()))
+	if err != nil || rec.State != InFlight || rec.Token <= moved.Token || string(rec.Checkpoint) != "here" {
+		t.Fatalf("ReplaceMoved = %+v, %v; want a new job with a greater token than %d", rec, err, moved.Token)
+	}
+	v1, _, err := s.SetValue(ctx, ShardSetValue, []byte("generation 1"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Enqueue(ctx, Key{ID: "new"}, fp, nil, Routed(UnderShardSet(v1.Revision))); err != nil {
+		t.Fatalf("under the set in force: %v", err)
+	}
+	if _, _, err := s.SetValue(ctx, ShardSetValue, []byte("generation 2"), v1.Revision); err != nil {
+		t.Fatal(err)
+	}
+	s.LoadShardSet(ctx) // the store knows the new set: the option still compares the old one
+	if _, err := s.Enqueue(ctx, Key{ID: "newer"}, fp, nil, Routed(UnderShardSet(v1.Revision))); !errors.Is(err, ErrSetChanged) {
+		t.Fatalf("under a set no longer in force = %v; want ErrSetChanged", err)
+	}
+	if _, err := s.Enqueue(ctx, Key{ID: "bad"}, fp, nil, Routed(UnderShardSet(0))); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("a set revision 0 = %v; want ErrInvalidArgument", err)
+	}
+}

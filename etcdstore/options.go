@@ -555,3 +555,20 @@ const (
 	DefaultBatchMembers = send.DefaultMaxMembers
 	DefaultBatchBytes   = send.DefaultMaxBytes
 )
+
+// Settings are the limits a store opened with some options keeps, known
+// before it connects: package shard answers with them for all its shards.
+type Settings struct {
+	Retention     time.Duration
+	MaxRecordSize int
+}
+
+// SettingsOf returns the settings a store opened with opts would have, or
+// the error New would give for them.
+func SettingsOf(opts ...Option) (Settings, error) {
+	c, err := newConfig(opts)
+	if err != nil {
+		return Settings{}, err
+	}
+	return Settings{Retention: c.retention, MaxRecordSize: c.maxRecord}, nil
+}

@@ -27,6 +27,10 @@ type completer struct {
 	w *Worker
 
 	mu     sync.Mutex
+	st    *etcdstore.Store // the store (on a shard set, the shard) it follows; set once started
+	shard string           // on a shard set, the shard's name
+	id    int              // numbers the worker's advert beside others of its store (workerID)
+
 	jobs   map[string]*entry          // in-flight jobs of registered kinds, by id
 	owners map[string]bool            // live sessions
 	events map[string]map[string]bool // events signalled, by job (id and creation) and name
@@ -93,15 +97,29 @@ type entry struct {
 // progress notifications included, before it is given up.
 const stallAfter = 10 * time.Second
 
-func newCompleter(w *Worker) *completer {
-	return &completer{w: w, jobs: map[string]*entry{}, owners: map[string]bool{}, events: map[string]map[string]bool{}, free: w.conc, kick: make(chan struct{}),
+func newCompleter(w *Worker, st *etcdstore.Store, shard string) *completer {
+	return &completer{w: w, st: st, shard: shard, jobs: map[string]*entry{}, owners: map[string]bool{}, events: map[string]map[string]bool{}, free: w.conc, kick: make(chan struct{}),
 		slots: map[string]map[string]holder{}, slotGen: map[string]uint64{}, blocked: map[string]map[string]bool{}, served: map[string]uint64{}, workers: map[string]advert{},
 		rates: map[string]map[string]int64{}, ratePending: map[string]int{}}
 }
 
-// start runs the completer's two pieces of work until the worker stops.
+// start runs the completer's pieces of work until the worker stops. On a
+// shard set, they start once the shard's store is connected.
 func (c *completer) start() {
 	clk := c.w.q.clock
+	if c.st == nil {
+		c.w.wg.Go(clk, c.w.stopping, "job completer connect "+c.shard, func(ctx context.Context) {
+			for c.st == nil {
+				if clock.Sleep(clk, ctx, time.Second) != nil {
+					return
+				}
+				c.st = c.w.q.set.Shard(c.shard)
+			}
+			c.start()
+		})
+		return
+	}
+	c.id = workerID(c.st)
 	c.w.wg.Go(clk, c.w.stopping, "job completer follow", c.follow)
 	c.w.wg.Go(clk, c.w.stopping, "job completer dispatch", c.dispatch)
 	if c.w.fallback > 0 {
@@ -125,7 +143,7 @@ func (c *completer) wakeLocked() {
 // whenever the feed breaks or stalls.
 func (c *completer) follow(ctx context.Context) {
 	for fails := 0; ctx.Err() == nil; fails++ {
-		feed, err := c.w.q.store.Follow(ctx, c.w.q.tenant, etcdstore.FollowOptions{Sessions: true, Stall: stallAfter,
+		feed, err := c.st.Follow(ctx, c.w.q.tenant, etcdstore.FollowOptions{Sessions: true, Stall: stallAfter,
 			Values: []string{eventPrefix(c.w.q.tenant), limitPrefix(c.w.q.tenant), advertPrefix(c.w.q.tenant)}})
 		if err == nil {
 			fails = 0
@@ -338,7 +356,7 @@ func (c *completer) when(e *entry, now time.Time) (time.Time, bool) {
 				t = e.seenAt
 			}
 		}
-	case !c.owners[e.owner] && e.owner != c.w.q.store.Owner():
+	case !c.owners[e.owner] && e.owner != c.st.Owner():
 		t = e.dueSince(now) // its worker's session is gone
 	case !e.deadline.IsZero():
 		free = false

@@ -314,9 +314,9 @@ func (r *Run) sleep(until time.Time, d time.Duration) error {
 		return err
 	}
 	if w == nil {
-		if d >= r.q.store.Retention()/2 {
+		if d >= r.q.retention()/2 {
 			return fmt.Errorf("sleep: %w: %v is past half the store's retention (%v): the job could be forgotten while it sleeps",
-				ErrInvalid, d, r.q.store.Retention())
+				ErrInvalid, d, r.q.retention())
 		}
 		w = r.add(wait{Until: ceilMilli(until)})
 	}
@@ -342,8 +342,8 @@ func (r *Run) Await(name string, timeout time.Duration) ([]byte, error) {
 	if err := validName(name, 64, true); err != nil {
 		return nil, fmt.Errorf("await: %w: event name %q: %v", ErrInvalid, name, err)
 	}
-	if timeout < 0 || timeout >= r.q.store.Retention()/2 {
-		return nil, fmt.Errorf("await %s: %w: timeout %v must be 0 or under half the store's retention (%v)", name, ErrInvalid, timeout, r.q.store.Retention())
+	if timeout < 0 || timeout >= r.q.retention()/2 {
+		return nil, fmt.Errorf("await %s: %w: timeout %v must be 0 or under half the store's retention (%v)", name, ErrInvalid, timeout, r.q.retention())
 	}
 	w, err := r.reach(name)
 	if err != nil {
@@ -351,7 +351,7 @@ func (r *Run) Await(name string, timeout time.Duration) ([]byte, error) {
 	}
 	if w == nil {
 		if timeout == 0 {
-			timeout = r.q.store.Retention()/2 - time.Second
+			timeout = r.q.retention()/2 - time.Second
 		}
 		w = r.add(wait{Event: name, Until: ceilMilli(r.now().Add(timeout))})
 	}
@@ -361,7 +361,7 @@ func (r *Run) Await(name string, timeout time.Duration) ([]byte, error) {
 	case w.TimedOut:
 		return nil, fmt.Errorf("await %s: %w", name, ErrTimeout)
 	}
-	v, err := r.q.store.Value(r.ctx, eventName(r.tenant, r.Key().ID, r.claim.Created(), name))
+	v, err := r.claim.Store().Value(r.ctx, eventName(r.tenant, r.Key().ID, r.claim.Created(), name))
 	if err != nil {
 		// Not known: neither the payload nor a timeout. The job is given
 		// back, and looked at again in a second.

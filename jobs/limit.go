@@ -476,6 +476,9 @@ type Slot struct {
 // Slots returns the concurrency slots of the queue's limits that are held
 // now: see the package function Slots.
 func (q *Queue) Slots(ctx context.Context, limit string) ([]Slot, error) {
+	if q.set != nil {
+		return nil, fmt.Errorf("slots: %w: per-key limits need one etcd cluster, not a shard set", ErrInvalid)
+	}
 	return Slots(ctx, &q.store.Admin, q.tenant, limit)
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idem-dev/idem/clock"
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/shard"
 )
 
 // DefaultTenant is the tenant a Queue keeps its jobs under unless told
@@ -20,10 +21,13 @@ import (
 const DefaultTenant = "jobs"
 
 // Queue submits, reads and administers jobs: the records of one tenant of
-// an etcdstore.Store. It starts no goroutines; Worker and Scheduler run on
-// it.
+// an etcdstore.Store, or of a shard set (NewOnShards). It starts no
+// goroutines; Worker and Scheduler run on it.
 type Queue struct {
-	store  *etcdstore.Store
+	store  *etcdstore.Store // one cluster (New); nil on a shard set
+	set    *shard.Store     // a shard set (NewOnShards); nil on one cluster
+	recs   records          // store or set: where each job's record is
+	limits etcdstore.Settings
 	tenant string
 	log    *slog.Logger
 	clock  clock.Clock
@@ -76,7 +80,8 @@ func New(store *etcdstore.Store, opts ...Option) (*Queue, error) {
 	if store == nil {
 		return nil, fmt.Errorf("new queue: %w: nil store", ErrInvalid)
 	}
-	q := &Queue{store: store, tenant: DefaultTenant, log: slog.New(slog.DiscardHandler), clock: store.Clock()}
+	q := &Queue{store: store, recs: store, tenant: DefaultTenant, log: slog.New(slog.DiscardHandler), clock: store.Clock(),
+		limits: etcdstore.Settings{Retention: store.Retention(), MaxRecordSize: store.MaxRecordSize()}}
 	for _, o := range opts {
 		if err := o(q); err != nil {
 			return nil, fmt.Errorf("new queue: %w", err)
@@ -85,10 +90,57 @@ func New(store *etcdstore.Store, opts ...Option) (*Queue, error) {
 	return q, nil
 }
 
+// NewOnShards returns a Queue on a shard set: each job is kept on the
+// shard its key is placed on (its id, under the queue's tenant), with its
+// events, and is handed over when the set changes as the shard protocol
+// allows (a live job stays on its old shard until it ends). A schedule's
+// cursor is on the shard its name is placed on. The shards' shortest
+// retention is the queue's. Per-key limits (Kind.Limits) need one
+// cluster: a Worker on a shard set refuses kinds with limits.
+func NewOnShards(set *shard.Store, opts ...Option) (*Queue, error) {
+	if set == nil {
+		return nil, fmt.Errorf("new queue: %w: nil shard set", ErrInvalid)
+	}
+	q := &Queue{set: set, recs: set, limits: set.Settings(), tenant: DefaultTenant, log: slog.New(slog.DiscardHandler), clock: set.Clock()}
+	for _, o := range opts {
+		if err := o(q); err != nil {
+			return nil, fmt.Errorf("new queue: %w", err)
+		}
+	}
+	return q, nil
+}
+
+// records is what a queue needs of where its jobs' records are: one
+// store, or a shard set that routes each key to its shard.
+type records interface {
+	Enqueue(ctx context.Context, key etcdstore.Key, fp etcdstore.Fingerprint, data []byte, opts ...etcdstore.EnqueueOption) (*etcdstore.Record, error)
+	Get(ctx context.Context, key etcdstore.Key) (*etcdstore.Record, error)
+	EvictIf(ctx context.Context, key etcdstore.Key, rev int64) (bool, error)
+	List(ctx context.Context, tenant string, o etcdstore.ListOptions) ([]*etcdstore.Record, error)
+	Run(ctx context.Context, key etcdstore.Key, fp etcdstore.Fingerprint, work etcdstore.RunWork, opts ...etcdstore.RunOption) (etcdstore.Result, error)
+}
+
+func (q *Queue) retention() time.Duration { return q.limits.Retention }
+func (q *Queue) maxRecord() int            { return q.limits.MaxRecordSize }
+
+// holder returns the store that holds job id's record (on a shard set, its
+// shard: where its events are kept), with the record.
+func (q *Queue) holder(ctx context.Context, id string) (*etcdstore.Store, *etcdstore.Record, error) {
+	if q.set == nil {
+		rec, err := q.store.Get(ctx, q.Key(id))
+		return q.store, rec, err
+	}
+	return q.set.Holder(ctx, q.Key(id))
+}
+
+// Shards returns the queue's shard set, or nil on one cluster.
+func (q *Queue) Shards() *shard.Store { return q.set }
+
 // Tenant returns the tenant the queue's jobs live under.
 func (q *Queue) Tenant() string { return q.tenant }
 
-// Store returns the store the queue keeps its jobs in.
+// Store returns the store the queue keeps its jobs in (nil on a shard set:
+// Shards).
 func (q *Queue) Store() *etcdstore.Store { return q.store }
 
 // Key returns the store key of job id.
@@ -177,24 +229,24 @@ func (q *Queue) Submit(ctx context.Context, id, kind string, params []byte, opts
 	switch {
 	case cfg.window < 0:
 		return nil, fmt.Errorf("submit %s: %w: negative dedup window %v", id, ErrInvalid, cfg.window)
-	case st.NotBefore != 0 && time.UnixMilli(st.NotBefore).After(q.clock.Now().Add(q.store.Retention()/2)):
+	case st.NotBefore != 0 && time.UnixMilli(st.NotBefore).After(q.clock.Now().Add(q.retention()/2)):
 		return nil, fmt.Errorf("submit %s: %w: RunAt %v is past half the store's retention (%v): the job could be forgotten before it runs",
-			id, ErrInvalid, time.UnixMilli(st.NotBefore), q.store.Retention())
+			id, ErrInvalid, time.UnixMilli(st.NotBefore), q.retention())
 	}
 	for round := 0; ; round++ {
-		rec, err := q.store.Enqueue(ctx, key, fp, st.encode(), cfg.fence...)
+		rec, err := q.recs.Enqueue(ctx, key, fp, st.encode(), cfg.fence...)
 		if errors.Is(err, etcdstore.ErrTooLarge) {
-			return nil, fmt.Errorf("submit %s: params of %d bytes do not fit the store's %d-byte records: %w", id, len(params), q.store.MaxRecordSize(), err)
+			return nil, fmt.Errorf("submit %s: params of %d bytes do not fit the store's %d-byte records: %w", id, len(params), q.maxRecord(), err)
 		}
 		if cfg.window > 0 && round < 3 && (err == nil || errors.Is(err, etcdstore.ErrMismatch)) {
 			// The job of this id may be past its window: replace it.
 			if err != nil {
-				if rec, err = q.store.Get(ctx, key); err != nil {
+				if rec, err = q.recs.Get(ctx, key); err != nil {
 					return nil, fmt.Errorf("submit: %w", err)
 				}
 			}
 			if q.pastWindow(rec, st.Submission, cfg.window) {
-				if _, err := q.store.EvictIf(ctx, key, rec.Revision); err != nil {
+				if _, err := q.recs.EvictIf(ctx, key, rec.Revision); err != nil {
 					return nil, fmt.Errorf("submit %s: replacing the job past its dedup window: %w", id, err)
 				}
 				continue // evicted, or changed meanwhile: enqueue again
@@ -261,7 +313,7 @@ func fingerprint(kind string, params []byte) (etcdstore.Fingerprint, error) {
 // Get returns job id, read linearizably. A job that does not exist (or
 // whose retention passed) is an error wrapping etcdstore.ErrNotFound.
 func (q *Queue) Get(ctx context.Context, id string) (*Job, error) {
-	rec, err := q.store.Get(ctx, q.Key(id))
+	rec, err := q.recs.Get(ctx, q.Key(id))
 	if err != nil {
 		return nil, err
 	}
@@ -298,7 +350,7 @@ func (q *Queue) List(ctx context.Context, o ListOptions) ([]*Job, error) {
 	var out []*Job
 	var listErr error
 	for len(out) < limit {
-		recs, err := q.store.List(ctx, q.tenant, etcdstore.ListOptions{After: after, Limit: etcdstore.MaxListLimit})
+		recs, err := q.recs.List(ctx, q.tenant, etcdstore.ListOptions{After: after, Limit: etcdstore.MaxListLimit})
 		if err != nil && len(recs) == 0 {
 			return out, err
 		}
@@ -331,8 +383,19 @@ func (q *Queue) Wait(ctx context.Context, id string) (*Job, error) {
 		return nil, fmt.Errorf("wait: %w", err)
 	}
 	for {
-		feed, err := q.store.Follow(ctx, q.tenant, etcdstore.FollowOptions{ID: id})
-		if err != nil {
+		st := q.store
+		var err error
+		if q.set != nil {
+			// The shard that holds it (or its home, when none does yet).
+			if st, _, err = q.set.Holder(ctx, key); err != nil && !errors.Is(err, etcdstore.ErrNotFound) {
+				st = nil
+			}
+		}
+		var feed *etcdstore.Feed
+		if st != nil {
+			feed, err = st.Follow(ctx, q.tenant, etcdstore.FollowOptions{ID: id})
+		}
+		if st == nil || err != nil {
 			if ctx.Err() != nil {
 				return nil, context.Cause(ctx)
 			}
@@ -427,14 +490,14 @@ func (q *Queue) Cancel(ctx context.Context, id, reason string) (*Job, error) {
 	return q.operate(ctx, "cancel", id, nil, func(c *etcdstore.Claim, st *state) (etcdstore.Outcome, etcdstore.End, error) {
 		end := st.clone()
 		end.Outcome, end.Parked, end.NotBefore = Cancelled, false, 0
-		out, ok := fit(end, "cancelled: "+reason, q.store.MaxRecordSize(), len(end.Done))
+		out, ok := fit(end, "cancelled: "+reason, q.maxRecord(), len(end.Done))
 		if !ok {
 			// Saved anyway, the store would put "too large" in the job's
 			// place, losing its kind, parameters and finished steps. The
 			// job is left as it was: this takeover was no attempt.
 			st.Base++
 			return etcdstore.Outcome{}, etcdstore.EndAbandon, fmt.Errorf("%w: the cancelled job's end would be %d bytes, limit %d",
-				etcdstore.ErrTooLarge, len(out.Body)+len(out.Err), q.store.MaxRecordSize())
+				etcdstore.ErrTooLarge, len(out.Body)+len(out.Err), q.maxRecord())
 		}
 		return out, etcdstore.EndSave, nil
 	})
@@ -445,7 +508,7 @@ func (q *Queue) Cancel(ctx context.Context, id, reason string) (*Job, error) {
 // outcome when it saves one.
 func (q *Queue) operate(ctx context.Context, name, id string, check func(*Job) error, op func(*etcdstore.Claim, *state) (etcdstore.Outcome, etcdstore.End, error)) (*Job, error) {
 	key := q.Key(id)
-	rec, err := q.store.Get(ctx, key)
+	rec, err := q.recs.Get(ctx, key)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
@@ -464,7 +527,7 @@ func (q *Queue) operate(ctx context.Context, name, id string, check func(*Job) e
 		}
 	}
 	var opErr error
-	res, err := q.store.Run(ctx, key, rec.Fingerprint, func(wctx context.Context, c *etcdstore.Claim) (etcdstore.Outcome, etcdstore.End) {
+	res, err := q.recs.Run(ctx, key, rec.Fingerprint, func(wctx context.Context, c *etcdstore.Claim) (etcdstore.Outcome, etcdstore.End) {
 		st, derr := decodeState(c.LastCheckpoint())
 		if derr != nil {
 			opErr = derr

@@ -283,11 +283,18 @@ func NewScheduler(q *Queue, schedules []Schedule) (*Scheduler, error) {
 	seen := map[string]bool{}
 	for i := range schedules {
 		sc := schedules[i]
-		if err := sc.validate(q.store.Retention()); err != nil {
+		if err := sc.validate(q.retention()); err != nil {
 			return nil, fmt.Errorf("new scheduler: %w", err)
 		}
 		if seen[sc.Name] {
 			return nil, fmt.Errorf("new scheduler: %w: two schedules named %s", ErrInvalid, sc.Name)
+		}
+		if q.set != nil && sc.Overlap != OverlapAllowAll {
+			// Its decisions fence its occurrences' submissions with its
+			// cursor, in one Txn: on a shard set, the two are on
+			// different clusters.
+			return nil, fmt.Errorf("new scheduler: %w: schedule %s: overlap policy %s needs one etcd cluster; on a shard set only %s",
+				ErrInvalid, sc.Name, sc.Overlap, OverlapAllowAll)
 		}
 		seen[sc.Name] = true
 		s.schedules = append(s.schedules, &sc)
@@ -357,7 +364,7 @@ func (s *Scheduler) tick(ctx context.Context, sc *Schedule) (time.Time, string, 
 	if err != nil {
 		return time.Time{}, "", err
 	}
-	submit, last, skipped, latest := sc.plan(cur.Last, now, s.q.store.Retention())
+	submit, last, skipped, latest := sc.plan(cur.Last, now, s.q.retention())
 	if skipped > 0 {
 		s.q.log.Warn("idem: schedule: skipped missed occurrences", "schedule", sc.Name, "skipped", skipped, "latest", latest, "catch_up", sc.CatchUp.String())
 	}
@@ -545,7 +552,7 @@ func (s *Scheduler) prevRunning(ctx context.Context, sc *Schedule, cur cursorVal
 		// clock runs ahead), and is kept a retention after its last
 		// write. Before then (on a clock up to MaxSkew ahead), absent
 		// means never submitted.
-		if !now.Before(prev.Add(s.q.store.Retention() - 2*sc.MaxSkew)) {
+		if !now.Before(prev.Add(s.q.retention() - 2*sc.MaxSkew)) {
 			// It may have been forgotten: never submitted again, so never
 			// run twice; it may also never have run (its scheduler failed
 			// to submit it for as long): said once.
@@ -664,12 +671,57 @@ func (cv *cursorValue) describe(sc *Schedule) {
 // (etcdstore.Value): s/<tenant>/<schedule>.
 func cursorName(tenant, schedule string) string { return "s/" + tenant + "/" + schedule }
 
+// cursorStore returns the store that keeps schedule's cursor: on a shard
+// set, the shard the set in force places the key s/<schedule> of the
+// queue's tenant on. While the set hands keys over, a cursor found only
+// where the previous placement put it is carried over first (copied; an
+// old scheduler that still moves the old one submits occurrences with the
+// same ids, each still one job: only allow-all schedules run on a set).
+func (q *Queue) cursorStore(ctx context.Context, schedule string) (*etcdstore.Store, error) {
+	if q.set == nil {
+		return q.store, nil
+	}
+	key := etcdstore.Key{Tenant: q.tenant, ID: "s/" + schedule}
+	home, old, ok := q.set.Places(key)
+	if !ok {
+		return nil, fmt.Errorf("schedule %s: %w: no shard set in force yet", schedule, etcdstore.ErrUnavailable)
+	}
+	st := q.set.Shard(home)
+	if st == nil {
+		return nil, fmt.Errorf("schedule %s: %w: shard %s (its cursor's) is not connected", schedule, etcdstore.ErrUnavailable, home)
+	}
+	if old == home {
+		return st, nil
+	}
+	name := cursorName(q.tenant, schedule)
+	v, err := st.Value(ctx, name)
+	if err != nil || v.Revision != 0 {
+		return st, err
+	}
+	ost := q.set.Shard(old)
+	if ost == nil {
+		return nil, fmt.Errorf("schedule %s: %w: shard %s (its cursor's, before the set changed) is not connected", schedule, etcdstore.ErrUnavailable, old)
+	}
+	ov, err := ost.Value(ctx, name)
+	if err != nil || ov.Revision == 0 {
+		return st, err
+	}
+	if _, _, err := st.SetValue(ctx, name, ov.Value, 0); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
 // cursor reads sc's cursor, creating it MaxSkew before now when the
 // schedule is new (so a new schedule starts with its next occurrences, not
 // its past).
 func (s *Scheduler) cursor(ctx context.Context, sc *Schedule, now time.Time) (cursorValue, int64, error) {
 	name := cursorName(s.q.tenant, sc.Name)
-	v, err := s.q.store.Value(ctx, name)
+	st, err := s.q.cursorStore(ctx, sc.Name)
+	if err != nil {
+		return cursorValue{}, 0, err
+	}
+	v, err := st.Value(ctx, name)
 	if err != nil {
 		return cursorValue{}, 0, err
 	}
@@ -684,7 +736,7 @@ func (s *Scheduler) cursor(ctx context.Context, sc *Schedule, now time.Time) (cu
 	cv = cursorValue{Last: now.Add(-sc.MaxSkew).UTC().Truncate(time.Second)}
 	cv.describe(sc)
 	b, _ := json.Marshal(cv)
-	cur, ok, err := s.q.store.SetValue(ctx, name, b, 0)
+	cur, ok, err := st.SetValue(ctx, name, b, 0)
 	if err != nil {
 		return cv, 0, err
 	}
@@ -703,7 +755,11 @@ func (s *Scheduler) cursor(ctx context.Context, sc *Schedule, now time.Time) (cu
 func (s *Scheduler) setCursor(ctx context.Context, sc *Schedule, rev int64, cv cursorValue) (int64, error) {
 	cv.describe(sc)
 	b, _ := json.Marshal(cv)
-	v, ok, err := s.q.store.SetValue(ctx, cursorName(s.q.tenant, sc.Name), b, rev)
+	st, err := s.q.cursorStore(ctx, sc.Name)
+	if err != nil {
+		return 0, err
+	}
+	v, ok, err := st.SetValue(ctx, cursorName(s.q.tenant, sc.Name), b, rev)
 	if err != nil || !ok {
 		return 0, err
 	}
@@ -714,7 +770,11 @@ func (s *Scheduler) setCursor(ctx context.Context, sc *Schedule, rev int64, cv c
 // on its revision, read again when another scheduler moved it meanwhile.
 func (s *Scheduler) advance(ctx context.Context, sc *Schedule, last time.Time) error {
 	name := cursorName(s.q.tenant, sc.Name)
-	v, err := s.q.store.Value(ctx, name)
+	st, err := s.q.cursorStore(ctx, sc.Name)
+	if err != nil {
+		return err
+	}
+	v, err := st.Value(ctx, name)
 	if err != nil {
 		return err
 	}
@@ -732,7 +792,7 @@ func (s *Scheduler) advance(ctx context.Context, sc *Schedule, last time.Time) e
 		cv.describe(sc)
 		b, _ := json.Marshal(cv)
 		var ok bool
-		if v, ok, err = s.q.store.SetValue(ctx, name, b, v.Revision); err != nil || ok {
+		if v, ok, err = st.SetValue(ctx, name, b, v.Revision); err != nil || ok {
 			return err
 		}
 		clock.Sleep(s.q.clock, ctx, time.Duration(rand.IntN(20))*time.Millisecond)
@@ -850,8 +910,12 @@ func (q *Queue) PauseSchedule(ctx context.Context, name string, paused bool) err
 		return fmt.Errorf("pause schedule: %w: name %q: %v", ErrInvalid, name, err)
 	}
 	cn := cursorName(q.tenant, name)
+	st, err := q.cursorStore(ctx, name)
+	if err != nil {
+		return fmt.Errorf("pause schedule %s: %w", name, err)
+	}
 	for try := 0; try < 8; try++ {
-		v, err := q.store.Value(ctx, cn)
+		v, err := st.Value(ctx, cn)
 		if err != nil {
 			return fmt.Errorf("pause schedule %s: %w", name, err)
 		}
@@ -867,7 +931,7 @@ func (q *Queue) PauseSchedule(ctx context.Context, name string, paused bool) err
 		}
 		cv.Paused = paused
 		b, _ := json.Marshal(cv)
-		if _, ok, err := q.store.SetValue(ctx, cn, b, v.Revision); err != nil || ok {
+		if _, ok, err := st.SetValue(ctx, cn, b, v.Revision); err != nil || ok {
 			if err != nil {
 				return fmt.Errorf("pause schedule %s: %w", name, err)
 			}
@@ -889,7 +953,7 @@ const MaxBackfill = 10_000
 // MaxBackfill occurrences. A backfill ignores sc's Overlap: its jobs may
 // run at once, as workers take them.
 func (q *Queue) Backfill(ctx context.Context, sc Schedule, from, to time.Time) (int, error) {
-	if err := sc.validate(q.store.Retention()); err != nil {
+	if err := sc.validate(q.retention()); err != nil {
 		return 0, fmt.Errorf("backfill: %w", err)
 	}
 	now := q.clock.Now()
@@ -898,9 +962,9 @@ func (q *Queue) Backfill(ctx context.Context, sc Schedule, from, to time.Time) (
 		return 0, fmt.Errorf("backfill %s: %w: from %v is after to %v", sc.Name, ErrInvalid, from, to)
 	case to.After(now):
 		return 0, fmt.Errorf("backfill %s: %w: to %v is in the future: its occurrences are the schedulers'", sc.Name, ErrInvalid, to)
-	case from.Before(now.Add(-q.store.Retention() / 2)):
+	case from.Before(now.Add(-q.retention() / 2)):
 		return 0, fmt.Errorf("backfill %s: %w: from %v is older than half the store's retention (%v): those jobs may be forgotten, and would run twice",
-			sc.Name, ErrInvalid, from, q.store.Retention())
+			sc.Name, ErrInvalid, from, q.retention())
 	}
 	var times []time.Time
 	for t := sc.spec.Next(from.Add(-time.Nanosecond)); !t.IsZero() && !t.After(to); t = sc.spec.Next(t) {

@@ -58,11 +58,17 @@ func (q *Queue) Signal(ctx context.Context, id, name string, payload []byte) err
 	if err := validName(name, 64, true); err != nil {
 		return fmt.Errorf("signal %s: %w: event name %q: %v", key, ErrInvalid, name, err)
 	}
-	if limit := q.store.MaxRecordSize() / 3; len(payload) > limit {
+	if limit := q.maxRecord() / 3; len(payload) > limit {
 		return fmt.Errorf("signal %s %s: %w: a payload of %d bytes, limit %d (a third of the store's record size: it is saved with the job, in base64)",
 			key, name, ErrInvalid, len(payload), limit)
 	}
-	j, err := q.Get(ctx, id)
+	// The store that holds the job (its shard, on a shard set) keeps its
+	// events: a job that has not ended stays where it is.
+	st, rec, err := q.holder(ctx, id)
+	var j *Job
+	if err == nil {
+		j, err = FromRecord(rec, q.clock.Now())
+	}
 	switch {
 	case err != nil:
 		return fmt.Errorf("signal %s: %w", name, err)
@@ -72,7 +78,7 @@ func (q *Queue) Signal(ctx context.Context, id, name string, payload []byte) err
 	if payload == nil {
 		payload = []byte{}
 	}
-	v, ok, err := q.store.SetValue(ctx, eventName(q.tenant, id, j.Created, name), payload, 0, etcdstore.Retained())
+	v, ok, err := st.SetValue(ctx, eventName(q.tenant, id, j.Created, name), payload, 0, etcdstore.Retained())
 	switch {
 	case err != nil:
 		return fmt.Errorf("signal %s %s: %w", key, name, err)
@@ -83,11 +89,12 @@ func (q *Queue) Signal(ctx context.Context, id, name string, payload []byte) err
 }
 
 // eventCame reports whether event (of job id, created then) was
-// signalled; "" never was. An error reading it counts as not yet.
-func (q *Queue) eventCame(ctx context.Context, event, id string, created time.Time) bool {
+// signalled, in st (the store that holds the job); "" never was. An error
+// reading it counts as not yet.
+func (q *Queue) eventCame(ctx context.Context, st *etcdstore.Store, event, id string, created time.Time) bool {
 	if event == "" {
 		return false
 	}
-	v, err := q.store.Value(ctx, eventName(q.tenant, id, created, event))
+	v, err := st.Value(ctx, eventName(q.tenant, id, created, event))
 	return err == nil && v.Revision != 0
 }

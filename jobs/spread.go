@@ -92,24 +92,24 @@ func (c *completer) advertise(ctx context.Context) {
 	val, _ := json.Marshal(advert{Zone: c.w.q.zone, Kinds: kinds, Name: c.w.name})
 	var done string // the owner advertised under
 	var rev int64
-	name := func(owner string) string { return advertPrefix(c.w.q.tenant) + owner + "/" + c.w.idName() }
+	name := func(owner string) string { return advertPrefix(c.w.q.tenant) + owner + "/" + c.idName() }
 	defer func() {
 		if done != "" {
 			dctx, cancel := c.w.q.clock.WithTimeout(context.Background(), 5*time.Second)
-			c.w.q.store.DeleteValue(dctx, name(done), rev)
+			c.st.DeleteValue(dctx, name(done), rev)
 			cancel()
 		}
 	}()
 	for fails := 0; ctx.Err() == nil; {
-		owner := c.w.q.store.Owner()
+		owner := c.st.Owner()
 		if owner != "" && owner != done {
-			v, ok, err := c.w.q.store.SetValue(ctx, name(owner), val, 0, etcdstore.OnSession())
+			v, ok, err := c.st.SetValue(ctx, name(owner), val, 0, etcdstore.OnSession())
 			switch {
-			case err == nil && c.w.q.store.Owner() != owner:
+			case err == nil && c.st.Owner() != owner:
 				// The session changed between the two: the advert may be on
 				// the new session's lease under the old owner. Take it back.
 				if ok {
-					c.w.q.store.DeleteValue(ctx, name(owner), v.Revision)
+					c.st.DeleteValue(ctx, name(owner), v.Revision)
 				}
 			case err == nil && (ok || string(v.Value) == string(val)):
 				done, rev, fails = owner, v.Revision, 0
@@ -156,7 +156,7 @@ func (c *completer) fallbackFor(e *entry) time.Duration {
 	if c.w.fallback == 0 || len(c.workers) == 0 {
 		return 0
 	}
-	me := c.w.q.store.Owner() + "/" + c.w.idName()
+	me := c.st.Owner() + "/" + c.idName()
 	var best string
 	var bestHash uint64
 	zoned := false // the job's zone has workers of its kind
@@ -230,4 +230,7 @@ func freeWorkerID(s *etcdstore.Store, n int) {
 }
 
 // idName is the worker's number as its advert names it.
-func (w *Worker) idName() string { return "w" + strconv.Itoa(w.id) }
+func (c *completer) idName() string { return "w" + strconv.Itoa(c.id) }
+
+// idName is the number of the worker's first completer's advert.
+func (w *Worker) idName() string { return w.comp.idName() }

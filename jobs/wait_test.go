@@ -17,7 +17,11 @@ func waitUntil(t *testing.T, q *Queue, id string, ok func(*Job) bool) *Job {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	for {
-		feed, err := q.store.Follow(ctx, q.tenant, etcdstore.FollowOptions{ID: id})
+		st, _, err := q.holder(ctx, id) // (its shard, on a shard set)
+		if err != nil {
+			t.Fatalf("follow %s: %v", id, err)
+		}
+		feed, err := st.Follow(ctx, q.tenant, etcdstore.FollowOptions{ID: id})
 		if err != nil {
 			t.Fatalf("follow %s: %v", id, err)
 		}

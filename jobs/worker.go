@@ -30,7 +30,6 @@ type Worker struct {
 	conc     int
 	drain    time.Duration
 	fallback time.Duration
-	id       int    // numbers the worker's advert beside others of its store (workerID)
 	name     string // WorkerName
 	log      *slog.Logger
 
@@ -42,7 +41,8 @@ type Worker struct {
 	running map[string]context.CancelCauseFunc // jobs running here, by id: Close's drain cancels them
 	closed  bool
 
-	comp *completer // nil without a completer
+	comp  *completer   // the first of comps; nil without a completer
+	comps []*completer // one per store: on a shard set, per shard
 }
 
 // errClosing is the cause of a running step's context when its worker
@@ -91,7 +91,7 @@ func NewWorker(q *Queue, kinds []Kind, opts ...WorkerOption) (*Worker, error) {
 	w.stopping, w.stop = context.WithCancel(context.Background())
 	for i := range kinds {
 		k := kinds[i]
-		if err := k.validate(q.store.Retention()); err != nil {
+		if err := k.validate(q.retention()); err != nil {
 			return nil, fmt.Errorf("new worker: %w", err)
 		}
 		if w.kinds[k.Name] != nil {
@@ -104,10 +104,25 @@ func NewWorker(q *Queue, kinds []Kind, opts ...WorkerOption) (*Worker, error) {
 			return nil, fmt.Errorf("new worker: %w", err)
 		}
 	}
+	if q.set != nil {
+		for _, k := range w.kinds {
+			if len(k.Limits) > 0 {
+				return nil, fmt.Errorf("new worker: %w: kind %s has per-key limits, which need one etcd cluster, not a shard set", ErrInvalid, k.Name)
+			}
+		}
+	}
 	if w.conc > 0 {
-		w.id = workerID(q.store)
-		w.comp = newCompleter(w)
-		w.comp.start()
+		if q.set == nil {
+			w.comps = []*completer{newCompleter(w, q.store, "")}
+		} else {
+			for _, n := range q.set.Shards() {
+				w.comps = append(w.comps, newCompleter(w, q.set.Shard(n), n))
+			}
+		}
+		w.comp = w.comps[0]
+		for _, c := range w.comps {
+			c.start()
+		}
 	}
 	return w, nil
 }
@@ -135,8 +150,10 @@ func (w *Worker) Close() error {
 	}
 	w.mu.Unlock()
 	w.wg.Wait(clk, context.Background())
-	if w.id != 0 {
-		freeWorkerID(w.q.store, w.id)
+	for _, c := range w.comps {
+		if c.id != 0 {
+			freeWorkerID(c.st, c.id)
+		}
 	}
 	return nil
 }
@@ -155,7 +172,7 @@ func (w *Worker) Running() int {
 // returned as it is, unrun. A job of a kind this worker did not register
 // is an error wrapping ErrUnknownKind.
 func (w *Worker) Run(ctx context.Context, id string) (*Job, error) {
-	rec, err := w.q.store.Get(ctx, w.q.Key(id))
+	st, rec, err := w.q.holder(ctx, id)
 	if err != nil {
 		return nil, fmt.Errorf("run: %w", err)
 	}
@@ -167,7 +184,7 @@ func (w *Worker) Run(ctx context.Context, id string) (*Job, error) {
 	switch {
 	case k == nil:
 		return j, fmt.Errorf("run %s: %w: %s", rec.Key, ErrUnknownKind, j.Kind)
-	case j.State == Waiting && j.NotBefore.After(w.q.clock.Now()) && !w.q.eventCame(ctx, j.Awaiting, id, j.Created):
+	case j.State == Waiting && j.NotBefore.After(w.q.clock.Now()) && !w.q.eventCame(ctx, st, j.Awaiting, id, j.Created):
 		return j, nil // its event has not come, nor its timeout
 	case j.State != Queued && j.State != Running && j.State != Waiting:
 		return j, nil
@@ -210,7 +227,7 @@ func (w *Worker) execute(ctx context.Context, id string, fp etcdstore.Fingerprin
 		opts = append(opts, etcdstore.WithDeadline(k.Deadline))
 	}
 	var held []heldSlot // limits' slots the attempt took: freed once its claim ends
-	_, err := w.q.store.Run(ctx, w.q.Key(id), fp, func(ctx context.Context, c *etcdstore.Claim) (etcdstore.Outcome, etcdstore.End) {
+	_, err := w.q.recs.Run(ctx, w.q.Key(id), fp, func(ctx context.Context, c *etcdstore.Claim) (etcdstore.Outcome, etcdstore.End) {
 		return w.attempt(ctx, c, k, &held)
 	}, opts...)
 	w.release(held)
@@ -230,7 +247,7 @@ func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind, held 
 	}
 	n := c.Takeovers() - st.Base
 	switch {
-	case st.Parked || st.NotBefore > w.q.clock.Now().UnixMilli() && st.Limited == "" && !w.q.eventCame(ctx, st.Awaiting, c.Key().ID, c.Created()):
+	case st.Parked || st.NotBefore > w.q.clock.Now().UnixMilli() && st.Limited == "" && !w.q.eventCame(ctx, c.Store(), st.Awaiting, c.Key().ID, c.Created()):
 		// (A job held back by a limit is tried whenever it is claimed:
 		// its workers claim it when a slot frees.)
 		return w.giveBack(ctx, c, st) // not this attempt's to run now
@@ -286,10 +303,10 @@ func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind, held 
 			// never run again: the job's end must fit before they do.
 			end := st.clone()
 			end.Outcome = Succeeded
-			if size, ok := fits(end, "", w.q.store.MaxRecordSize()); !ok {
+			if size, ok := fits(end, "", w.q.maxRecord()); !ok {
 				st.Done, st.Waits = st.Done[:len(st.Done)-1], waits
 				return w.stepFailed(ctx, c, st, k, step, n, fmt.Errorf("its checkpoint was refused: %w: the job's end would be %d bytes, limit %d",
-					etcdstore.ErrTooLarge, size, w.q.store.MaxRecordSize()))
+					etcdstore.ErrTooLarge, size, w.q.maxRecord()))
 			}
 		}
 		if err := checkpoint(ctx, w.q.clock, c, st.encode(), r.ops); err != nil {
@@ -313,7 +330,7 @@ func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind, held 
 		cuttable--
 	}
 	saved := st.clone()
-	out, ok := fit(st, "", w.q.store.MaxRecordSize(), cuttable)
+	out, ok := fit(st, "", w.q.maxRecord(), cuttable)
 	if !ok && unsaved {
 		// The last step's output outgrew the record: a failure of that
 		// step, as its checkpoint's refusal would be.
@@ -322,7 +339,7 @@ func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind, held 
 		st.Done = st.Done[:len(st.Done)-1]
 		st.Waits = slices.Clone(lastWaits)
 		return w.stepFailed(ctx, c, st, k, last, n, fmt.Errorf("its checkpoint was refused: %w: the job's state would be %d bytes, limit %d",
-			etcdstore.ErrTooLarge, len(saved.encode()), w.q.store.MaxRecordSize()))
+			etcdstore.ErrTooLarge, len(saved.encode()), w.q.maxRecord()))
 	}
 	if len(st.Truncated) > 0 {
 		w.log.Warn("idem: a job's end was cut to fit the record", "job", c.Key().Digest(), "cut", st.Truncated)
@@ -336,7 +353,7 @@ func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind, held 
 // (its parameters alone fill the record) ends with its error alone.
 func (w *Worker) end(c *etcdstore.Claim, st *state, errText string) (etcdstore.Outcome, etcdstore.End) {
 	st.Waits, st.Awaiting = nil, ""
-	out, ok := fit(st, errText, w.q.store.MaxRecordSize(), len(st.Done))
+	out, ok := fit(st, errText, w.q.maxRecord(), len(st.Done))
 	if len(st.Truncated) > 0 {
 		w.log.Warn("idem: a job's end was cut to fit the record", "job", c.Key().Digest(), "cut", st.Truncated)
 	}

@@ -483,6 +483,9 @@ func (s *Store) setPending(why string) {
 	s.pending = why
 }
 
+// Place returns the shard p puts key on.
+func (p Placement) Place(key etcdstore.Key) string { return p.place(key) }
+
 // place returns the shard p puts key on.
 func (p *Placement) place(key etcdstore.Key) string {
 	tenant := key.Tenant
