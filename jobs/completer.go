@@ -26,7 +26,7 @@ import (
 type completer struct {
 	w *Worker
 
-	mu     sync.Mutex
+	mu    sync.Mutex
 	st    *etcdstore.Store // the store (on a shard set, the shard) it follows; set once started
 	shard string           // on a shard set, the shard's name
 	id    int              // numbers the worker's advert beside others of its store (workerID)

@@ -121,7 +121,7 @@ type records interface {
 }
 
 func (q *Queue) retention() time.Duration { return q.limits.Retention }
-func (q *Queue) maxRecord() int            { return q.limits.MaxRecordSize }
+func (q *Queue) maxRecord() int           { return q.limits.MaxRecordSize }
 
 // holder returns the store that holds job id's record (on a shard set, its
 // shard: where its events are kept), with the record.
