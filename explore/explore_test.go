@@ -197,6 +197,12 @@ var expected = []string{
 	"path:event signalled twice",
 	"path:event's effect committed with the await's checkpoint",
 	"path:signal refused: another payload",
+	"path:job step ran on a shard set",
+	"path:job step ran on its old shard while keys moved",
+	"config:durable waits on a shard set",
+	"path:event delivered on a shard set",
+	"path:schedule ran on a shard set",
+	"path:schedule cursor carried over to its new shard",
 }
 
 // compactBehind compacts the shared etcd every few seconds, up to the

@@ -71,6 +71,28 @@ func (w *world) pickJobs() {
 	}
 }
 
+// jobsQueue is a queue on p's store, or, in a shard world, on its shard
+// set (jobs.NewOnShards), as idem serve makes one.
+func (w *world) jobsQueue(p *process, opts ...jobs.Option) (*jobs.Queue, error) {
+	if p.set != nil {
+		return jobs.NewOnShards(p.set, opts...)
+	}
+	return jobs.New(p.store, opts...)
+}
+
+// ranOnShard notes in the ledger a step of a job run on a shard set, and
+// whether it ran on a shard other than the job's home under the set p
+// knows in force: its old one, which keeps it until it ends.
+func (w *world) ranOnShard(p *process, r *jobs.Run) {
+	if p == nil || p.set == nil {
+		return
+	}
+	w.ledger.hit("path:job step ran on a shard set")
+	if p.set.Shard(p.set.Place(r.Key())) != r.Claim().Store() {
+		w.ledger.hit("path:job step ran on its old shard while keys moved")
+	}
+}
+
 // effectKey is the etcd key of a job step's committed effect.
 func (w *world) effectKey(id, what string) string { return w.effectsPrefix() + id + "/" + what }
 
@@ -100,6 +122,9 @@ func (w *world) jobKind(a *actor) jobs.Kind {
 			}
 			if ctx.Err() != nil && !deaf {
 				return nil, ctx.Err()
+			}
+			if a != nil {
+				w.ranOnShard(a.proc, r)
 			}
 			accepted, committed := effect(r)
 			via := "job"
@@ -160,7 +185,7 @@ func (w *world) jobKind(a *actor) jobs.Kind {
 // a few times, as a worker told to run it would.
 func (w *world) jobWorker(a *actor, p *process) {
 	id := jobKeys[w.rng.IntN(len(jobKeys))]
-	q, err := jobs.New(p.store)
+	q, err := w.jobsQueue(p)
 	if err != nil {
 		panic(err)
 	}
@@ -193,12 +218,9 @@ func (w *world) jobWorker(a *actor, p *process) {
 // actor of the first process: once faults stop, a job always ends. It
 // reports what did not.
 func (w *world) drainJobs(a *actor) []string {
-	if w.cfg.shards {
-		return nil // no jobs in a shard world
-	}
 	var bad []string
 	p := w.procs[0]
-	q, err := jobs.New(p.store)
+	q, err := w.jobsQueue(p)
 	if err != nil {
 		return []string{err.Error()}
 	}

@@ -75,10 +75,10 @@ func (w *world) pickSchedule(rng interface{ IntN(int) int }) time.Time {
 // startScheduler runs p's scheduler, on p's store and clock, for as long
 // as p lives.
 func (w *world) startScheduler(p *process) {
-	if w.sched == nil || p.store == nil {
+	if w.sched == nil {
 		return
 	}
-	q, err := jobs.New(p.store, w.zoneOf(p), jobs.WithLogger(slog.New(&ledgerLog{w: w, p: p})))
+	q, err := w.jobsQueue(p, w.zoneOf(p), jobs.WithLogger(slog.New(&ledgerLog{w: w, p: p})))
 	if err != nil {
 		panic(err)
 	}
@@ -90,6 +90,7 @@ func (w *world) startScheduler(p *process) {
 	// 20 s apart overlap or not.
 	tick := jobs.Kind{Name: "tick", MaxAttempts: 20, Backoff: time.Second, MaxBackoff: 4 * time.Second, Steps: []jobs.Step{
 		{Name: "work", Run: func(ctx context.Context, r *jobs.Run) ([]byte, error) {
+			w.ranOnShard(p, r)
 			h := fnv.New32a()
 			h.Write([]byte(r.Key().ID))
 			return nil, r.Sleep(time.Duration(h.Sum32()%51) * time.Second)
@@ -114,7 +115,7 @@ func (w *world) checkSchedule(hist map[string][]version) []string {
 	// The occurrences the shared cursor passed over: each write that
 	// moved it forward, from L1 to L2, passed over those in (L1, L2]. (A
 	// restore may take it back, or away: it is made again from then on.)
-	cursor := w.prefix + "j/s/" + jobTenant + "/" + w.sched.spec.Name
+	cursor := "j/s/" + jobTenant + "/" + w.sched.spec.Name // under the store's prefix, or a shard's
 	type span struct{ from, to time.Time }
 	var spans []span
 	var cur time.Time
@@ -122,7 +123,7 @@ func (w *world) checkSchedule(hist map[string][]version) []string {
 	// (Buffered, until Prev's job ends): not lost if not submitted yet.
 	var pending, restoredAway []time.Time
 	for _, ev := range w.feed.since(w.start+1, w.lastWrite+1) {
-		if string(ev.Kv.Key) != cursor {
+		if rest, ok := w.storeRest(string(ev.Kv.Key)); !ok || rest != cursor {
 			continue
 		}
 		if ev.Type == mvccpb.DELETE {
@@ -167,6 +168,9 @@ func (w *world) checkSchedule(hist map[string][]version) []string {
 		return nil
 	}
 	w.ledger.hit("path:schedule ran")
+	if w.cfg.shards {
+		w.ledger.hit("path:schedule ran on a shard set")
+	}
 	var bad []string
 	missing, wanted := 0, 0
 	inSpan := func(t time.Time) bool {
@@ -225,7 +229,7 @@ func (w *world) checkSchedule(hist map[string][]version) []string {
 // through faults; a resume that never lands leaves it paused, its
 // occurrences counted as skipped).
 func (w *world) pauser(a *actor, p *process) {
-	q, err := jobs.New(p.store, w.zoneOf(p))
+	q, err := w.jobsQueue(p, w.zoneOf(p))
 	if err != nil {
 		panic(err)
 	}

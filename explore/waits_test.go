@@ -51,7 +51,7 @@ func (w *world) pickWaits() {
 	for _, r := range w.cfg.retention {
 		shortest = min(shortest, r)
 	}
-	if w.cfg.shards || w.cfg.restores || shortest < time.Minute || w.rng.IntN(3) != 0 {
+	if w.cfg.restores || shortest < time.Minute || w.rng.IntN(3) != 0 {
 		return
 	}
 	w.durable = waitsConfig{on: true, sleep: time.Duration(1+w.rng.IntN(6)) * time.Second}
@@ -59,6 +59,9 @@ func (w *world) pickWaits() {
 		w.durable.timeout = time.Duration(2+w.rng.IntN(8)) * time.Second
 	}
 	w.ledger.hit("config:durable waits")
+	if w.cfg.shards {
+		w.ledger.hit("config:durable waits on a shard set")
+	}
 }
 
 // waitEv is what the wait jobs and signals did, in the schedule's order.
@@ -84,10 +87,10 @@ func (w *world) noteWait(e waitEv) {
 // startWaitWorker runs the wait kind's completer in p, as idem runs a
 // worker: it stops with the process.
 func (w *world) startWaitWorker(p *process) {
-	if !w.durable.on || p.store == nil {
+	if !w.durable.on {
 		return
 	}
-	q, err := jobs.New(p.store, w.zoneOf(p), jobs.WithLogger(slog.New(&ledgerLog{w: w, p: p})))
+	q, err := w.jobsQueue(p, w.zoneOf(p), jobs.WithLogger(slog.New(&ledgerLog{w: w, p: p})))
 	if err != nil {
 		panic(err)
 	}
@@ -106,6 +109,7 @@ func (w *world) waitKind(p *process) jobs.Kind {
 	return jobs.Kind{Name: "wait", MaxAttempts: 8, Backoff: time.Second, MaxBackoff: 4 * time.Second, Steps: []jobs.Step{
 		{Name: "nap", Run: func(ctx context.Context, r *jobs.Run) ([]byte, error) {
 			yield(ctx)
+			w.ranOnShard(p, r)
 			id, created := r.Key().ID, r.Claim().Created()
 			w.noteWait(waitEv{what: "nap", id: id, created: created, at: w.s.Now(), proc: p.name})
 			if err := r.Sleep(w.durable.sleep); err != nil {
@@ -116,6 +120,7 @@ func (w *world) waitKind(p *process) jobs.Kind {
 		}},
 		{Name: "approval", Run: func(ctx context.Context, r *jobs.Run) ([]byte, error) {
 			yield(ctx)
+			w.ranOnShard(p, r)
 			id, created := r.Key().ID, r.Claim().Created()
 			w.noteWait(waitEv{what: "await", id: id, created: created, at: w.s.Now(), proc: p.name})
 			payload, err := r.Await("go", w.durable.timeout)
@@ -125,6 +130,9 @@ func (w *world) waitKind(p *process) jobs.Kind {
 				return []byte("timeout"), nil
 			case err != nil:
 				return nil, err
+			}
+			if p.set != nil {
+				w.ledger.hit("path:event delivered on a shard set")
 			}
 			w.noteWait(waitEv{what: "got", id: id, created: created, at: w.s.Now(), proc: p.name, payload: string(payload)})
 			r.Commit(clientv3.OpPut(w.effectKey(id, "event"), string(payload)))
@@ -139,7 +147,7 @@ func (w *world) waitKind(p *process) jobs.Kind {
 // own.
 func (w *world) signaller(a *actor, p *process) {
 	id := waitKeys[w.rng.IntN(len(waitKeys))]
-	q, err := jobs.New(p.store, w.zoneOf(p))
+	q, err := w.jobsQueue(p, w.zoneOf(p))
 	if err != nil {
 		panic(err)
 	}
@@ -159,7 +167,7 @@ func (w *world) signaller(a *actor, p *process) {
 		if i == 1 {
 			target = w.procs[(p.slot+1+w.rng.IntN(len(w.procs)-1))%len(w.procs)]
 		}
-		tq, err := jobs.New(target.store)
+		tq, err := w.jobsQueue(target)
 		if err != nil {
 			panic(err)
 		}
@@ -182,7 +190,7 @@ func (w *world) drainWaits(a *actor) []string {
 	}
 	var bad []string
 	p := w.procs[0]
-	q, err := jobs.New(p.store, w.zoneOf(p))
+	q, err := w.jobsQueue(p, w.zoneOf(p))
 	if err != nil {
 		return []string{err.Error()}
 	}

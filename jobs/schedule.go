@@ -706,8 +706,10 @@ func (q *Queue) cursorStore(ctx context.Context, schedule string) (*etcdstore.St
 	if err != nil || ov.Revision == 0 {
 		return st, err
 	}
-	if _, _, err := st.SetValue(ctx, name, ov.Value, 0); err != nil {
+	if _, ok, err := st.SetValue(ctx, name, ov.Value, 0); err != nil {
 		return nil, err
+	} else if ok {
+		q.log.Info("idem: schedule: cursor carried over to the shard the set in force places it on", "schedule", schedule, "from", old, "to", home)
 	}
 	return st, nil
 }
