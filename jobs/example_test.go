@@ -18,6 +18,7 @@ import (
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/fencing"
 	"github.com/idem-dev/idem/jobs"
+	"github.com/idem-dev/idem/shard"
 )
 
 // endpoints returns the test cluster's endpoints (set by TestMain); in your
@@ -349,4 +350,52 @@ func Example_zone() {
 	fmt.Println(j.State, j.Zone, string(j.Output("build")))
 	// Output:
 	// succeeded eu-west-1 "built in eu-west-1"
+}
+
+func Example_shardSet() {
+	ctx, stop := context.WithTimeout(context.Background(), 30*time.Second)
+	defer stop()
+	// Two etcd clusters (here two prefixes of one): each job is kept on
+	// the shard its id is placed on, as package shard places keys.
+	var cfg shard.Config
+	for _, name := range []string{"eu", "us"} {
+		cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints(), Logger: zap.NewNop()})
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer cli.Close()
+		cfg.Shards = append(cfg.Shards, shard.Shard{Name: name, Client: cli,
+			Options: []etcdstore.Option{etcdstore.WithPrefix("/idem-example-shards/" + name + "/")}})
+	}
+	set, err := shard.New(ctx, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer set.Close()
+	q, err := jobs.NewOnShards(set)
+	if err != nil {
+		log.Fatal(err)
+	}
+	report := jobs.Kind{Name: "report", Steps: []jobs.Step{{Name: "build", Run: func(ctx context.Context, r *jobs.Run) ([]byte, error) {
+		return []byte(`"built"`), nil
+	}}}}
+	w, err := jobs.NewWorker(q, []jobs.Kind{report}) // a completer per shard
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer w.Close()
+	for _, id := range []string{"report-acme", "report-globex", "report-initech"} {
+		if _, err := q.Submit(ctx, id, "report", nil); err != nil {
+			log.Fatal(err)
+		}
+		j, err := q.Wait(ctx, id)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(id, j.State, "on shard", set.Place(j.Key))
+	}
+	// Output:
+	// report-acme succeeded on shard eu
+	// report-globex succeeded on shard eu
+	// report-initech succeeded on shard us
 }

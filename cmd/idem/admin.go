@@ -31,7 +31,8 @@ type adminCmd struct {
 	timeout time.Duration
 	fs      *flag.FlagSet
 	partial bool         // open shards whose client cannot be made, reporting them (status)
-	set     *shard.Admin // with --shards-file
+	set     *shard.Admin  // with --shards-file
+	setCfg  *shard.Config // with --shards-file: the set, its clients made
 }
 
 func newAdminCmd(name, synopsis string, stderr io.Writer) *adminCmd {
@@ -128,7 +129,7 @@ func (a *adminCmd) open(ctx context.Context, args []string, nargs int) (keyAdmin
 				cs[i].adm = sa.Shard(cs[i].name)
 			}
 		}
-		a.set = sa
+		a.set, a.setCfg = sa, &cfg
 		return sa, cs, cctx, done, nil
 	}
 	cli, err := a.etcd.client()

@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/jobs"
+	"github.com/idem-dev/idem/shard"
 )
 
 const jobsUsage = `usage: idem jobs COMMAND [flags]
@@ -68,8 +70,8 @@ func jobsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	return usageError{fmt.Errorf("unknown jobs command %q", args[0])}
 }
 
-// newJobsCmd is newAdminCmd for a jobs command: the jobs tenant by default,
-// and one etcd cluster (a Queue runs on one store).
+// newJobsCmd is newAdminCmd for a jobs command: the jobs tenant by
+// default.
 func newJobsCmd(name, synopsis string, stderr io.Writer) *adminCmd {
 	a := newAdminCmd("jobs "+name, "jobs "+synopsis, stderr)
 	a.tenant = jobs.DefaultTenant
@@ -78,17 +80,42 @@ func newJobsCmd(name, synopsis string, stderr io.Writer) *adminCmd {
 	return a
 }
 
-// queue opens a store on c with the workers' retention, and the queue of
-// the command's tenant: for the commands that write jobs.
-func (a *adminCmd) queue(ctx context.Context, c cluster, retention time.Duration, opts ...jobs.Option) (*jobs.Queue, func(), error) {
-	store, err := etcdstore.New(ctx, c.cli, etcdstore.WithPrefix(a.etcd.prefix), etcdstore.WithRetention(retention))
+// jobsTarget is where a jobs command finds the jobs: one etcd cluster, or
+// a shard set (--shards-file), each job on its key's shard.
+type jobsTarget struct {
+	keys     keyAdmin  // reads of records: the cluster's Admin, or the set's
+	clusters []cluster // every cluster: one without --shards-file
+}
+
+// queue opens a store with the workers' retention (on a shard set, a
+// store per shard, as a process of the set), and the queue of the
+// command's tenant: for the commands that write jobs.
+func (a *adminCmd) queue(ctx context.Context, t jobsTarget, retention time.Duration, opts ...jobs.Option) (*jobs.Queue, func(), error) {
+	sopts := []etcdstore.Option{etcdstore.WithPrefix(a.etcd.prefix), etcdstore.WithRetention(retention)}
+	if _, err := etcdstore.SettingsOf(sopts...); err != nil {
+		return nil, nil, usageError{err}
+	}
+	opts = append([]jobs.Option{jobs.WithTenant(a.tenant)}, opts...)
+	if a.setCfg != nil {
+		set, err := shard.New(ctx, *a.setCfg, sopts...)
+		if err != nil {
+			return nil, nil, usageError{err}
+		}
+		q, err := jobs.NewOnShards(set, opts...)
+		if err != nil {
+			set.Close()
+			return nil, nil, usageError{err}
+		}
+		return q, func() { set.Close() }, nil
+	}
+	store, err := etcdstore.New(ctx, t.clusters[0].cli, sopts...)
 	if err != nil {
 		if errors.Is(err, etcdstore.ErrInvalidArgument) {
 			return nil, nil, usageError{err}
 		}
 		return nil, nil, err
 	}
-	q, err := jobs.New(store, append([]jobs.Option{jobs.WithTenant(a.tenant)}, opts...)...)
+	q, err := jobs.New(store, opts...)
 	if err != nil {
 		store.Close()
 		return nil, nil, usageError{err}
@@ -96,17 +123,43 @@ func (a *adminCmd) queue(ctx context.Context, c cluster, retention time.Duration
 	return q, func() { store.Close() }, nil
 }
 
-// openJobs connects as the admin commands do, refusing --shards-file.
-func (a *adminCmd) openJobs(ctx context.Context, args []string, nargs int) (cluster, context.Context, func(), error) {
-	_, cs, cctx, done, err := a.open(ctx, args, nargs)
+// openJobs connects as the admin commands do: to one cluster, or to every
+// shard of --shards-file.
+func (a *adminCmd) openJobs(ctx context.Context, args []string, nargs int) (jobsTarget, context.Context, func(), error) {
+	keys, cs, cctx, done, err := a.open(ctx, args, nargs)
 	if err != nil {
-		return cluster{}, nil, nil, err
+		return jobsTarget{}, nil, nil, err
 	}
-	if a.shards != "" {
-		done()
-		return cluster{}, nil, nil, usageError{errors.New("--shards-file: jobs run on one etcd cluster; name it with --endpoints")}
+	return jobsTarget{keys: keys, clusters: cs}, cctx, done, nil
+}
+
+// schedules reads the schedules' cursors of every cluster of t: on a shard
+// set, each on the shard its name is placed on (while the set changes, a
+// cursor carried over is on two: the one further on is shown).
+func (a *adminCmd) schedules(ctx context.Context, t jobsTarget) ([]jobs.ScheduleInfo, error) {
+	var out []jobs.ScheduleInfo
+	at := map[string]int{}
+	for _, c := range t.clusters {
+		infos, err := jobs.Schedules(ctx, c.adm, a.tenant)
+		if err != nil {
+			if c.name != "" {
+				return nil, fmt.Errorf("shard %s: %w", c.name, err)
+			}
+			return nil, err
+		}
+		for _, si := range infos {
+			if i, ok := at[si.Name]; ok {
+				if si.Last.After(out[i].Last) {
+					out[i] = si
+				}
+				continue
+			}
+			at[si.Name] = len(out)
+			out = append(out, si)
+		}
 	}
-	return cs[0], cctx, done, nil
+	slices.SortFunc(out, func(x, y jobs.ScheduleInfo) int { return strings.Compare(x.Name, y.Name) })
+	return out, nil
 }
 
 // jobsSubmit submits a job from the command line (or a script in any
@@ -270,7 +323,7 @@ func jobsList(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	var out []*jobs.Job
 	var after *etcdstore.Key
 	for {
-		recs, err := c.adm.List(ctx, a.tenant, etcdstore.ListOptions{After: after, Limit: etcdstore.MaxListLimit})
+		recs, err := c.keys.List(ctx, a.tenant, etcdstore.ListOptions{After: after, Limit: etcdstore.MaxListLimit})
 		if err != nil && len(recs) == 0 {
 			return err
 		}
@@ -304,7 +357,7 @@ func jobsGet(ctx context.Context, args []string, stdout, stderr io.Writer) (err 
 	if err != nil {
 		return err
 	}
-	rec, err := c.adm.Get(ctx, key)
+	rec, err := c.keys.Get(ctx, key)
 	if err != nil {
 		return err
 	}
@@ -370,7 +423,7 @@ func jobsSchedules(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	defer done()
-	infos, err := jobs.Schedules(ctx, c.adm, a.tenant)
+	infos, err := a.schedules(ctx, c)
 	if err != nil {
 		return err
 	}
@@ -454,9 +507,13 @@ func jobsLimits(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 		return err
 	}
 	defer done()
-	slots, err := jobs.Slots(ctx, c.adm, a.tenant, *limit)
-	if err != nil {
-		return err
+	var slots []jobs.Slot
+	for _, cl := range c.clusters { // (a shard set runs no limits: none)
+		got, err := jobs.Slots(ctx, cl.adm, a.tenant, *limit)
+		if err != nil {
+			return err
+		}
+		slots = append(slots, got...)
 	}
 	type view struct {
 		Limit string    `json:"limit"`
@@ -563,7 +620,7 @@ func jobsBackfill(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	defer done()
-	infos, err := jobs.Schedules(ctx, c.adm, a.tenant)
+	infos, err := a.schedules(ctx, c)
 	if err != nil {
 		return err
 	}

@@ -283,14 +283,21 @@ func (c *serveConfig) edge(store backend, metrics *idemhttp.Metrics, log *slog.L
 	}
 	if c.upstream == "" {
 		var jc *idemhttp.JobsConfig
-		if st, ok := store.(*etcdstore.Store); ok { // jobs run on one cluster, not a shard set
-			opts := []jobs.Option{}
-			if c.zone != "" {
-				opts = append(opts, jobs.WithZone(c.zone))
-			}
+		opts := []jobs.Option{}
+		if c.zone != "" {
+			opts = append(opts, jobs.WithZone(c.zone))
+		}
+		switch st := store.(type) {
+		case *etcdstore.Store:
 			jc = &idemhttp.JobsConfig{Queue: func(t string) (*jobs.Queue, error) {
 				return jobs.New(st, append([]jobs.Option{jobs.WithTenant(t)}, opts...)...)
 			}}
+		case *shard.Store: // each job on its key's shard
+			jc = &idemhttp.JobsConfig{Queue: func(t string) (*jobs.Queue, error) {
+				return jobs.NewOnShards(st, append([]jobs.Option{jobs.WithTenant(t)}, opts...)...)
+			}}
+		}
+		if jc != nil {
 			if c.tlsClientCAFile != "" || c.tokens != nil || c.tenantHeader != "" {
 				jc.Tenant = tenant // the caller's tenant, as for keys
 			}

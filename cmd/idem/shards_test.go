@@ -2,12 +2,14 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/etcdtest"
 )
 
@@ -75,6 +77,42 @@ func TestServeShards(t *testing.T) {
 	}
 	if r := send(t, "POST", api.listen+"/v1/complete", "", `{"handle":`+string(c.Handle)+`,"outcome":{"body":"b2s="}}`); r.status != 200 {
 		t.Fatalf("complete over shards = %d %q", r.status, r.body)
+	}
+
+	// Jobs over the same shards: submitted through the worker API and the
+	// command line, each on its key's shard, found, signalled, cancelled.
+	for i := 0; i < 8; i++ {
+		id := fmt.Sprintf("job-%d", i)
+		if r := send(t, "POST", api.listen+"/v1/jobs", "", `{"id":"`+id+`","kind":"report","params":{"n":`+fmt.Sprint(i)+`}}`); r.status != 201 {
+			t.Fatalf("submit %s over shards = %d %q", id, r.status, r.body)
+		}
+		if r := send(t, "GET", api.listen+"/v1/jobs/"+id, "", ""); r.status != 200 || !strings.Contains(r.body, `"queued"`) {
+			t.Fatalf("get %s over shards = %d %q", id, r.status, r.body)
+		}
+		if r := send(t, "POST", api.listen+"/v1/jobs/"+id+"/signals/go", "", `{"payload":{"ok":true}}`); r.status != 202 {
+			t.Fatalf("signal %s over shards = %d %q", id, r.status, r.body)
+		}
+	}
+	if out, err := runCmd(t, "jobs", "ls", "--shards-file", file, "-w", "json"); err != nil || strings.Count(out, `"id":`) != 8 {
+		t.Fatalf("idem jobs ls over shards = %q, %v; want the 8 jobs", out, err)
+	}
+	if out, err := runCmd(t, "jobs", "submit", "--shards-file", file, "--params", `{"n":3}`, "job-3", "report"); err != nil || !strings.Contains(out, "job-3") {
+		t.Fatalf("idem jobs submit of an existing job over shards = %q, %v; want it returned", out, err)
+	}
+	if out, err := runCmd(t, "jobs", "submit", "--shards-file", file, "--params", `{"n":4}`, "job-3", "report"); !errors.Is(err, etcdstore.ErrMismatch) {
+		t.Fatalf("idem jobs submit with other params over shards = %q, %v; want a mismatch", out, err)
+	}
+	if out, err := runCmd(t, "jobs", "signal", "--shards-file", file, "--payload", `{"ok":true}`, "job-5", "go"); err != nil {
+		t.Fatalf("idem jobs signal over shards = %q, %v", out, err)
+	}
+	if out, err := runCmd(t, "jobs", "cancel", "--shards-file", file, "job-5"); err != nil || !strings.Contains(out, "cancelled") {
+		t.Fatalf("idem jobs cancel over shards = %q, %v", out, err)
+	}
+	if out, err := runCmd(t, "jobs", "get", "--shards-file", file, "job-5"); err != nil || !strings.Contains(out, "cancelled") {
+		t.Fatalf("idem jobs get over shards = %q, %v", out, err)
+	}
+	if out, err := runCmd(t, "jobs", "schedules", "--shards-file", file, "-w", "json"); err != nil || strings.TrimSpace(out) != "[]" {
+		t.Fatalf("idem jobs schedules over shards = %q, %v; want none", out, err)
 	}
 
 	// Shard a (the first: checks used to run one after another under one
