@@ -182,7 +182,7 @@ func TestJobsAcrossThreeDataCentres(t *testing.T) {
 		defer wcancel()
 		j, err := queues[i].Wait(wctx, id)
 		if err != nil || j.State != jobs.Succeeded {
-			t.Fatalf("job %s (seen from %s): %+v, %v", id, dcs[i], j, err)
+			t.Fatalf("job %s (seen from %s): %+v, %v\nthe workers' completers:\n%s", id, dcs[i], j, err, explain(id))
 		}
 	}
 	// ownerGone waits until a worker's session is gone, seen from member i
@@ -227,7 +227,7 @@ func TestJobsAcrossThreeDataCentres(t *testing.T) {
 			}
 		}
 		j, err := queues[0].Get(ctx, id)
-		t.Fatalf("%s never reached the state waited for: %+v %v", id, j, err)
+		t.Fatalf("%s never reached the state waited for: %+v %v\nthe workers' completers:\n%s", id, j, err, explain(id))
 		return nil
 	}
 	waitState("refund-1", func(j *jobs.Job) bool { return j.State == jobs.Scheduled }) // asleep: its wake-up time saved
@@ -705,7 +705,14 @@ func runJobWorker() int {
 		return 1
 	}
 	fmt.Println("ready", store.Owner())
-	io.Copy(io.Discard, os.Stdin)
+	// Until stdin closes: "explain ID" asks what the completer knows of a
+	// job (the test asks when a job does not run).
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		if id, ok := strings.CutPrefix(in.Text(), "explain "); ok {
+			say("explain %s %s", id, strconv.Quote(w.Explain(id)))
+		}
+	}
 	w.Close()
 	return 0
 }
@@ -788,9 +795,36 @@ func (s *stepSink) snapshot() map[string][]sinkCall {
 
 // jobWorker is a running worker process.
 type jobWorker struct {
-	cmd   *exec.Cmd
-	owner string
-	txns  atomic.Int64 // the Txns it last said it sent
+	cmd       *exec.Cmd
+	owner     string
+	txns      atomic.Int64 // the Txns it last said it sent
+	dc        int
+	stdin     io.WriteCloser
+	explained chan string // its answers to "explain ID"
+}
+
+// explain asks every worker still running what its completer knows of job
+// id: said when a job does not run, to tell why.
+func explain(id string) string {
+	workerLog.mu.Lock()
+	ws := slices.Clone(workerLog.workers)
+	workerLog.mu.Unlock()
+	var out []string
+	for _, w := range ws {
+		if w.cmd.ProcessState != nil {
+			continue // exited
+		}
+		if _, err := fmt.Fprintf(w.stdin, "explain %s\n", id); err != nil {
+			continue
+		}
+		select {
+		case a := <-w.explained:
+			out = append(out, fmt.Sprintf("worker of dc%d (%s): %s", w.dc, w.owner, a))
+		case <-time.After(5 * time.Second):
+			out = append(out, fmt.Sprintf("worker of dc%d (%s): no answer (stopped?)", w.dc, w.owner))
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // workerLog is every step start and end the workers printed, as the test
@@ -828,7 +862,7 @@ func startJobWorker(t *testing.T, dc int, env []string, steps chan<- stepLine) *
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	w := &jobWorker{cmd: cmd}
+	w := &jobWorker{cmd: cmd, dc: dc, stdin: stdin, explained: make(chan string, 1)}
 	workerLog.mu.Lock()
 	workerLog.workers = append(workerLog.workers, w)
 	workerLog.mu.Unlock()
@@ -840,6 +874,13 @@ func startJobWorker(t *testing.T, dc int, env []string, steps chan<- stepLine) *
 			switch {
 			case len(f) == 2 && f[0] == "ready":
 				ready <- f[1]
+			case len(f) >= 3 && f[0] == "explain":
+				if a, err := strconv.Unquote(strings.TrimPrefix(sc.Text(), "explain "+f[1]+" ")); err == nil {
+					select {
+					case w.explained <- a:
+					default:
+					}
+				}
 			case len(f) == 2 && f[0] == "txns":
 				n, _ := strconv.ParseInt(f[1], 10, 64)
 				w.txns.Store(n)

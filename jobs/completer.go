@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -109,11 +110,16 @@ func (c *completer) start() {
 	clk := c.w.q.clock
 	if c.st == nil {
 		c.w.wg.Go(clk, c.w.stopping, "job completer connect "+c.shard, func(ctx context.Context) {
-			for c.st == nil {
+			for {
 				if clock.Sleep(clk, ctx, time.Second) != nil {
 					return
 				}
-				c.st = c.w.q.set.Shard(c.shard)
+				if st := c.w.q.set.Shard(c.shard); st != nil {
+					c.mu.Lock()
+					c.st = st
+					c.mu.Unlock()
+					break
+				}
 			}
 			c.start()
 		})
@@ -708,4 +714,49 @@ func (c *completer) unblockHeldBy(id string) {
 			}
 		}
 	}
+}
+
+// Explain says what the worker's completers know of job id, and when they
+// would try it: for an operator, or a test, asking why a job does not run.
+// (One line per completer: on a shard set, one per shard.)
+func (w *Worker) Explain(id string) string {
+	if len(w.comps) == 0 {
+		return "no completer (Concurrency 0): the worker runs only what Run asks"
+	}
+	var out []string
+	for _, c := range w.comps {
+		out = append(out, c.explain(id))
+	}
+	return strings.Join(out, "\n")
+}
+
+func (c *completer) explain(id string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	where := ""
+	if c.shard != "" {
+		where = "shard " + c.shard + ": "
+	}
+	if c.st == nil {
+		return where + "not connected yet"
+	}
+	e := c.jobs[id]
+	if e == nil {
+		return where + "not in the index: not in flight here, or of a kind this worker does not run"
+	}
+	now := c.w.q.clock.Now()
+	at, ok := c.when(e, now)
+	queued := false
+	for _, it := range c.due {
+		queued = queued || it.id == id && it.version == e.version
+	}
+	ms := func(t time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		return t.Sub(now).Round(time.Millisecond).String()
+	}
+	return fmt.Sprintf("%srev %d owner %q (alive %v, ours %v) running=%v parked=%v held=%v awaiting=%q notBefore=%s retryAt=%s fails=%d limited=%q blocked=%q fallback=%v tryAt=%s (ok %v) queued=%v free=%d/%d workers=%d",
+		where, e.rev, e.owner, c.owners[e.owner], e.owner != "" && e.owner == c.st.Owner(), e.running, e.parked, e.held == e.rev, e.awaiting,
+		ms(e.notBefore), ms(e.retryAt), e.fails, e.limited, c.room(e), c.fallbackFor(e), ms(at), ok, queued, c.free, c.w.conc, len(c.workers))
 }

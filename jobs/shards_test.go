@@ -295,3 +295,35 @@ func TestShardSetRefusals(t *testing.T) {
 		t.Fatalf("NewOnShards(nil) = %v; want ErrInvalid", err)
 	}
 }
+
+// Worker.Explain says what each completer knows of a job: on a shard set,
+// a line per shard, the job in the index of its own shard only.
+func TestWorkerExplain(t *testing.T) {
+	ctx := testCtx(t)
+	set := newShardSet(t, testPrefix(t), 1, []string{"a", "b"}, nil)
+	q := newShardQueue(t, set)
+	k := Kind{Name: "later", Steps: []Step{{Name: "s", Run: func(context.Context, *Run) ([]byte, error) { return nil, nil }}}}
+	if got := newWorker(t, q, []Kind{k}, Concurrency(0)).Explain("x"); !strings.Contains(got, "no completer") {
+		t.Fatalf("Explain without a completer = %q", got)
+	}
+	w := newWorker(t, q, []Kind{k}, Concurrency(1))
+	if _, err := q.Submit(ctx, "in-an-hour", "later", nil, RunAt(time.Now().Add(time.Hour))); err != nil {
+		t.Fatal(err)
+	}
+	home := set.Place(q.Key("in-an-hour"))
+	waitFor(t, func() bool { return strings.Contains(w.Explain("in-an-hour"), "shard "+home+": rev") })
+	lines := strings.Split(w.Explain("in-an-hour"), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("Explain = %q; want a line per shard the set is configured with", lines)
+	}
+	for _, l := range lines {
+		switch {
+		case strings.HasPrefix(l, "shard "+home+": "):
+			if !strings.Contains(l, "queued=true") || !strings.Contains(l, `owner ""`) || !strings.Contains(l, "notBefore=59m") {
+				t.Fatalf("its shard's line %q; want it queued for in an hour", l)
+			}
+		case !strings.Contains(l, "not in the index"):
+			t.Fatalf("the other shard's line %q; want it not indexed there", l)
+		}
+	}
+}
