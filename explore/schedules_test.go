@@ -137,9 +137,10 @@ func (w *world) checkSchedule(hist map[string][]version) []string {
 			Last     time.Time `json:"last"`
 			Prev     time.Time `json:"prev"`
 			Buffered time.Time `json:"buffered"`
+			MovedTo  string    `json:"moved_to"`
 		}
-		if json.Unmarshal(ev.Kv.Value, &cv) != nil {
-			continue
+		if json.Unmarshal(ev.Kv.Value, &cv) != nil || cv.MovedTo != "" {
+			continue // (a tombstone: the cursor was carried to another shard)
 		}
 		pending = []time.Time{cv.Prev, cv.Buffered}
 		if !cur.IsZero() && cv.Last.After(cur) {

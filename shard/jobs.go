@@ -57,35 +57,37 @@ func (s *Store) EvictIf(ctx context.Context, key etcdstore.Key, rev int64) (bool
 // shortest retention and smallest record of the shards' options.
 func (s *Store) Settings() etcdstore.Settings {
 	var out etcdstore.Settings
-	for i, n := range s.names {
+	first := true
+	for _, n := range s.names {
 		got, err := etcdstore.SettingsOf(append(append([]etcdstore.Option{}, s.opts...), s.members[n].Options...)...)
 		if err != nil {
-			continue // New failed on it, and keeps failing: it never connects
+			continue // New fails on it, and keeps failing: it never connects
 		}
-		if i == 0 || got.Retention < out.Retention {
+		if first || got.Retention < out.Retention {
 			out.Retention = got.Retention
 		}
-		if i == 0 || got.MaxRecordSize < out.MaxRecordSize {
+		if first || got.MaxRecordSize < out.MaxRecordSize {
 			out.MaxRecordSize = got.MaxRecordSize
 		}
+		first = false
 	}
 	return out
 }
 
-// Places returns the shard the set in force puts key on, and the one its
+// Places returns the shard the set in force puts key on, the one its
 // previous placement did while the set hands keys over (else home again),
-// or ok false while no set is in force.
-func (s *Store) Places(key etcdstore.Key) (home, old string, ok bool) {
+// and the set's generation; or ok false while no set is in force.
+func (s *Store) Places(key etcdstore.Key) (home, old string, gen int64, ok bool) {
 	set, known := s.current()
 	if !known {
-		return "", "", false
+		return "", "", 0, false
 	}
 	home = set.Placement.place(key)
 	old = home
 	if p := set.handing(); p != nil {
 		old = p.place(key)
 	}
-	return home, old, true
+	return home, old, set.Generation, true
 }
 
 // Clock returns the clock the set's stores run on (Config.Clock).

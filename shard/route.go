@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/idem-dev/idem/etcdstore"
 )
@@ -181,6 +182,25 @@ func (s *Store) readShard(ctx context.Context, key etcdstore.Key) (*etcdstore.St
 	if !known {
 		return nil, nil, fmt.Errorf("get %s: %w: no shard set in force yet", key, etcdstore.ErrUnavailable)
 	}
+	st, rec, err := s.readUnder(ctx, key, set)
+	if errors.Is(err, etcdstore.ErrNotFound) {
+		// A read teaches nothing of a newer set (only a refused write
+		// does): a process that has not learnt one yet looks where the
+		// key no longer is. Read the set every shard records, and look
+		// again if it is newer. (Found by review: a job submitted under
+		// a new set was not found, and its event refused, by a process
+		// that had not learnt the set.)
+		s.load(ctx, 2*time.Second)
+		s.learn()
+		if now, _ := s.current(); now.after(set) {
+			return s.readUnder(ctx, key, now)
+		}
+	}
+	return st, rec, err
+}
+
+// readUnder is readShard under set.
+func (s *Store) readUnder(ctx context.Context, key etcdstore.Key, set Set) (*etcdstore.Store, *etcdstore.Record, error) {
 	name, rec, err := locate(ctx, key, set, func(n string) bool {
 		m, ok := s.markOf(n)
 		return ok && m.Generation == set.Generation

@@ -30,7 +30,7 @@ type adminCmd struct {
 	format  string
 	timeout time.Duration
 	fs      *flag.FlagSet
-	partial bool         // open shards whose client cannot be made, reporting them (status)
+	partial bool          // open shards whose client cannot be made, reporting them (status)
 	set     *shard.Admin  // with --shards-file
 	setCfg  *shard.Config // with --shards-file: the set, its clients made
 }
