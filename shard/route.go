@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/idem-dev/idem/etcdstore"
 )
@@ -190,7 +189,13 @@ func (s *Store) readShard(ctx context.Context, key etcdstore.Key) (*etcdstore.St
 		// again if it is newer. (Found by review: a job submitted under
 		// a new set was not found, and its event refused, by a process
 		// that had not learnt the set.)
-		s.load(ctx, 2*time.Second)
+		// (In the caller's goroutine, one shard after the other: bounded
+		// by ctx, as the read itself.)
+		for _, n := range s.names {
+			if st := s.store(n); st != nil {
+				st.LoadShardSet(ctx)
+			}
+		}
 		s.learn()
 		if now, _ := s.current(); now.after(set) {
 			return s.readUnder(ctx, key, now)
