@@ -699,7 +699,12 @@ func runJobWorker() int {
 		{Name: "report", MaxAttempts: 20, Backoff: 100 * time.Millisecond, Steps: []jobs.Step{step("gather"), step("send")}},
 		{Name: "refund", MaxAttempts: 20, Backoff: 100 * time.Millisecond, Steps: refund},
 	}
-	w, err := jobs.NewWorker(q, kinds, jobs.Concurrency(2))
+	// Four jobs at once: with two, the workers ran near saturation (the
+	// steps' work and the 3-DC round trips kept 5.4 of the 6 slots busy on
+	// an idle machine), and on a loaded one the refund waited a minute
+	// behind the occurrences due before it (the completers' Explain: no
+	// slot free on any worker, the refund queued).
+	w, err := jobs.NewWorker(q, kinds, jobs.Concurrency(4))
 	if err != nil {
 		fmt.Println("error", err)
 		return 1

@@ -723,7 +723,14 @@ func (w *Worker) Explain(id string) string {
 	if len(w.comps) == 0 {
 		return "no completer (Concurrency 0): the worker runs only what Run asks"
 	}
-	var out []string
+	w.mu.Lock()
+	running := make([]string, 0, len(w.running))
+	for r := range w.running {
+		running = append(running, r)
+	}
+	w.mu.Unlock()
+	slices.Sort(running)
+	out := []string{fmt.Sprintf("running here: %v", running)}
 	for _, c := range w.comps {
 		out = append(out, c.explain(id))
 	}
@@ -746,9 +753,12 @@ func (c *completer) explain(id string) string {
 	}
 	now := c.w.q.clock.Now()
 	at, ok := c.when(e, now)
-	queued := false
+	queued, dueNow := false, 0
 	for _, it := range c.due {
 		queued = queued || it.id == id && it.version == e.version
+		if !it.at.After(now) {
+			dueNow++
+		}
 	}
 	ms := func(t time.Time) string {
 		if t.IsZero() {
@@ -756,7 +766,7 @@ func (c *completer) explain(id string) string {
 		}
 		return t.Sub(now).Round(time.Millisecond).String()
 	}
-	return fmt.Sprintf("%srev %d owner %q (alive %v, ours %v) running=%v parked=%v held=%v awaiting=%q notBefore=%s retryAt=%s fails=%d limited=%q blocked=%q fallback=%v tryAt=%s (ok %v) queued=%v free=%d/%d workers=%d",
+	return fmt.Sprintf("%srev %d owner %q (alive %v, ours %v) running=%v parked=%v held=%v awaiting=%q notBefore=%s retryAt=%s fails=%d limited=%q blocked=%q fallback=%v tryAt=%s (ok %v) queued=%v (due now: %d, stale items included) free=%d/%d workers=%d",
 		where, e.rev, e.owner, c.owners[e.owner], e.owner != "" && e.owner == c.st.Owner(), e.running, e.parked, e.held == e.rev, e.awaiting,
-		ms(e.notBefore), ms(e.retryAt), e.fails, e.limited, c.room(e), c.fallbackFor(e), ms(at), ok, queued, c.free, c.w.conc, len(c.workers))
+		ms(e.notBefore), ms(e.retryAt), e.fails, e.limited, c.room(e), c.fallbackFor(e), ms(at), ok, queued, dueNow, c.free, c.w.conc, len(c.workers))
 }

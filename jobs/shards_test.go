@@ -313,10 +313,10 @@ func TestWorkerExplain(t *testing.T) {
 	home := set.Place(q.Key("in-an-hour"))
 	waitFor(t, func() bool { return strings.Contains(w.Explain("in-an-hour"), "shard "+home+": rev") })
 	lines := strings.Split(w.Explain("in-an-hour"), "\n")
-	if len(lines) != 3 {
+	if len(lines) != 4 || lines[0] != "running here: []" {
 		t.Fatalf("Explain = %q; want a line per shard the set is configured with", lines)
 	}
-	for _, l := range lines {
+	for _, l := range lines[1:] {
 		switch {
 		case strings.HasPrefix(l, "shard "+home+": "):
 			if !strings.Contains(l, "queued=true") || !strings.Contains(l, `owner ""`) || !strings.Contains(l, "notBefore=59m") {
