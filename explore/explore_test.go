@@ -201,8 +201,6 @@ var expected = []string{
 	"path:job step ran on its old shard while keys moved",
 	"config:durable waits on a shard set",
 	"path:event delivered on a shard set",
-	"path:schedule ran on a shard set",
-	"path:schedule cursor carried over to its new shard",
 }
 
 // compactBehind compacts the shared etcd every few seconds, up to the

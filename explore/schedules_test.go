@@ -137,10 +137,9 @@ func (w *world) checkSchedule(hist map[string][]version) []string {
 			Last     time.Time `json:"last"`
 			Prev     time.Time `json:"prev"`
 			Buffered time.Time `json:"buffered"`
-			MovedTo  string    `json:"moved_to"`
 		}
-		if json.Unmarshal(ev.Kv.Value, &cv) != nil || cv.MovedTo != "" {
-			continue // (a tombstone: the cursor was carried to another shard)
+		if json.Unmarshal(ev.Kv.Value, &cv) != nil {
+			continue
 		}
 		pending = []time.Time{cv.Prev, cv.Buffered}
 		if !cur.IsZero() && cv.Last.After(cur) {
@@ -169,9 +168,6 @@ func (w *world) checkSchedule(hist map[string][]version) []string {
 		return nil
 	}
 	w.ledger.hit("path:schedule ran")
-	if w.cfg.shards {
-		w.ledger.hit("path:schedule ran on a shard set")
-	}
 	var bad []string
 	missing, wanted := 0, 0
 	inSpan := func(t time.Time) bool {

@@ -289,12 +289,8 @@ func NewScheduler(q *Queue, schedules []Schedule) (*Scheduler, error) {
 		if seen[sc.Name] {
 			return nil, fmt.Errorf("new scheduler: %w: two schedules named %s", ErrInvalid, sc.Name)
 		}
-		if q.set != nil && sc.Overlap != OverlapAllowAll {
-			// Its decisions fence its occurrences' submissions with its
-			// cursor, in one Txn: on a shard set, the two are on
-			// different clusters.
-			return nil, fmt.Errorf("new scheduler: %w: schedule %s: overlap policy %s needs one etcd cluster; on a shard set only %s",
-				ErrInvalid, sc.Name, sc.Overlap, OverlapAllowAll)
+		if q.set != nil {
+			return nil, fmt.Errorf("new scheduler: %w: schedule %s: %s", ErrInvalid, sc.Name, errSchedulesOnShards)
 		}
 		seen[sc.Name] = true
 		s.schedules = append(s.schedules, &sc)
@@ -659,16 +655,7 @@ type cursorValue struct {
 	// job ends (OverlapBufferOne).
 	Prev     time.Time `json:"prev,omitzero"`
 	Buffered time.Time `json:"buffered,omitzero"`
-	// MovedTo, on a shard set, makes this a tombstone: the cursor was
-	// carried over to that shard under the set of generation MovedGen
-	// (Queue.cursorStore).
-	MovedTo  string `json:"moved_to,omitempty"`
-	MovedGen int64  `json:"moved_gen,omitempty"`
 }
-
-// errCursorMoved: the cursor read is a tombstone (another process carried
-// it to another shard meanwhile): read it again.
-var errCursorMoved = fmt.Errorf("%w: the schedule's cursor moved to another shard", etcdstore.ErrValueChanged)
 
 // describe fills what cv says of sc.
 func (cv *cursorValue) describe(sc *Schedule) {
@@ -676,147 +663,19 @@ func (cv *cursorValue) describe(sc *Schedule) {
 	cv.Overlap, cv.CatchUp, cv.DefaultParams = sc.Overlap.String(), sc.CatchUp.String(), sc.Params == nil
 }
 
+// errSchedulesOnShards says why a queue on a shard set runs no schedule.
+const errSchedulesOnShards = "schedules need one etcd cluster: a schedule's cursor is an etcd value, which a shard set does not hand over between shards when it changes (yet); run schedules on a queue of one cluster"
+
 // cursorName is the name of a schedule's cursor among the store's values
 // (etcdstore.Value): s/<tenant>/<schedule>.
 func cursorName(tenant, schedule string) string { return "s/" + tenant + "/" + schedule }
-
-// cursorStore returns the store that keeps schedule's cursor: on a shard
-// set, the shard the set in force places the key s/<schedule> of the
-// queue's tenant on.
-//
-// A cursor is a value, and values are not handed over with the keys: a
-// set change that places the name elsewhere leaves the cursor where it
-// was. The first scheduler (or pause) that finds no live cursor at the
-// name's home looks on every shard of the set (each must answer: else
-// ErrUnavailable) and carries the one it finds over: a copy at the home,
-// by compare-and-set, then a tombstone where it was (MovedTo: the home,
-// with the set's generation), by compare-and-set too, so that the old
-// copy never comes back (a later set that places the name there again
-// finds the tombstone and carries the cursor back). A process still on
-// an older set that finds a tombstone of a newer one follows it. Occurrences
-// an old scheduler submits from the old copy meanwhile have the same ids:
-// each is still one job (only allow-all schedules run on a set).
-func (q *Queue) cursorStore(ctx context.Context, schedule string) (*etcdstore.Store, error) {
-	if q.set == nil {
-		return q.store, nil
-	}
-	key := etcdstore.Key{Tenant: q.tenant, ID: "s/" + schedule}
-	name := cursorName(q.tenant, schedule)
-	for try := 0; try < 8; try++ {
-		home, _, gen, ok := q.set.Places(key)
-		if !ok {
-			return nil, fmt.Errorf("schedule %s: %w: no shard set in force yet", schedule, etcdstore.ErrUnavailable)
-		}
-		st := q.set.Shard(home)
-		if st == nil {
-			return nil, fmt.Errorf("schedule %s: %w: shard %s (its cursor's) is not connected", schedule, etcdstore.ErrUnavailable, home)
-		}
-		v, err := st.Value(ctx, name)
-		if err != nil {
-			return nil, err
-		}
-		var hv cursorValue
-		if v.Revision != 0 && (json.Unmarshal(v.Value, &hv) != nil || hv.MovedTo == "") {
-			return st, nil // live here (or damaged: cursor says so)
-		}
-		if v.Revision != 0 && hv.MovedGen > gen {
-			// Moved on by a set this process has not learnt yet.
-			if to := q.set.Shard(hv.MovedTo); to != nil {
-				return to, nil
-			}
-			return nil, fmt.Errorf("schedule %s: %w: its cursor moved to shard %s, not connected", schedule, etcdstore.ErrUnavailable, hv.MovedTo)
-		}
-		from, fv, err := q.liveCursor(ctx, name, home)
-		if err != nil {
-			return nil, fmt.Errorf("schedule %s: looking for its cursor: %w", schedule, err)
-		}
-		if from == "" {
-			return st, nil // none anywhere: a new schedule, made here
-		}
-		if _, ok, err := st.SetValue(ctx, name, fv.Value, v.Revision); err != nil {
-			return nil, err
-		} else if !ok {
-			continue // another carried it over, or made one here: look again
-		}
-		copied := fv
-		tomb, _ := json.Marshal(cursorValue{MovedTo: home, MovedGen: gen})
-		fst := q.set.Shard(from)
-		for fv.Revision != 0 {
-			_, ok, err := fst.SetValue(ctx, name, tomb, fv.Revision)
-			if err != nil {
-				return nil, fmt.Errorf("schedule %s: leaving a tombstone of its cursor on shard %s: %w", schedule, from, err)
-			}
-			if ok {
-				break
-			}
-			// An old scheduler moved it meanwhile: tombstone what it is now.
-			if fv, err = fst.Value(ctx, name); err != nil {
-				return nil, err
-			}
-			var cv cursorValue
-			if fv.Revision != 0 && json.Unmarshal(fv.Value, &cv) == nil && cv.MovedTo != "" {
-				break // carried over by another
-			}
-		}
-		q.log.Info("idem: schedule: cursor carried over to the shard the set in force places it on", "schedule", schedule, "from", from, "to", home)
-		if fv.Revision != 0 && fv.Revision != copied.Revision {
-			// What the old copy passed meanwhile is passed here too.
-			var cv cursorValue
-			if json.Unmarshal(fv.Value, &cv) == nil && cv.MovedTo == "" {
-				if err := q.advanceTo(ctx, st, name, cv.Last); err != nil {
-					return nil, err
-				}
-			}
-		}
-		return st, nil
-	}
-	return nil, fmt.Errorf("schedule %s: %w: its cursor kept moving between shards", schedule, etcdstore.ErrUnavailable)
-}
-
-// newerTombstone reports whether cursor value cv is a tombstone left by a
-// set newer than the one this process knows in force.
-func (q *Queue) newerTombstone(cv cursorValue) bool {
-	if q.set == nil || cv.MovedTo == "" {
-		return false
-	}
-	_, _, gen, ok := q.set.Places(etcdstore.Key{Tenant: q.tenant})
-	return !ok || cv.MovedGen > gen
-}
-
-// liveCursor looks for a live cursor (not a tombstone) named name on
-// every shard of the set but home: the shard and the value, or "" when
-// there is none. A shard that does not answer may hold it: an error.
-func (q *Queue) liveCursor(ctx context.Context, name, home string) (string, etcdstore.Value, error) {
-	for _, n := range q.set.Shards() {
-		if n == home {
-			continue
-		}
-		st := q.set.Shard(n)
-		if st == nil {
-			return "", etcdstore.Value{}, fmt.Errorf("%w: shard %s is not connected, and may hold it", etcdstore.ErrUnavailable, n)
-		}
-		v, err := st.Value(ctx, name)
-		if err != nil {
-			return "", etcdstore.Value{}, fmt.Errorf("shard %s: %w", n, err)
-		}
-		var cv cursorValue
-		if v.Revision != 0 && json.Unmarshal(v.Value, &cv) == nil && cv.MovedTo == "" {
-			return n, v, nil
-		}
-	}
-	return "", etcdstore.Value{}, nil
-}
 
 // cursor reads sc's cursor, creating it MaxSkew before now when the
 // schedule is new (so a new schedule starts with its next occurrences, not
 // its past).
 func (s *Scheduler) cursor(ctx context.Context, sc *Schedule, now time.Time) (cursorValue, int64, error) {
 	name := cursorName(s.q.tenant, sc.Name)
-	st, err := s.q.cursorStore(ctx, sc.Name)
-	if err != nil {
-		return cursorValue{}, 0, err
-	}
-	v, err := st.Value(ctx, name)
+	v, err := s.q.store.Value(ctx, name)
 	if err != nil {
 		return cursorValue{}, 0, err
 	}
@@ -825,20 +684,13 @@ func (s *Scheduler) cursor(ctx context.Context, sc *Schedule, now time.Time) (cu
 		if err := json.Unmarshal(v.Value, &cv); err != nil {
 			return cursorValue{}, 0, fmt.Errorf("schedule %s: cursor %s: %w", sc.Name, name, err)
 		}
-		if cv.MovedTo == "" {
-			return cv, v.Revision, nil
-		}
-		if s.q.newerTombstone(cv) {
-			return cursorValue{}, 0, errCursorMoved // carried on meanwhile: read it again
-		}
-		// A tombstone of an older move, and no live cursor anywhere
-		// (cursorStore looked): made anew over it.
+		return cv, v.Revision, nil
 	}
 	// MaxSkew back: this scheduler's clock may run ahead of the others'.
 	cv = cursorValue{Last: now.Add(-sc.MaxSkew).UTC().Truncate(time.Second)}
 	cv.describe(sc)
 	b, _ := json.Marshal(cv)
-	cur, ok, err := st.SetValue(ctx, name, b, v.Revision)
+	cur, ok, err := s.q.store.SetValue(ctx, name, b, 0)
 	if err != nil {
 		return cv, 0, err
 	}
@@ -857,11 +709,7 @@ func (s *Scheduler) cursor(ctx context.Context, sc *Schedule, now time.Time) (cu
 func (s *Scheduler) setCursor(ctx context.Context, sc *Schedule, rev int64, cv cursorValue) (int64, error) {
 	cv.describe(sc)
 	b, _ := json.Marshal(cv)
-	st, err := s.q.cursorStore(ctx, sc.Name)
-	if err != nil {
-		return 0, err
-	}
-	v, ok, err := st.SetValue(ctx, cursorName(s.q.tenant, sc.Name), b, rev)
+	v, ok, err := s.q.store.SetValue(ctx, cursorName(s.q.tenant, sc.Name), b, rev)
 	if err != nil || !ok {
 		return 0, err
 	}
@@ -872,11 +720,7 @@ func (s *Scheduler) setCursor(ctx context.Context, sc *Schedule, rev int64, cv c
 // on its revision, read again when another scheduler moved it meanwhile.
 func (s *Scheduler) advance(ctx context.Context, sc *Schedule, last time.Time) error {
 	name := cursorName(s.q.tenant, sc.Name)
-	st, err := s.q.cursorStore(ctx, sc.Name)
-	if err != nil {
-		return err
-	}
-	v, err := st.Value(ctx, name)
+	v, err := s.q.store.Value(ctx, name)
 	if err != nil {
 		return err
 	}
@@ -887,9 +731,6 @@ func (s *Scheduler) advance(ctx context.Context, sc *Schedule, last time.Time) e
 				return fmt.Errorf("schedule %s: cursor %s: %w", sc.Name, name, err)
 			}
 		}
-		if cv.MovedTo != "" {
-			return errCursorMoved
-		}
 		if !last.After(cv.Last) {
 			return nil
 		}
@@ -897,34 +738,12 @@ func (s *Scheduler) advance(ctx context.Context, sc *Schedule, last time.Time) e
 		cv.describe(sc)
 		b, _ := json.Marshal(cv)
 		var ok bool
-		if v, ok, err = st.SetValue(ctx, name, b, v.Revision); err != nil || ok {
+		if v, ok, err = s.q.store.SetValue(ctx, name, b, v.Revision); err != nil || ok {
 			return err
 		}
 		clock.Sleep(s.q.clock, ctx, time.Duration(rand.IntN(20))*time.Millisecond)
 	}
 	return fmt.Errorf("schedule %s: the cursor kept moving", sc.Name)
-}
-
-// advanceTo moves the cursor name in st forward to last, never back,
-// keeping the rest of it: what an old copy passed while it was carried
-// over (Queue.cursorStore).
-func (q *Queue) advanceTo(ctx context.Context, st *etcdstore.Store, name string, last time.Time) error {
-	for try := 0; try < 8; try++ {
-		v, err := st.Value(ctx, name)
-		if err != nil {
-			return err
-		}
-		var cv cursorValue
-		if v.Revision == 0 || json.Unmarshal(v.Value, &cv) != nil || cv.MovedTo != "" || !last.After(cv.Last) {
-			return nil
-		}
-		cv.Last = last.UTC()
-		b, _ := json.Marshal(cv)
-		if _, ok, err := st.SetValue(ctx, name, b, v.Revision); err != nil || ok {
-			return err
-		}
-	}
-	return fmt.Errorf("%w: cursor %s kept moving", etcdstore.ErrUnavailable, name)
 }
 
 func (sc *Schedule) specString() string {
@@ -1014,8 +833,8 @@ func Schedules(ctx context.Context, admin *etcdstore.Admin, tenant string) ([]Sc
 	var out []ScheduleInfo
 	for _, v := range vs {
 		var cv cursorValue
-		if err := json.Unmarshal(v.Value, &cv); err != nil || cv.MovedTo != "" {
-			continue // (a tombstone: the cursor was carried to another shard)
+		if err := json.Unmarshal(v.Value, &cv); err != nil {
+			continue
 		}
 		si := ScheduleInfo{Name: v.Name[len(prefix):], Kind: cv.Kind, Spec: cv.Spec, Location: cv.Location, Overlap: cv.Overlap,
 			CatchUp: cv.CatchUp, Paused: cv.Paused, Last: cv.Last, Prev: cv.Prev, Buffered: cv.Buffered, DefaultParams: cv.DefaultParams}
@@ -1036,34 +855,28 @@ func (q *Queue) PauseSchedule(ctx context.Context, name string, paused bool) err
 	if err := validName(name, 64, true); err != nil {
 		return fmt.Errorf("pause schedule: %w: name %q: %v", ErrInvalid, name, err)
 	}
+	if q.set != nil {
+		return fmt.Errorf("pause schedule %s: %w: %s", name, ErrInvalid, errSchedulesOnShards)
+	}
 	cn := cursorName(q.tenant, name)
 	for try := 0; try < 8; try++ {
-		st, err := q.cursorStore(ctx, name)
+		v, err := q.store.Value(ctx, cn)
 		if err != nil {
 			return fmt.Errorf("pause schedule %s: %w", name, err)
 		}
-		v, err := st.Value(ctx, cn)
-		if err != nil {
-			return fmt.Errorf("pause schedule %s: %w", name, err)
+		if v.Revision == 0 {
+			return fmt.Errorf("pause schedule %s: %w: no scheduler ran it (tenant %s)", name, etcdstore.ErrNotFound, q.tenant)
 		}
 		var cv cursorValue
-		if v.Revision != 0 {
-			if err := json.Unmarshal(v.Value, &cv); err != nil {
-				return fmt.Errorf("pause schedule %s: cursor: %w", name, err)
-			}
-		}
-		if cv.MovedTo != "" && q.newerTombstone(cv) {
-			continue // carried on meanwhile
-		}
-		if v.Revision == 0 || cv.MovedTo != "" {
-			return fmt.Errorf("pause schedule %s: %w: no scheduler ran it (tenant %s)", name, etcdstore.ErrNotFound, q.tenant)
+		if err := json.Unmarshal(v.Value, &cv); err != nil {
+			return fmt.Errorf("pause schedule %s: cursor: %w", name, err)
 		}
 		if cv.Paused == paused {
 			return nil
 		}
 		cv.Paused = paused
 		b, _ := json.Marshal(cv)
-		if _, ok, err := st.SetValue(ctx, cn, b, v.Revision); err != nil || ok {
+		if _, ok, err := q.store.SetValue(ctx, cn, b, v.Revision); err != nil || ok {
 			if err != nil {
 				return fmt.Errorf("pause schedule %s: %w", name, err)
 			}
