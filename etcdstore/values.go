@@ -89,7 +89,19 @@ func (a *Admin) values(ctx context.Context, key string, prefix bool) ([]Value, e
 // ValueOption configures SetValue.
 type ValueOption func(*valueConfig)
 
-type valueConfig struct{ retained, session bool }
+type valueConfig struct {
+	retained, session bool
+	setRev            int64 // ValueUnderShardSet
+}
+
+// ValueUnderShardSet guards the write with the shard set recorded at
+// revision rev (ShardSetValue), as UnderShardSet guards a claim: a write
+// decided under a set that is no longer this shard's is refused with an
+// error wrapping ErrSetChanged (and the store notes the new set). Package
+// shard writes the values it places by key so (shard.Store.SetValue).
+func ValueUnderShardSet(rev int64) ValueOption {
+	return func(c *valueConfig) { c.setRev = rev }
+}
 
 // Retained puts the value on a retention lease, as a record: it is deleted
 // once the store's retention has passed since this write, instead of being
@@ -115,10 +127,18 @@ func (s *Store) SetValue(ctx context.Context, name string, value []byte, rev int
 	for _, o := range opts {
 		o(&cfg)
 	}
+	if cfg.setRev < 0 {
+		return Value{}, false, fmt.Errorf("set value %q: %w: shard set revision %d", name, ErrInvalidArgument, cfg.setRev)
+	}
 	key := s.ks.values() + name
-	cmp := clientv3.Compare(clientv3.ModRevision(key), "=", rev)
+	cmp := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", rev)}
 	if rev == 0 {
-		cmp = clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+		cmp[0] = clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+	}
+	orElse := []clientv3.Op{clientv3.OpGet(key)}
+	if cfg.setRev != 0 {
+		cmp = append(cmp, s.setCond(cfg.setRev).cmp())
+		orElse = append(orElse, clientv3.OpGet(s.setKey()))
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
@@ -140,7 +160,7 @@ func (s *Store) SetValue(ctx context.Context, name string, value []byte, rev int
 			put = append(put, clientv3.WithLease(id))
 		}
 		err = s.kv.Do(ctx, func(ctx context.Context) (err error) {
-			resp, err = s.client.Txn(ctx).If(cmp).Then(clientv3.OpPut(key, string(value), put...)).Else(clientv3.OpGet(key)).Commit()
+			resp, err = s.client.Txn(ctx).If(cmp...).Then(clientv3.OpPut(key, string(value), put...)).Else(orElse...).Commit()
 			return err
 		})
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) && !refreshed && !cfg.session {
@@ -158,6 +178,16 @@ func (s *Store) SetValue(ctx context.Context, name string, value []byte, rev int
 			s.noteSet(v)
 		}
 		return v, true, nil
+	}
+	if cfg.setRev != 0 {
+		set := Value{Name: ShardSetValue}
+		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) == 1 {
+			set.Value, set.Revision = kvs[0].Value, kvs[0].ModRevision
+		}
+		if set.Revision != cfg.setRev {
+			s.noteSet(set)
+			return Value{}, false, fmt.Errorf("set value %q: %w", name, ErrSetChanged)
+		}
 	}
 	cur := Value{Name: name}
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {

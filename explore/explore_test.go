@@ -201,6 +201,8 @@ var expected = []string{
 	"path:job step ran on its old shard while keys moved",
 	"config:durable waits on a shard set",
 	"path:event delivered on a shard set",
+	"path:schedule ran on a shard set",
+	"path:placed value (a schedule's cursor) handed over to its new shard",
 }
 
 // compactBehind compacts the shared etcd every few seconds, up to the

@@ -16,6 +16,7 @@ import (
 	"github.com/idem-dev/idem/clock"
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/jobs"
+	"github.com/idem-dev/idem/shard"
 )
 
 // Schedule worlds: every process runs a scheduler of one schedule (a
@@ -115,7 +116,12 @@ func (w *world) checkSchedule(hist map[string][]version) []string {
 	// The occurrences the shared cursor passed over: each write that
 	// moved it forward, from L1 to L2, passed over those in (L1, L2]. (A
 	// restore may take it back, or away: it is made again from then on.)
-	cursor := "j/s/" + jobTenant + "/" + w.sched.spec.Name // under the store's prefix, or a shard's
+	// Under the store's prefix; in a shard world, a value placed by key
+	// under a shard's (a marker where it was handed over from: no cursor).
+	cursor := "j/s/" + jobTenant + "/" + w.sched.spec.Name
+	if w.cfg.shards {
+		cursor = "j/" + shard.ValueName(etcdstore.Key{Tenant: jobTenant, ID: "schedule." + w.sched.spec.Name})
+	}
 	type span struct{ from, to time.Time }
 	var spans []span
 	var cur time.Time
@@ -168,6 +174,9 @@ func (w *world) checkSchedule(hist map[string][]version) []string {
 		return nil
 	}
 	w.ledger.hit("path:schedule ran")
+	if w.cfg.shards {
+		w.ledger.hit("path:schedule ran on a shard set")
+	}
 	var bad []string
 	missing, wanted := 0, 0
 	inSpan := func(t time.Time) bool {

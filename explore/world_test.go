@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/jobs"
 	"github.com/idem-dev/idem/etcdtest"
 	"github.com/idem-dev/idem/fencing"
 	"github.com/idem-dev/idem/idemgrpc"
@@ -241,9 +242,12 @@ func (w *world) pickConfig() {
 	}
 	if w.cfg.shards = w.rng.IntN(4) == 0; w.cfg.shards {
 		w.pickShards()
-		// Schedules need one cluster (NewScheduler refuses a shard set:
-		// a cursor is a value, which the set does not hand over).
-		w.sched = nil
+		if w.sched != nil && w.sched.spec.Overlap != jobs.OverlapAllowAll {
+			// A policy that keeps occurrences apart fences their
+			// submission with the cursor in one Txn: one cluster only
+			// (NewScheduler refuses it on a shard set).
+			w.sched.spec.Overlap = jobs.OverlapAllowAll
+		}
 	}
 	if mixed {
 		w.ledger.hit("config:mixed retentions")
@@ -412,6 +416,8 @@ func (l *ledgerLog) Handle(_ context.Context, r slog.Record) error {
 		l.w.ledger.hit("path:job taken in its preferred worker's place")
 	case msg == "job waits for a limit":
 		l.w.ledger.hit("path:job held back by a limit")
+	case msg == "placed value handed over":
+		l.w.ledger.hit("path:placed value (a schedule's cursor) handed over to its new shard")
 	case msg == "schedule: submitting the buffered occurrence: the previous one ended":
 		l.w.ledger.hit("path:buffered occurrence submitted when the previous ended")
 	case msg == "schedule: submitting an occurrence decided to run but not submitted":

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idem-dev/idem/clock"
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/shard"
 )
 
 // Schedule turns a cron expression or an interval into jobs, one per
@@ -289,8 +290,12 @@ func NewScheduler(q *Queue, schedules []Schedule) (*Scheduler, error) {
 		if seen[sc.Name] {
 			return nil, fmt.Errorf("new scheduler: %w: two schedules named %s", ErrInvalid, sc.Name)
 		}
-		if q.set != nil {
-			return nil, fmt.Errorf("new scheduler: %w: schedule %s: %s", ErrInvalid, sc.Name, errSchedulesOnShards)
+		if q.set != nil && sc.Overlap != OverlapAllowAll {
+			// Its decisions fence its occurrences' submissions with its
+			// cursor, in one Txn: on a shard set, the two are on
+			// different clusters.
+			return nil, fmt.Errorf("new scheduler: %w: schedule %s: overlap policy %s needs one etcd cluster (its decisions fence each occurrence's submission with the cursor in one transaction); on a shard set only %s",
+				ErrInvalid, sc.Name, sc.Overlap, OverlapAllowAll)
 		}
 		seen[sc.Name] = true
 		s.schedules = append(s.schedules, &sc)
@@ -663,45 +668,101 @@ func (cv *cursorValue) describe(sc *Schedule) {
 	cv.Overlap, cv.CatchUp, cv.DefaultParams = sc.Overlap.String(), sc.CatchUp.String(), sc.Params == nil
 }
 
-// errSchedulesOnShards says why a queue on a shard set runs no schedule.
-const errSchedulesOnShards = "schedules need one etcd cluster: a schedule's cursor is an etcd value, which a shard set does not hand over between shards when it changes (yet); run schedules on a queue of one cluster"
-
 // cursorName is the name of a schedule's cursor among the store's values
 // (etcdstore.Value): s/<tenant>/<schedule>.
 func cursorName(tenant, schedule string) string { return "s/" + tenant + "/" + schedule }
+
+// cursorKey is the key a schedule's cursor goes with on a shard set: the
+// shard that places it keeps the cursor (shard.Store.GetValue), and hands
+// it over as keys are handed over.
+func (q *Queue) cursorKey(schedule string) etcdstore.Key {
+	return etcdstore.Key{Tenant: q.tenant, ID: "schedule." + schedule}
+}
+
+// cursorAt is where a cursor was read: its revision in the queue's store,
+// or, on a shard set, the shard and revision of its placed value.
+type cursorAt struct {
+	rev    int64
+	placed shard.Placed
+}
+
+func (a cursorAt) revision() int64 {
+	if a.placed.Shard != "" {
+		return a.placed.Revision
+	}
+	return a.rev
+}
+
+// cursorGet reads schedule's cursor: its value (nil: there is none) and
+// where it was read.
+func (q *Queue) cursorGet(ctx context.Context, schedule string) ([]byte, cursorAt, error) {
+	if q.set != nil {
+		p, err := q.set.GetValue(ctx, q.cursorKey(schedule))
+		if err != nil || !p.Exists {
+			return nil, cursorAt{placed: p}, err
+		}
+		return p.Value, cursorAt{placed: p}, nil
+	}
+	v, err := q.store.Value(ctx, cursorName(q.tenant, schedule))
+	if err != nil || v.Revision == 0 {
+		return nil, cursorAt{rev: v.Revision}, err
+	}
+	return v.Value, cursorAt{rev: v.Revision}, nil
+}
+
+// cursorPut writes schedule's cursor if it is still as read at (a zero at:
+// only if there is none), and reports whether it did; if not, it returns
+// the cursor as it stands (nil: none).
+func (q *Queue) cursorPut(ctx context.Context, schedule string, b []byte, at cursorAt) ([]byte, cursorAt, bool, error) {
+	if q.set != nil {
+		p, ok, err := q.set.SetValue(ctx, q.cursorKey(schedule), b, at.placed)
+		if err != nil || !p.Exists {
+			return nil, cursorAt{placed: p}, ok, err
+		}
+		return p.Value, cursorAt{placed: p}, ok, nil
+	}
+	v, ok, err := q.store.SetValue(ctx, cursorName(q.tenant, schedule), b, at.rev)
+	if err != nil || v.Revision == 0 {
+		return nil, cursorAt{rev: v.Revision}, ok, err
+	}
+	return v.Value, cursorAt{rev: v.Revision}, ok, nil
+}
 
 // cursor reads sc's cursor, creating it MaxSkew before now when the
 // schedule is new (so a new schedule starts with its next occurrences, not
 // its past).
 func (s *Scheduler) cursor(ctx context.Context, sc *Schedule, now time.Time) (cursorValue, int64, error) {
 	name := cursorName(s.q.tenant, sc.Name)
-	v, err := s.q.store.Value(ctx, name)
+	v, at, err := s.q.cursorGet(ctx, sc.Name)
 	if err != nil {
 		return cursorValue{}, 0, err
 	}
 	var cv cursorValue
-	if v.Revision != 0 {
-		if err := json.Unmarshal(v.Value, &cv); err != nil {
+	if v != nil {
+		if err := json.Unmarshal(v, &cv); err != nil {
 			return cursorValue{}, 0, fmt.Errorf("schedule %s: cursor %s: %w", sc.Name, name, err)
 		}
-		return cv, v.Revision, nil
+		return cv, at.revision(), nil
 	}
 	// MaxSkew back: this scheduler's clock may run ahead of the others'.
 	cv = cursorValue{Last: now.Add(-sc.MaxSkew).UTC().Truncate(time.Second)}
 	cv.describe(sc)
 	b, _ := json.Marshal(cv)
-	cur, ok, err := s.q.store.SetValue(ctx, name, b, 0)
+	cur, now2, ok, err := s.q.cursorPut(ctx, sc.Name, b, at)
 	if err != nil {
 		return cv, 0, err
 	}
 	if ok {
-		return cv, cur.Revision, nil
+		return cv, now2.revision(), nil
+	}
+	if cur == nil {
+		return cursorValue{}, 0, fmt.Errorf("schedule %s: %w: its cursor changed while it was made", sc.Name, etcdstore.ErrValueChanged)
 	}
 	// Another scheduler made it first.
-	if err := json.Unmarshal(cur.Value, &cv); err != nil {
+	if err := json.Unmarshal(cur, &cv); err != nil {
 		return cursorValue{}, 0, fmt.Errorf("schedule %s: cursor %s: %w", sc.Name, name, err)
 	}
-	return cv, cur.Revision, nil
+	return cv, now2.revision(), nil
 }
 
 // setCursor writes cv as sc's cursor if its revision is still rev, and
@@ -709,6 +770,11 @@ func (s *Scheduler) cursor(ctx context.Context, sc *Schedule, now time.Time) (cu
 func (s *Scheduler) setCursor(ctx context.Context, sc *Schedule, rev int64, cv cursorValue) (int64, error) {
 	cv.describe(sc)
 	b, _ := json.Marshal(cv)
+	if s.q.set != nil {
+		// (Only the overlap policies set a cursor at a revision, and
+		// NewScheduler refuses them on a shard set.)
+		return 0, fmt.Errorf("schedule %s: %w: an overlap policy on a shard set", sc.Name, ErrInvalid)
+	}
 	v, ok, err := s.q.store.SetValue(ctx, cursorName(s.q.tenant, sc.Name), b, rev)
 	if err != nil || !ok {
 		return 0, err
@@ -720,14 +786,14 @@ func (s *Scheduler) setCursor(ctx context.Context, sc *Schedule, rev int64, cv c
 // on its revision, read again when another scheduler moved it meanwhile.
 func (s *Scheduler) advance(ctx context.Context, sc *Schedule, last time.Time) error {
 	name := cursorName(s.q.tenant, sc.Name)
-	v, err := s.q.store.Value(ctx, name)
+	v, at, err := s.q.cursorGet(ctx, sc.Name)
 	if err != nil {
 		return err
 	}
 	for try := 0; try < 8; try++ {
 		var cv cursorValue
-		if v.Revision != 0 {
-			if err := json.Unmarshal(v.Value, &cv); err != nil {
+		if v != nil {
+			if err := json.Unmarshal(v, &cv); err != nil {
 				return fmt.Errorf("schedule %s: cursor %s: %w", sc.Name, name, err)
 			}
 		}
@@ -738,7 +804,7 @@ func (s *Scheduler) advance(ctx context.Context, sc *Schedule, last time.Time) e
 		cv.describe(sc)
 		b, _ := json.Marshal(cv)
 		var ok bool
-		if v, ok, err = s.q.store.SetValue(ctx, name, b, v.Revision); err != nil || ok {
+		if v, at, ok, err = s.q.cursorPut(ctx, sc.Name, b, at); err != nil || ok {
 			return err
 		}
 		clock.Sleep(s.q.clock, ctx, time.Duration(rand.IntN(20))*time.Millisecond)
@@ -825,23 +891,27 @@ func Schedules(ctx context.Context, admin *etcdstore.Admin, tenant string) ([]Sc
 	if tenant == "" {
 		tenant = DefaultTenant
 	}
-	prefix := cursorName(tenant, "")
-	vs, err := admin.Values(ctx, prefix)
-	if err != nil {
-		return nil, fmt.Errorf("schedules: %w", err)
-	}
 	var out []ScheduleInfo
-	for _, v := range vs {
-		var cv cursorValue
-		if err := json.Unmarshal(v.Value, &cv); err != nil {
-			continue
+	// A queue of one cluster's cursors, and a shard set's (placed values:
+	// on a shard, those it holds; a value handed over reads as a marker,
+	// which is no cursor).
+	for _, prefix := range []string{cursorName(tenant, ""), shard.ValueName(etcdstore.Key{Tenant: tenant, ID: "schedule."})} {
+		vs, err := admin.Values(ctx, prefix)
+		if err != nil {
+			return nil, fmt.Errorf("schedules: %w", err)
 		}
-		si := ScheduleInfo{Name: v.Name[len(prefix):], Kind: cv.Kind, Spec: cv.Spec, Location: cv.Location, Overlap: cv.Overlap,
-			CatchUp: cv.CatchUp, Paused: cv.Paused, Last: cv.Last, Prev: cv.Prev, Buffered: cv.Buffered, DefaultParams: cv.DefaultParams}
-		if sc, err := si.Schedule(365 * 24 * time.Hour); err == nil {
-			si.spec = sc.spec
+		for _, v := range vs {
+			var cv cursorValue
+			if err := json.Unmarshal(v.Value, &cv); err != nil {
+				continue
+			}
+			si := ScheduleInfo{Name: v.Name[len(prefix):], Kind: cv.Kind, Spec: cv.Spec, Location: cv.Location, Overlap: cv.Overlap,
+				CatchUp: cv.CatchUp, Paused: cv.Paused, Last: cv.Last, Prev: cv.Prev, Buffered: cv.Buffered, DefaultParams: cv.DefaultParams}
+			if sc, err := si.Schedule(365 * 24 * time.Hour); err == nil {
+				si.spec = sc.spec
+			}
+			out = append(out, si)
 		}
-		out = append(out, si)
 	}
 	return out, nil
 }
@@ -855,20 +925,16 @@ func (q *Queue) PauseSchedule(ctx context.Context, name string, paused bool) err
 	if err := validName(name, 64, true); err != nil {
 		return fmt.Errorf("pause schedule: %w: name %q: %v", ErrInvalid, name, err)
 	}
-	if q.set != nil {
-		return fmt.Errorf("pause schedule %s: %w: %s", name, ErrInvalid, errSchedulesOnShards)
-	}
-	cn := cursorName(q.tenant, name)
 	for try := 0; try < 8; try++ {
-		v, err := q.store.Value(ctx, cn)
+		v, at, err := q.cursorGet(ctx, name)
 		if err != nil {
 			return fmt.Errorf("pause schedule %s: %w", name, err)
 		}
-		if v.Revision == 0 {
+		if v == nil {
 			return fmt.Errorf("pause schedule %s: %w: no scheduler ran it (tenant %s)", name, etcdstore.ErrNotFound, q.tenant)
 		}
 		var cv cursorValue
-		if err := json.Unmarshal(v.Value, &cv); err != nil {
+		if err := json.Unmarshal(v, &cv); err != nil {
 			return fmt.Errorf("pause schedule %s: cursor: %w", name, err)
 		}
 		if cv.Paused == paused {
@@ -876,7 +942,7 @@ func (q *Queue) PauseSchedule(ctx context.Context, name string, paused bool) err
 		}
 		cv.Paused = paused
 		b, _ := json.Marshal(cv)
-		if _, ok, err := q.store.SetValue(ctx, cn, b, v.Revision); err != nil || ok {
+		if _, _, ok, err := q.cursorPut(ctx, name, b, at); err != nil || ok {
 			if err != nil {
 				return fmt.Errorf("pause schedule %s: %w", name, err)
 			}

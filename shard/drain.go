@@ -14,7 +14,8 @@ const drainPage = 500
 // is not known to be drained: one that holds no record of a key the set
 // places elsewhere, but Moved records, is marked drained for the set's
 // generation (with its epoch, read then), after which no process asks it
-// about those keys again. A record that is no longer live (its retention
+// about those keys again. Its values placed by key (ValueName) that the set
+// places elsewhere are handed over first. A record that is no longer live (its retention
 // passed Skew ago) is deleted first, if it is still the one listed
 // (Store.EvictIf): a takeover of it read before, whose Txn is slow to
 // arrive, then finds nothing to take. Under the set in force such a shard
@@ -52,6 +53,10 @@ func (s *Store) drain(ctx context.Context) {
 // drainOne looks at shard name once, and marks it drained when it is.
 func (s *Store) drainOne(ctx context.Context, name string, set Set) (bool, error) {
 	if _, err := s.ensure(ctx, name, set); err != nil {
+		return false, err
+	}
+	// Values placed by key go with their keys: none is left behind.
+	if err := s.drainValues(ctx, name, set); err != nil {
 		return false, err
 	}
 	st := s.store(name)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/idem-dev/idem/etcdstore"
 )
@@ -189,20 +190,32 @@ func (s *Store) readShard(ctx context.Context, key etcdstore.Key) (*etcdstore.St
 		// again if it is newer. (Found by review: a job submitted under
 		// a new set was not found, and its event refused, by a process
 		// that had not learnt the set.)
-		// (In the caller's goroutine, one shard after the other: bounded
-		// by ctx, as the read itself.)
-		for _, n := range s.names {
-			if st := s.store(n); st != nil {
-				st.LoadShardSet(ctx)
-			}
-		}
-		s.learn()
-		if now, _ := s.current(); now.after(set) {
+		if now := s.reload(ctx); now.after(set) {
 			return s.readUnder(ctx, key, now)
 		}
 	}
 	return st, rec, err
 }
+
+// reload reads the set every connected shard records, and returns the
+// set in force then: in the caller's goroutine, one shard after the
+// other, each within 2 s (a shard that hangs delays the others by that
+// much, and does not stop them from being asked).
+func (s *Store) reload(ctx context.Context) Set {
+	for _, n := range s.names {
+		if st := s.store(n); st != nil {
+			tctx, cancel := s.clk.WithTimeout(ctx, reloadTimeout)
+			st.LoadShardSet(tctx)
+			cancel()
+		}
+	}
+	s.learn()
+	set, _ := s.current()
+	return set
+}
+
+// reloadTimeout bounds the read of one shard's set by reload.
+const reloadTimeout = 2 * time.Second
 
 // readUnder is readShard under set.
 func (s *Store) readUnder(ctx context.Context, key etcdstore.Key, set Set) (*etcdstore.Store, *etcdstore.Record, error) {
