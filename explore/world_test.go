@@ -25,11 +25,11 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/idem-dev/idem/etcdstore"
-	"github.com/idem-dev/idem/jobs"
 	"github.com/idem-dev/idem/etcdtest"
 	"github.com/idem-dev/idem/fencing"
 	"github.com/idem-dev/idem/idemgrpc"
 	"github.com/idem-dev/idem/idemhttp"
+	"github.com/idem-dev/idem/jobs"
 	"github.com/idem-dev/idem/shard"
 )
 

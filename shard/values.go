@@ -63,7 +63,9 @@ func valueKey(name string) (etcdstore.Key, bool) {
 // movedMarker starts a marker: the value was handed over to another shard.
 var movedMarker = []byte("\x00moved ")
 
-func isMarker(v etcdstore.Value) bool { return v.Revision != 0 && bytes.HasPrefix(v.Value, movedMarker) }
+func isMarker(v etcdstore.Value) bool {
+	return v.Revision != 0 && bytes.HasPrefix(v.Value, movedMarker)
+}
 
 // Placed is a placed value as read: on shard Shard, at Revision (0: none;
 // a marker there reads as none, at its revision, to write over).
