@@ -81,6 +81,10 @@ type Placed struct {
 func (s *Store) GetValue(ctx context.Context, key etcdstore.Key) (Placed, error) {
 	var out Placed
 	for reloaded := false; ; reloaded = true {
+		// The set the read goes by, taken before it: one learnt while
+		// it flies must count as newer. (Found by review: taken after,
+		// a pause said "no such schedule".)
+		before, _ := s.current()
 		err := s.doValue(ctx, key, func(name string, st *etcdstore.Store, _ int64) error {
 			v, err := st.Value(ctx, ValueName(key))
 			if err != nil {
@@ -96,8 +100,7 @@ func (s *Store) GetValue(ctx context.Context, key etcdstore.Key) (Placed, error)
 		// handed over under a newer set): a read teaches nothing of a
 		// newer set; read the set every shard records, and look again if
 		// it is newer.
-		set, _ := s.current()
-		if now := s.reload(ctx); !now.after(set) {
+		if now := s.reload(ctx); !now.after(before) {
 			return out, nil
 		}
 	}
@@ -241,8 +244,17 @@ func (s *Store) handValue(ctx context.Context, name, old, home string, set Set) 
 }
 
 // drainValues hands over every value of shard name that set places
-// elsewhere (the drain, before it marks the shard drained).
+// elsewhere and its previous placement placed on name (the drain, before
+// it marks the shard drained). Only there can the value be the truth: one
+// the previous placement put elsewhere is a leftover (a shard restored
+// from before an older move), never copied over its home. (Found by
+// review: a restored shard's old value overwrote the home at the next,
+// unrelated change.)
 func (s *Store) drainValues(ctx context.Context, name string, set Set) error {
+	prev := set.handing()
+	if prev == nil {
+		return nil
+	}
 	st := s.store(name)
 	vals, err := st.Values(ctx, valuePrefix)
 	if err != nil {
@@ -253,7 +265,7 @@ func (s *Store) drainValues(ctx context.Context, name string, set Set) error {
 		if !ok || isMarker(v) {
 			continue
 		}
-		if home := set.Placement.place(key); home != name {
+		if home := set.Placement.place(key); home != name && prev.place(key) == name {
 			if err := s.handValue(ctx, v.Name, name, home, set); err != nil {
 				return err
 			}
