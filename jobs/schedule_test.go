@@ -387,6 +387,9 @@ func TestFastSchedulerInAFleet(t *testing.T) {
 		for _, d := range []time.Duration{-6 * time.Second, 0, 6 * time.Second, 20 * time.Second} {
 			master.set(at.Add(d))
 		}
+		// Submitted by a scheduler's loop, which the clock woke: it may
+		// not be there yet (Wait on a job that is not there is an error).
+		waitExists(t, wq, want[len(want)-1])
 		if j := waitJob(t, wq, want[len(want)-1]); j.State != Succeeded {
 			t.Fatalf("occurrence %s: %+v", want[len(want)-1], j)
 		}
