@@ -91,6 +91,25 @@ func Sleep(c Clock, ctx context.Context, d time.Duration) error {
 	return c.Wait(ctx, ch)
 }
 
+// SleepUntil waits until t on c, or until ctx ends (its cause then). A
+// clock that jumps past t between the reading of its time and the setting
+// of the timer (a test's clock, a suspended machine) does not make it
+// sleep the whole interval again from there: the time is read again once
+// the timer is set.
+func SleepUntil(c Clock, ctx context.Context, t time.Time) error {
+	d := t.Sub(c.Now())
+	if d <= 0 {
+		return Sleep(c, ctx, 0)
+	}
+	ch := make(chan struct{})
+	stop := c.AfterFunc(d, func() { close(ch) })
+	defer stop()
+	if !c.Now().Before(t) {
+		return Sleep(c, ctx, 0)
+	}
+	return c.Wait(ctx, ch)
+}
+
 // Since returns how long ago t was on c.
 func Since(c Clock, t time.Time) time.Duration { return c.Now().Sub(t) }
 
