@@ -1,5 +1,10 @@
 package jobs
 
+// The defects below were found in a first design of cursors on a shard
+// set, which copied a cursor between shards (cursorStore, tombstones); the
+// cursor is now a value placed by key (shard.Store.GetValue), and each test
+// holds the new design to what the defect broke.
+
 import (
 	"context"
 	"errors"
@@ -146,7 +151,7 @@ func gatedClient(t *testing.T, g *cursorGate) *clientv3.Client {
 // looking at the set in force every check (an hour: a process that has
 // not learnt a change yet), with the clients given per shard (others:
 // plain ones).
-func newShardProcess(t *testing.T, prefix string, gen int64, placement, previous []string, check time.Duration, clients map[string]*clientv3.Client) *shard.Store {
+func newShardProcess(t testing.TB, prefix string, gen int64, placement, previous []string, check time.Duration, clients map[string]*clientv3.Client) *shard.Store {
 	t.Helper()
 	cfg := shard.Config{Placement: shard.Placement{Shards: placement}, Generation: gen, Check: check, Skew: 100 * time.Millisecond}
 	if previous != nil {

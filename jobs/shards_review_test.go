@@ -248,18 +248,7 @@ func TestReviewStaleCursorCopyComesBackWithTheShard(t *testing.T) {
 // learned a change by itself (default 30 s).
 func newShardSetChecking(t testing.TB, prefix string, gen int64, placement []string, check time.Duration) *shard.Store {
 	t.Helper()
-	cfg := shard.Config{Placement: shard.Placement{Shards: placement}, Generation: gen, Check: check, Skew: 100 * time.Millisecond}
-	for _, n := range []string{"a", "b", "c"} {
-		cfg.Shards = append(cfg.Shards, shard.Shard{Name: n, Client: cluster.MustClient(t), Options: []etcdstore.Option{etcdstore.WithPrefix(prefix + n + "/")}})
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	s, err := shard.New(ctx, cfg, etcdstore.WithSessionTTL(2*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
+	return newShardProcess(t, prefix, gen, placement, nil, check, nil)
 }
 
 // DEFECT: a process that has not yet learned a set change (it looks again

@@ -20,21 +20,7 @@ import (
 // while keys move).
 func newShardSet(t testing.TB, prefix string, gen int64, placement, previous []string) *shard.Store {
 	t.Helper()
-	cfg := shard.Config{Placement: shard.Placement{Shards: placement}, Generation: gen, Check: 100 * time.Millisecond, Skew: 100 * time.Millisecond}
-	if previous != nil {
-		cfg.Previous = &shard.Placement{Shards: previous}
-	}
-	for _, n := range []string{"a", "b", "c"} {
-		cfg.Shards = append(cfg.Shards, shard.Shard{Name: n, Client: cluster.MustClient(t), Options: []etcdstore.Option{etcdstore.WithPrefix(prefix + n + "/")}})
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	s, err := shard.New(ctx, cfg, etcdstore.WithSessionTTL(2*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
+	return newShardProcess(t, prefix, gen, placement, previous, 100*time.Millisecond, nil)
 }
 
 func newShardQueue(t testing.TB, set *shard.Store, opts ...Option) *Queue {
