@@ -73,6 +73,8 @@ func Start(ctx context.Context, c Config) (*embed.Etcd, error) {
 	if err != nil {
 		return nil, err
 	}
+	guard := new(stopGuard)
+	cfg.GRPCAdditionalServerOptions = append(cfg.GRPCAdditionalServerOptions, guard.options()...)
 	if err := CheckDataDir(c.Dir); err != nil {
 		return nil, fmt.Errorf("start etcd member %s: %w (restore it from a snapshot into a new directory: idem snapshot restore)", c.Name, err)
 	}
@@ -80,6 +82,7 @@ func Start(ctx context.Context, c Config) (*embed.Etcd, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start etcd member %s: %w", c.Name, err)
 	}
+	guard.srv.Store(e.Server)
 	select {
 	case <-e.Server.ReadyNotify():
 		return e, nil
