@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -388,6 +389,25 @@ func (a *Admin) Stats(ctx context.Context, maxScan int64) (Stats, error) {
 // Prefix returns the etcd key prefix under which the store keeps everything
 // (WithPrefix).
 func (a *Admin) Prefix() string { return a.ks.prefix }
+
+// OwnerAlive reports, with a linearizable read, whether owner (a
+// Record's Owner: a store's session) is alive: while it is, the claims it
+// holds are not stale, and nobody takes them over before their deadline.
+// DeadlineOwner, who has no session, is an ErrInvalidArgument.
+func (a *Admin) OwnerAlive(ctx context.Context, owner string) (bool, error) {
+	if owner == "" || owner == deadlineOwner || strings.ContainsRune(owner, '/') {
+		return false, fmt.Errorf("owner alive %q: %w: not an owner id", owner, ErrInvalidArgument)
+	}
+	var resp *clientv3.GetResponse
+	err := a.retry(ctx, func(ctx context.Context) (err error) {
+		resp, err = a.client.Get(ctx, a.ks.owner(owner), clientv3.WithCountOnly())
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("owner alive: %w: %w", ErrUnavailable, err)
+	}
+	return resp.Count > 0, nil
+}
 
 // ClaimHeld reports, with a linearizable read, whether key's record is in
 // flight and held (it has an owner) by the claim whose fencing token is

@@ -478,8 +478,11 @@ func WithoutSession() ClaimOption {
 	return claimOption(func(c *claimConfig) error { c.noSession = true; return nil })
 }
 
-// deadlineOwner is the owner of claims made WithoutSession. It is never an
+// DeadlineOwner is the Owner of the record of a claim made WithoutSession
+// (the worker API's): no session, live until its deadline. It is never an
 // owner key, and it cannot collide with a session's owner id (a UUID).
+const DeadlineOwner = deadlineOwner
+
 const deadlineOwner = "~deadline"
 
 // WithWait makes Claim and Do wait, on an etcd Watch, while a live owner runs

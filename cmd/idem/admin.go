@@ -528,3 +528,9 @@ func (a *adminCmd) explain(err error) error {
 	}
 	return a.etcd.explain(err)
 }
+
+// BodySize is the size of the record's saved body (the console shows it).
+func (v recordView) BodySize() int64 { return int64(len(v.bodyBytes)) }
+
+// Status is the saved status, or "-" (the console shows it).
+func (v recordView) Status() string { return statusOf(v) }

@@ -72,6 +72,7 @@ func (s *server) connect(ctx context.Context, timeout time.Duration) error {
 	sctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var store backend
+	var setCfg *shard.Config
 	if c.shardsFile != "" {
 		flags, _, cfg, err := readShards(c.shardsFile, c.etcd)
 		if err != nil {
@@ -90,6 +91,7 @@ func (s *server) connect(ctx context.Context, timeout time.Duration) error {
 			return s.notYet(fmt.Errorf("idem store on %s: %w", where, err))
 		}
 		store = st
+		setCfg = &cfg
 	} else {
 		cli, err := c.etcd.client()
 		if err != nil {
@@ -116,7 +118,7 @@ func (s *server) connect(ctx context.Context, timeout time.Duration) error {
 		return err
 	}
 	s.mu.Lock()
-	s.clis, s.store = clis, store
+	s.clis, s.store, s.setCfg = clis, store, setCfg
 	s.mu.Unlock()
 	s.edge.Store(&edge)
 	s.why.Store(nil)

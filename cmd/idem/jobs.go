@@ -133,14 +133,21 @@ func (a *adminCmd) openJobs(ctx context.Context, args []string, nargs int) (jobs
 	return jobsTarget{keys: keys, clusters: cs}, cctx, done, nil
 }
 
-// schedules reads the schedules' cursors of every cluster of t: on a shard
-// set, each on the shard its name is placed on (while the set changes, a
-// cursor carried over is on two: the one further on is shown).
+// schedules reads the schedules' cursors of every cluster of t for the
+// command's tenant (readSchedules).
 func (a *adminCmd) schedules(ctx context.Context, t jobsTarget) ([]jobs.ScheduleInfo, error) {
+	return readSchedules(ctx, t, a.tenant)
+}
+
+// readSchedules reads the schedules' cursors of tenant in every cluster of
+// t: on a shard set, each on the shard its name is placed on (while the set
+// changes, a cursor carried over is on two: the one further on is shown).
+// idem jobs schedules and the console's Jobs page show what it returns.
+func readSchedules(ctx context.Context, t jobsTarget, tenant string) ([]jobs.ScheduleInfo, error) {
 	var out []jobs.ScheduleInfo
 	at := map[string]int{}
 	for _, c := range t.clusters {
-		infos, err := jobs.Schedules(ctx, c.adm, a.tenant)
+		infos, err := jobs.Schedules(ctx, c.adm, tenant)
 		if err != nil {
 			if c.name != "" {
 				return nil, fmt.Errorf("shard %s: %w", c.name, err)
@@ -320,29 +327,39 @@ func jobsList(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	default:
 		return usageError{fmt.Errorf("--state %q: must be running, queued, scheduled, waiting, parked, succeeded, failed or cancelled", *state)}
 	}
+	out, err := listJobs(ctx, c.keys, a.tenant, jobs.State(*state), *limit)
+	if err != nil {
+		return err
+	}
+	return printJobs(stdout, a.format, out, false)
+}
+
+// listJobs lists tenant's jobs in state (all with ""), at most limit of
+// them (0: all): idem jobs ls and the console's Jobs page.
+func listJobs(ctx context.Context, keys keyAdmin, tenant string, state jobs.State, limit int) ([]*jobs.Job, error) {
 	var out []*jobs.Job
 	var after *etcdstore.Key
 	for {
-		recs, err := c.keys.List(ctx, a.tenant, etcdstore.ListOptions{After: after, Limit: etcdstore.MaxListLimit})
+		recs, err := keys.List(ctx, tenant, etcdstore.ListOptions{After: after, Limit: etcdstore.MaxListLimit})
 		if err != nil && len(recs) == 0 {
-			return err
+			return nil, err
 		}
 		for _, r := range recs {
 			j, err := jobs.FromRecord(r, time.Now())
-			if err != nil || (*state != "" && j.State != jobs.State(*state)) {
+			if err != nil || (state != "" && j.State != state) {
 				continue
 			}
 			out = append(out, j)
 		}
-		if len(recs) < etcdstore.MaxListLimit || *limit > 0 && len(out) >= *limit {
+		if len(recs) < etcdstore.MaxListLimit || limit > 0 && len(out) >= limit {
 			break
 		}
 		after = &recs[len(recs)-1].Key
 	}
-	if *limit > 0 && len(out) > *limit {
-		out = out[:*limit]
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
 	}
-	return printJobs(stdout, a.format, out, false)
+	return out, nil
 }
 
 func jobsGet(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
@@ -427,42 +444,7 @@ func jobsSchedules(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err != nil {
 		return err
 	}
-	now := time.Now()
-	type view struct {
-		Name          string      `json:"name"`
-		Kind          string      `json:"kind"`
-		Spec          string      `json:"spec"`
-		Location      string      `json:"location,omitempty"`
-		Overlap       string      `json:"overlap"`
-		CatchUp       string      `json:"catch_up"`
-		Paused        bool        `json:"paused"`
-		Last          time.Time   `json:"last"`
-		Running       *time.Time  `json:"running,omitempty"`
-		Buffered      *time.Time  `json:"buffered,omitempty"`
-		Next          []time.Time `json:"next"`
-		DefaultParams bool        `json:"default_params"`
-	}
-	views := make([]view, len(infos))
-	for i, s := range infos {
-		v := view{Name: s.Name, Kind: s.Kind, Spec: s.Spec, Location: s.Location, Overlap: s.Overlap, CatchUp: s.CatchUp,
-			Paused: s.Paused, Last: s.Last, Next: s.Next(now, *next), DefaultParams: s.DefaultParams}
-		if v.Overlap == "" {
-			v.Overlap = jobs.OverlapAllowAll.String() // a cursor from before the policies
-		}
-		if v.CatchUp == "" {
-			v.CatchUp = jobs.CatchUpLatest.String()
-		}
-		if !s.Prev.IsZero() {
-			v.Running = &infos[i].Prev
-		}
-		if !s.Buffered.IsZero() {
-			v.Buffered = &infos[i].Buffered
-		}
-		if v.Next == nil {
-			v.Next = []time.Time{}
-		}
-		views[i] = v
-	}
+	views := scheduleViews(infos, time.Now(), *next)
 	times := func(ts []time.Time) string {
 		var out []string
 		for _, t := range ts {
@@ -810,4 +792,47 @@ func oneLine(s string, n int) string {
 		return s[:n] + "..."
 	}
 	return s
+}
+
+// scheduleView is a schedule as idem jobs schedules and the console show
+// it.
+type scheduleView struct {
+	Name          string      `json:"name"`
+	Kind          string      `json:"kind"`
+	Spec          string      `json:"spec"`
+	Location      string      `json:"location,omitempty"`
+	Overlap       string      `json:"overlap"`
+	CatchUp       string      `json:"catch_up"`
+	Paused        bool        `json:"paused"`
+	Last          time.Time   `json:"last"`
+	Running       *time.Time  `json:"running,omitempty"`
+	Buffered      *time.Time  `json:"buffered,omitempty"`
+	Next          []time.Time `json:"next"`
+	DefaultParams bool        `json:"default_params"`
+}
+
+// scheduleViews shows infos with each one's next n occurrences after now.
+func scheduleViews(infos []jobs.ScheduleInfo, now time.Time, n int) []scheduleView {
+	views := make([]scheduleView, len(infos))
+	for i, s := range infos {
+		v := scheduleView{Name: s.Name, Kind: s.Kind, Spec: s.Spec, Location: s.Location, Overlap: s.Overlap, CatchUp: s.CatchUp,
+			Paused: s.Paused, Last: s.Last, Next: s.Next(now, n), DefaultParams: s.DefaultParams}
+		if v.Overlap == "" {
+			v.Overlap = jobs.OverlapAllowAll.String() // a cursor from before the policies
+		}
+		if v.CatchUp == "" {
+			v.CatchUp = jobs.CatchUpLatest.String()
+		}
+		if !s.Prev.IsZero() {
+			v.Running = &infos[i].Prev
+		}
+		if !s.Buffered.IsZero() {
+			v.Buffered = &infos[i].Buffered
+		}
+		if v.Next == nil {
+			v.Next = []time.Time{}
+		}
+		views[i] = v
+	}
+	return views
 }

@@ -108,6 +108,7 @@ type serveConfig struct {
 	logFormat, logLevel string
 	logKeys             bool
 	pprof               bool
+	console             bool
 	shutdownGrace       time.Duration
 }
 
@@ -120,7 +121,7 @@ func (c *serveConfig) flags(stderr io.Writer) *flag.FlagSet {
 	}
 	c.etcd.register(fs, nil)
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "address of the idempotency edge (proxy or JSON API)")
-	fs.StringVar(&c.adminListen, "admin-listen", "127.0.0.1:8081", "address of /livez, /readyz, /metrics (and /debug/pprof with --pprof)")
+	fs.StringVar(&c.adminListen, "admin-listen", "127.0.0.1:8081", "address of /livez, /readyz, /metrics (and /debug/pprof with --pprof, /console/ with --console)")
 	fs.IntVar(&c.maxConnections, "max-connections", 0, "connections the edge serves at once; more wait in the kernel's backlog instead of exhausting file descriptors (0: from the open-file limit, half of what is left after 128 for etcd and idem; the admin listener has 32 of its own)")
 	fs.StringVar(&c.upstream, "upstream", "", "upstream URL: run as a reverse proxy (sidecar) in front of it")
 	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", 30*time.Second, "how long to wait for the upstream's response headers")
@@ -181,6 +182,7 @@ func (c *serveConfig) flags(stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.BoolVar(&c.logKeys, "log-keys", false, "log idempotency keys in clear (default: a hash)")
 	fs.BoolVar(&c.pprof, "pprof", false, "serve /debug/pprof on the admin address")
+	fs.BoolVar(&c.console, "console", false, "serve the console (keys, jobs, schedules, the cluster) under /console/ on the admin address, behind its TLS and client certificates")
 	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long in-flight requests may take to finish")
 	return fs
 }

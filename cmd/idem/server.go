@@ -52,11 +52,12 @@ type server struct {
 	etcd     *embed.Etcd // nil with --endpoints
 	restored string      // the embedded etcd's restore marker, while its epoch is not raised yet
 
-	mu    sync.Mutex
-	clis  []*clientv3.Client // none until connected; one per shard with --shards-file
-	store backend
-	edge  atomic.Pointer[http.Handler] // the edge, once there is a store
-	why   atomic.Pointer[string]       // why not connected yet
+	mu     sync.Mutex
+	clis   []*clientv3.Client // none until connected; one per shard with --shards-file
+	setCfg *shard.Config      // with --shards-file, once connected: the set, its clients made
+	store  backend
+	edge   atomic.Pointer[http.Handler] // the edge, once there is a store
+	why    atomic.Pointer[string]       // why not connected yet
 
 	reg      *prometheus.Registry
 	metrics  *idemhttp.Metrics
@@ -66,6 +67,8 @@ type server struct {
 
 	main, admin     *http.Server
 	mainLn, adminLn net.Listener
+
+	console *console // with --console
 
 	draining atomic.Bool
 	inflight sync.WaitGroup
@@ -153,6 +156,11 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	if c.console {
+		if s.console, err = newConsole(s); err != nil {
+			return nil, err
+		}
 	}
 	s.admin = &http.Server{
 		Handler:           s.adminMux(),
@@ -252,6 +260,9 @@ func (s *server) Close() error {
 	} else if s.adminLn != nil {
 		s.adminLn.Close()
 	}
+	if s.console != nil {
+		s.console.Close()
+	}
 	s.mu.Lock()
 	clis := s.clis
 	s.mu.Unlock()
@@ -282,25 +293,9 @@ func (c *serveConfig) edge(store backend, metrics *idemhttp.Metrics, log *slog.L
 		return nil, err
 	}
 	if c.upstream == "" {
-		var jc *idemhttp.JobsConfig
-		opts := []jobs.Option{}
-		if c.zone != "" {
-			opts = append(opts, jobs.WithZone(c.zone))
-		}
-		switch st := store.(type) {
-		case *etcdstore.Store:
-			jc = &idemhttp.JobsConfig{Queue: func(t string) (*jobs.Queue, error) {
-				return jobs.New(st, append([]jobs.Option{jobs.WithTenant(t)}, opts...)...)
-			}}
-		case *shard.Store: // each job on its key's shard
-			jc = &idemhttp.JobsConfig{Queue: func(t string) (*jobs.Queue, error) {
-				return jobs.NewOnShards(st, append([]jobs.Option{jobs.WithTenant(t)}, opts...)...)
-			}}
-		}
-		if jc != nil {
-			if c.tlsClientCAFile != "" || c.tokens != nil || c.tenantHeader != "" {
-				jc.Tenant = tenant // the caller's tenant, as for keys
-			}
+		jc := &idemhttp.JobsConfig{Queue: func(t string) (*jobs.Queue, error) { return c.queue(store, t) }}
+		if c.tlsClientCAFile != "" || c.tokens != nil || c.tenantHeader != "" {
+			jc.Tenant = tenant // the caller's tenant, as for keys
 		}
 		return idemhttp.NewAPI(idemhttp.APIConfig{
 			Store: store, Tenant: tenant, Deadline: c.apiDeadline, MaxWait: c.maxWait, Metrics: metrics, ProblemDocs: c.problemDocs,
@@ -347,6 +342,22 @@ func (c *serveConfig) edge(store backend, metrics *idemhttp.Metrics, log *slog.L
 	}
 	up, _ := url.Parse(c.upstream)
 	return idemhttp.NewProxy(up, mw, idemhttp.ProxyOptions{Timeout: c.upstreamTimeout, Logger: log, ProblemDocs: c.problemDocs, WrapTransport: c.wrapUpstream()})
+}
+
+// queue is tenant's job queue on store: each job on its key's shard on a
+// shard set. The worker API and the console use it.
+func (c *serveConfig) queue(store backend, tenant string) (*jobs.Queue, error) {
+	opts := []jobs.Option{jobs.WithTenant(tenant)}
+	if c.zone != "" {
+		opts = append(opts, jobs.WithZone(c.zone))
+	}
+	switch st := store.(type) {
+	case *etcdstore.Store:
+		return jobs.New(st, opts...)
+	case *shard.Store:
+		return jobs.NewOnShards(st, opts...)
+	}
+	return nil, fmt.Errorf("no job queue on a %T", store)
 }
 
 // ends names the ways a claim ends, as flags spell them.
@@ -440,6 +451,11 @@ func (s *server) adminMux() http.Handler {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}))
+	mux.HandleFunc("GET /{$}", s.adminIndex)
+	if s.console != nil {
+		mux.Handle("/console", http.RedirectHandler("/console/", http.StatusMovedPermanently))
+		mux.Handle("/console/", s.console)
+	}
 	if c.pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)

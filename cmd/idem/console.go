@@ -1,0 +1,897 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"net/http"
+	"net/url"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/jobs"
+	"github.com/idem-dev/idem/shard"
+)
+
+// The console (idem serve --console): pages for the people who run idem,
+// served on the admin listener under /console/, behind its TLS and client
+// certificates. It reads what the admin commands read and acts through
+// the code the CLI's commands call (etcdstore.Admin.Evict or the shard
+// set's, jobs.Queue.Retry and Cancel). docs/CONSOLE.md describes it.
+
+//go:embed console
+var consoleFiles embed.FS
+
+const (
+	consoleSampleEvery = 5 * time.Second
+	consoleSamples     = 121 // ten minutes of consoleSampleEvery, and the first point
+	consolePageSize    = 100
+	consoleCookie      = "idem_console"
+	consoleStatScan    = 2000 // records whose state the overview reads, per cluster
+)
+
+// consoleOutcomes are the edge outcomes the overview charts: what a
+// person on call asks first.
+var consoleOutcomes = []struct{ Label, Title string }{
+	{"claimed", "Claims"},
+	{"replayed", "Replays"},
+	{"conflict", "Conflicts (409)"},
+	{"mismatch", "Mismatches (422)"},
+	{"unavailable", "Unavailable (503)"},
+	{"takeover", "Takeovers"},
+}
+
+type console struct {
+	s      *server
+	pages  map[string]*template.Template
+	static http.Handler
+	secret []byte // signs the CSRF tokens; new with every process
+	cop    *http.CrossOriginProtection
+
+	mu      sync.Mutex
+	samples []consoleSample // oldest first
+	stop    chan struct{}
+	done    chan struct{}
+
+	amu     sync.Mutex
+	target  *jobsTarget // the admin's view of the clusters, made once the store exists
+	target0 backend     // the store target was made for
+}
+
+type consoleSample struct {
+	At     time.Time
+	Counts []float64 // by consoleOutcomes
+}
+
+func newConsole(s *server) (*console, error) {
+	k := &console{s: s, pages: map[string]*template.Template{}, stop: make(chan struct{}), done: make(chan struct{}),
+		cop: http.NewCrossOriginProtection()}
+	k.secret = make([]byte, 32)
+	rand.Read(k.secret)
+	funcs := template.FuncMap{
+		"when":      consoleWhen,
+		"ago":       func(t time.Time) string { return consoleAgo(time.Since(t)) },
+		"left":      func(t time.Time) string { return consoleAgo(time.Until(t)) },
+		"bytes":     bytesOf,
+		"q":         url.QueryEscape,
+		"printable": printable,
+		"short":     oneLine,
+		"pct": func(a, b int64) string {
+			if b <= 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.0f%%", 100*float64(a)/float64(b))
+		},
+	}
+	for _, page := range []string{"overview", "keys", "key", "confirm", "jobs", "job", "error"} {
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(consoleFiles, "console/layout.html", "console/"+page+".html")
+		if err != nil {
+			return nil, fmt.Errorf("console template %s: %w", page, err)
+		}
+		k.pages[page] = t
+	}
+	sub, err := fs.Sub(consoleFiles, "console/static")
+	if err != nil {
+		return nil, err
+	}
+	k.static = http.StripPrefix("/console/static/", http.FileServerFS(sub))
+	k.sample()
+	go k.sampler()
+	return k, nil
+}
+
+// Close stops the sampler.
+func (k *console) Close() {
+	select {
+	case <-k.stop:
+	default:
+		close(k.stop)
+	}
+	<-k.done
+}
+
+func (k *console) sampler() {
+	defer close(k.done)
+	t := time.NewTicker(consoleSampleEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-k.stop:
+			return
+		case <-t.C:
+			k.sample()
+		}
+	}
+}
+
+// sample reads the edge's counters.
+func (k *console) sample() {
+	sm := consoleSample{At: time.Now(), Counts: make([]float64, len(consoleOutcomes))}
+	for i, o := range consoleOutcomes {
+		sm.Counts[i] = k.count(o.Label)
+		if o.Label == "unavailable" {
+			sm.Counts[i] += k.count("store_full") // 503 too
+		}
+	}
+	k.mu.Lock()
+	k.samples = append(k.samples, sm)
+	if len(k.samples) > consoleSamples {
+		k.samples = slices.Delete(k.samples, 0, len(k.samples)-consoleSamples)
+	}
+	k.mu.Unlock()
+}
+
+func (k *console) count(label string) float64 {
+	var m dto.Metric
+	if err := k.s.metrics.Requests.WithLabelValues(label).Write(&m); err != nil {
+		return 0
+	}
+	return m.GetCounter().GetValue()
+}
+
+// ServeHTTP routes the console's pages.
+func (k *console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Referrer-Policy", "no-referrer")
+	if strings.HasPrefix(r.URL.Path, "/console/static/") && r.Method == http.MethodGet {
+		k.static.ServeHTTP(w, r)
+		return
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	if r.Method == http.MethodPost {
+		k.post(w, r)
+		return
+	}
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD, POST")
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	switch r.URL.Path {
+	case "/console", "/console/":
+		k.overview(w, r)
+	case "/console/keys":
+		k.keys(w, r)
+	case "/console/key":
+		k.key(w, r)
+	case "/console/key/evict":
+		k.confirm(w, r, "evict")
+	case "/console/jobs":
+		k.jobs(w, r)
+	case "/console/job":
+		k.job(w, r)
+	case "/console/job/cancel":
+		k.confirm(w, r, "cancel")
+	default:
+		k.fail(w, r, http.StatusNotFound, errors.New("no such page"))
+	}
+}
+
+// page is what every page's layout needs.
+type page struct {
+	Title   string
+	Nav     string // the section: overview, keys or jobs
+	Token   string // the CSRF token for the page's forms
+	Who     string
+	Refresh bool // the page refreshes its main part by itself
+	Flash   string
+	Data    any
+}
+
+func (k *console) render(w http.ResponseWriter, r *http.Request, status int, name string, p page) {
+	p.Token = k.token(w, r)
+	p.Who = who(r)
+	p.Flash = r.URL.Query().Get("done")
+	var buf bytes.Buffer
+	if err := k.pages[name].Execute(&buf, p); err != nil {
+		k.s.log.Error("console page", "page", name, "err", err)
+		http.Error(w, "the console could not draw this page: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	w.Write(buf.Bytes())
+}
+
+func (k *console) fail(w http.ResponseWriter, r *http.Request, status int, err error) {
+	k.render(w, r, status, "error", page{Title: http.StatusText(status), Data: err.Error()})
+}
+
+// failFor answers err of a read or an action with the status the worker
+// API would give it.
+func (k *console) failFor(w http.ResponseWriter, r *http.Request, err error) {
+	status := http.StatusInternalServerError
+	switch {
+	case errors.Is(err, etcdstore.ErrNotFound):
+		status = http.StatusNotFound
+	case errors.Is(err, etcdstore.ErrInvalidArgument), errors.Is(err, jobs.ErrInvalid):
+		status = http.StatusBadRequest
+	case errors.Is(err, jobs.ErrNotParked), errors.Is(err, jobs.ErrRunning), errors.Is(err, jobs.ErrFinal):
+		status = http.StatusConflict
+	case errors.Is(err, etcdstore.ErrUnavailable), errors.Is(err, errNoStore), errors.Is(err, context.DeadlineExceeded):
+		status = http.StatusServiceUnavailable
+	}
+	k.fail(w, r, status, err)
+}
+
+var errNoStore = errors.New("idem has not reached etcd yet")
+
+// clusters returns the admin's view of what the server serves: one
+// cluster, or every shard of its set.
+func (k *console) clusters() (jobsTarget, backend, error) {
+	store := k.s.current()
+	if store == nil {
+		return jobsTarget{}, nil, errNoStore
+	}
+	k.amu.Lock()
+	defer k.amu.Unlock()
+	if k.target != nil && k.target0 == store {
+		return *k.target, store, nil
+	}
+	k.s.mu.Lock()
+	clis, setCfg := k.s.clis, k.s.setCfg
+	k.s.mu.Unlock()
+	prefix := etcdstore.WithPrefix(k.s.cfg.etcd.prefix)
+	var t jobsTarget
+	if setCfg != nil {
+		sa, err := shard.NewAdmin(*setCfg, prefix)
+		if err != nil {
+			return jobsTarget{}, nil, err
+		}
+		t.keys = sa
+		for _, sh := range setCfg.Shards {
+			t.clusters = append(t.clusters, cluster{name: sh.Name, cli: sh.Client, adm: sa.Shard(sh.Name)})
+		}
+	} else {
+		adm, err := etcdstore.NewAdmin(clis[0], prefix)
+		if err != nil {
+			return jobsTarget{}, nil, err
+		}
+		t.keys = adm
+		t.clusters = []cluster{{cli: clis[0], adm: adm}}
+	}
+	k.target, k.target0 = &t, store
+	return t, store, nil
+}
+
+func (k *console) ctx(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.Context(), 5*time.Second)
+}
+
+// --- Overview
+
+type overviewData struct {
+	Charts   []chart
+	Since    time.Time
+	Live     bool
+	Full     bool
+	Running  int
+	Owner    string
+	Clusters []clusterView
+	Err      string
+}
+
+type chart struct {
+	Title, Label string
+	Total        float64
+	Last         float64 // in the last interval
+	Bars         []bar   // one per interval with requests, right-aligned: the newest last
+	Max          float64
+	Desc         string
+}
+
+type bar struct{ X, Y, W, H float64 }
+
+type clusterView struct {
+	statusReport
+	Alarms  []string
+	Quota   int64 // bytes, when known
+	Healthy string
+}
+
+func (k *console) overview(w http.ResponseWriter, r *http.Request) {
+	d := overviewData{Charts: k.charts()}
+	k.mu.Lock()
+	if len(k.samples) > 0 {
+		d.Since = k.samples[0].At
+	}
+	k.mu.Unlock()
+	t, store, err := k.clusters()
+	if err != nil {
+		d.Err = err.Error()
+		k.render(w, r, http.StatusOK, "overview", page{Title: "Overview", Nav: "overview", Refresh: true, Data: d})
+		return
+	}
+	m := store.Metrics()
+	d.Live, d.Full, d.Running, d.Owner = m.Live, m.Full, m.Running, store.Owner()
+	ctx, cancel := k.ctx(r)
+	defer cancel()
+	var health map[string]error
+	if set, ok := store.(*shard.Store); ok {
+		health = set.Check(ctx, readyTimeout)
+	}
+	d.Clusters = make([]clusterView, len(t.clusters))
+	var wg sync.WaitGroup
+	for i, c := range t.clusters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cv := clusterView{}
+			rep, err := clusterStatus(ctx, c, consoleStatScan)
+			if err != nil {
+				rep.Error = err.Error()
+			}
+			cv.statusReport = rep
+			if al, err := c.cli.AlarmList(ctx); err == nil {
+				for _, a := range al.Alarms {
+					cv.Alarms = append(cv.Alarms, fmt.Sprintf("%s on member %x", a.Alarm, a.MemberID))
+				}
+			}
+			if k.s.etcd != nil {
+				cv.Quota = k.s.cfg.quotaBytes
+			}
+			if health != nil {
+				cv.Healthy = "answers"
+				if err := health[c.name]; err != nil {
+					cv.Healthy = "does not answer: " + err.Error()
+				}
+			}
+			d.Clusters[i] = cv
+		}()
+	}
+	wg.Wait()
+	k.render(w, r, http.StatusOK, "overview", page{Title: "Overview", Nav: "overview", Refresh: true, Data: d})
+}
+
+// charts draws each outcome's requests per interval over the samples.
+func (k *console) charts() []chart {
+	k.mu.Lock()
+	samples := slices.Clone(k.samples)
+	k.mu.Unlock()
+	out := make([]chart, len(consoleOutcomes))
+	const width, height = 240.0, 48.0
+	for i, o := range consoleOutcomes {
+		c := chart{Title: o.Title, Label: o.Label}
+		var deltas []float64
+		for j := 1; j < len(samples); j++ {
+			deltas = append(deltas, samples[j].Counts[i]-samples[j-1].Counts[i])
+		}
+		if n := len(samples); n > 0 {
+			c.Total = samples[n-1].Counts[i]
+		}
+		c.Total = max(c.Total, k.count(o.Label)) // now, not at the last sample
+		if o.Label == "unavailable" {
+			c.Total = max(c.Total, k.count("unavailable")+k.count("store_full"))
+		}
+		for _, d := range deltas {
+			c.Max = max(c.Max, d)
+		}
+		if len(deltas) > 0 {
+			c.Last = deltas[len(deltas)-1]
+		}
+		step := width / float64(consoleSamples-1)
+		x0 := width - step*float64(len(deltas))
+		for j, d := range deltas {
+			if d <= 0 || c.Max <= 0 {
+				continue
+			}
+			h := max(d/c.Max*(height-2), 1.5)
+			c.Bars = append(c.Bars, bar{X: x0 + step*float64(j), Y: height - h, W: max(step-0.4, 0.8), H: h})
+		}
+		c.Desc = fmt.Sprintf("%s per %s over the last %s: at most %g, %g in the last interval, %g since the process started",
+			o.Title, consoleSampleEvery, consoleAgo(consoleSampleEvery*time.Duration(max(len(deltas), 1))), c.Max, c.Last, c.Total)
+		out[i] = c
+	}
+	return out
+}
+
+// --- Keys
+
+type keysData struct {
+	Tenant, State string
+	Records       []recordView
+	Next          string // the query of the next page, "" on the last
+	Err           string
+}
+
+func (k *console) keys(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	d := keysData{Tenant: q.Get("tenant"), State: q.Get("state")}
+	if d.Tenant != "" {
+		if err := etcdstore.ValidateTenant(d.Tenant); err != nil {
+			k.fail(w, r, http.StatusBadRequest, fmt.Errorf("tenant: %w", err))
+			return
+		}
+	}
+	switch etcdstore.State(d.State) {
+	case "", etcdstore.InFlight, etcdstore.Done:
+	default:
+		k.fail(w, r, http.StatusBadRequest, fmt.Errorf("state %q: must be in_flight or done", d.State))
+		return
+	}
+	var after *etcdstore.Key
+	if a := q.Get("after_key"); a != "" {
+		after = &etcdstore.Key{Tenant: q.Get("after_tenant"), ID: a}
+		if err := after.Validate(); err != nil {
+			k.fail(w, r, http.StatusBadRequest, fmt.Errorf("after: %w", err))
+			return
+		}
+	}
+	t, _, err := k.clusters()
+	if err != nil {
+		k.failFor(w, r, err)
+		return
+	}
+	ctx, cancel := k.ctx(r)
+	defer cancel()
+	recs, err := t.keys.List(ctx, d.Tenant, etcdstore.ListOptions{State: etcdstore.State(d.State), After: after, Limit: consolePageSize})
+	if err != nil {
+		if len(recs) == 0 {
+			k.failFor(w, r, err)
+			return
+		}
+		d.Err = err.Error()
+	}
+	for _, rec := range recs {
+		d.Records = append(d.Records, view(rec))
+	}
+	if len(recs) == consolePageSize {
+		last := recs[len(recs)-1].Key
+		v := url.Values{"tenant": {d.Tenant}, "state": {d.State}, "after_tenant": {last.Tenant}, "after_key": {last.ID}}
+		d.Next = v.Encode()
+	}
+	k.render(w, r, http.StatusOK, "keys", page{Title: "Keys", Nav: "keys", Data: d})
+}
+
+// keyOf reads the tenant and key of a query or form.
+func keyOf(v url.Values, name string) (etcdstore.Key, error) {
+	key := etcdstore.Key{Tenant: v.Get("tenant"), ID: v.Get(name)}
+	if key.Tenant == "" {
+		key.Tenant = etcdstore.DefaultTenant
+	}
+	if err := key.Validate(); err != nil {
+		return key, err
+	}
+	return key, nil
+}
+
+type keyData struct {
+	R          recordView
+	Key        etcdstore.Key
+	Alive      string // the owner's session: alive, gone, or why it is not known
+	Headers    []header
+	Hidden     []string // saved headers the replay policy now withholds
+	Preview    string
+	Truncated  bool
+	Checkpoint string
+}
+
+type header struct{ Name, Value string }
+
+const consolePreview = 4 << 10
+
+func (k *console) key(w http.ResponseWriter, r *http.Request) {
+	key, err := keyOf(r.URL.Query(), "key")
+	if err != nil {
+		k.fail(w, r, http.StatusBadRequest, err)
+		return
+	}
+	t, _, err := k.clusters()
+	if err != nil {
+		k.failFor(w, r, err)
+		return
+	}
+	ctx, cancel := k.ctx(r)
+	defer cancel()
+	rec, err := t.keys.Get(ctx, key)
+	if err != nil {
+		k.failFor(w, r, err)
+		return
+	}
+	d := keyData{R: view(rec), Key: key}
+	if rec.State == etcdstore.InFlight {
+		d.Alive = k.ownerAlive(ctx, t, rec.Owner)
+	}
+	if len(rec.Checkpoint) > 0 {
+		d.Checkpoint = oneLine(printable(rec.Checkpoint), 400)
+	}
+	if o := rec.Outcome; o != nil {
+		keep := k.replayPolicy()
+		names := make([]string, 0, len(o.Header))
+		for n := range o.Header {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			if !keep(n) {
+				d.Hidden = append(d.Hidden, n)
+				continue
+			}
+			for _, v := range o.Header[n] {
+				d.Headers = append(d.Headers, header{n, v})
+			}
+		}
+		b := o.Body
+		if len(b) > consolePreview {
+			b, d.Truncated = b[:consolePreview], true
+		}
+		d.Preview = printable(b)
+	}
+	k.render(w, r, http.StatusOK, "key", page{Title: "Key " + key.ID, Nav: "keys", Data: d})
+}
+
+// ownerAlive says whether an in-flight record's owner session lives.
+func (k *console) ownerAlive(ctx context.Context, t jobsTarget, owner string) string {
+	switch owner {
+	case "":
+		return "none: the claim was abandoned for the next claimant to resume"
+	case etcdstore.DeadlineOwner:
+		return "none: a worker API claim, live until its deadline (renewals move it)"
+	}
+	var errs []string
+	for _, c := range t.clusters {
+		alive, err := c.adm.OwnerAlive(ctx, owner)
+		switch {
+		case err != nil:
+			errs = append(errs, err.Error())
+		case alive:
+			return "alive"
+		}
+	}
+	if len(errs) > 0 {
+		return "not known: " + strings.Join(errs, "; ")
+	}
+	return "gone: the next request for the key takes the claim over"
+}
+
+// replayPolicy says which saved headers a replay sends, as the edge's
+// --replay-deny-headers and --replay-allow-headers say.
+func (k *console) replayPolicy() func(name string) bool {
+	c := k.s.cfg
+	deny, allow := map[string]bool{}, map[string]bool{}
+	if !(len(c.replayDeny) == 1 && c.replayDeny[0] == "none") {
+		for _, n := range c.replayDeny {
+			deny[http.CanonicalHeaderKey(n)] = true
+		}
+	}
+	for _, n := range c.replayAllow {
+		allow[http.CanonicalHeaderKey(n)] = true
+	}
+	return func(n string) bool {
+		n = http.CanonicalHeaderKey(n)
+		return !deny[n] && (len(allow) == 0 || allow[n])
+	}
+}
+
+// --- Jobs
+
+type jobsData struct {
+	Tenant, State string
+	States        []jobs.State
+	Jobs          []jobView
+	More          bool
+	Schedules     []scheduleView
+	SchedErr      string
+}
+
+var consoleJobStates = []jobs.State{jobs.Queued, jobs.Scheduled, jobs.Running, jobs.Waiting, jobs.Parked, jobs.Failed, jobs.Succeeded, jobs.Cancelled}
+
+func (k *console) jobs(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	d := jobsData{Tenant: q.Get("tenant"), State: q.Get("state"), States: consoleJobStates}
+	if d.Tenant == "" {
+		d.Tenant = jobs.DefaultTenant
+	}
+	if err := etcdstore.ValidateTenant(d.Tenant); err != nil {
+		k.fail(w, r, http.StatusBadRequest, fmt.Errorf("tenant: %w", err))
+		return
+	}
+	if d.State != "" && !slices.Contains(consoleJobStates, jobs.State(d.State)) {
+		k.fail(w, r, http.StatusBadRequest, fmt.Errorf("state %q: must be one of %v", d.State, consoleJobStates))
+		return
+	}
+	t, _, err := k.clusters()
+	if err != nil {
+		k.failFor(w, r, err)
+		return
+	}
+	ctx, cancel := k.ctx(r)
+	defer cancel()
+	js, err := listJobs(ctx, t.keys, d.Tenant, jobs.State(d.State), consolePageSize+1)
+	if err != nil {
+		k.failFor(w, r, err)
+		return
+	}
+	if len(js) > consolePageSize {
+		js, d.More = js[:consolePageSize], true
+	}
+	for _, j := range js {
+		d.Jobs = append(d.Jobs, viewJob(j))
+	}
+	infos, err := readSchedules(ctx, t, d.Tenant)
+	if err != nil {
+		d.SchedErr = err.Error()
+	}
+	d.Schedules = scheduleViews(infos, time.Now(), 3)
+	k.render(w, r, http.StatusOK, "jobs", page{Title: "Jobs", Nav: "jobs", Data: d})
+}
+
+type jobData struct {
+	J      jobView
+	Retry  bool // the job can be retried (parked)
+	Cancel bool // the job can be cancelled (queued, scheduled, parked)
+}
+
+func (k *console) job(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	if q.Get("tenant") == "" {
+		q.Set("tenant", jobs.DefaultTenant)
+	}
+	key, err := keyOf(q, "id")
+	if err != nil {
+		k.fail(w, r, http.StatusBadRequest, err)
+		return
+	}
+	t, _, err := k.clusters()
+	if err != nil {
+		k.failFor(w, r, err)
+		return
+	}
+	ctx, cancel := k.ctx(r)
+	defer cancel()
+	rec, err := t.keys.Get(ctx, key)
+	if err != nil {
+		k.failFor(w, r, err)
+		return
+	}
+	j, err := jobs.FromRecord(rec, time.Now())
+	if err != nil {
+		k.failFor(w, r, err)
+		return
+	}
+	d := jobData{J: viewJob(j), Retry: j.State == jobs.Parked}
+	switch j.State {
+	case jobs.Queued, jobs.Scheduled, jobs.Parked:
+		d.Cancel = true
+	}
+	k.render(w, r, http.StatusOK, "job", page{Title: "Job " + key.ID, Nav: "jobs", Data: d})
+}
+
+// --- Actions
+
+type confirmData struct {
+	Action, What, Tenant, ID, Back, Warning string
+}
+
+// confirm asks before an action that cannot be undone.
+func (k *console) confirm(w http.ResponseWriter, r *http.Request, action string) {
+	q := r.URL.Query()
+	d := confirmData{Action: action, Tenant: q.Get("tenant")}
+	switch action {
+	case "evict":
+		key, err := keyOf(q, "key")
+		if err != nil {
+			k.fail(w, r, http.StatusBadRequest, err)
+			return
+		}
+		d.Tenant, d.ID, d.What = key.Tenant, key.ID, "key"
+		d.Back = "/console/key?" + url.Values{"tenant": {key.Tenant}, "key": {key.ID}}.Encode()
+		d.Warning = "Its saved answer is forgotten: the next request with this key runs the work again, and a claim in flight loses its fence."
+	case "cancel":
+		if d.Tenant == "" {
+			q.Set("tenant", jobs.DefaultTenant)
+		}
+		key, err := keyOf(q, "id")
+		if err != nil {
+			k.fail(w, r, http.StatusBadRequest, err)
+			return
+		}
+		d.Tenant, d.ID, d.What = key.Tenant, key.ID, "job"
+		d.Back = "/console/job?" + url.Values{"tenant": {key.Tenant}, "id": {key.ID}}.Encode()
+		d.Warning = "Its remaining steps never run; its finished steps stay done (no compensation runs)."
+	}
+	k.render(w, r, http.StatusOK, "confirm", page{Title: "Confirm: " + action + " " + d.ID, Nav: map[string]string{"evict": "keys", "cancel": "jobs"}[action], Data: d})
+}
+
+// post runs an action: evict a key, retry or cancel a job. Each needs the
+// page's CSRF token and a same-origin request, and is logged with who
+// asked.
+func (k *console) post(w http.ResponseWriter, r *http.Request) {
+	if err := k.cop.Check(r); err != nil {
+		k.fail(w, r, http.StatusForbidden, fmt.Errorf("refused: %w", err))
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+	if err := r.ParseForm(); err != nil {
+		k.fail(w, r, http.StatusBadRequest, err)
+		return
+	}
+	if !k.validToken(r) {
+		k.s.log.Warn("console action refused: no valid CSRF token", "path", r.URL.Path, "who", who(r), "remote", r.RemoteAddr)
+		k.fail(w, r, http.StatusForbidden, errors.New("refused: the form's token is missing or stale; reload the page and try again"))
+		return
+	}
+	action := strings.TrimPrefix(r.URL.Path, "/console/")
+	f := r.PostForm
+	if f.Get("tenant") == "" && action != "key/evict" {
+		f.Set("tenant", jobs.DefaultTenant)
+	}
+	t, store, err := k.clusters()
+	if err != nil {
+		k.failFor(w, r, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
+	defer cancel()
+	var key etcdstore.Key
+	var back string
+	switch action {
+	case "key/evict":
+		if key, err = keyOf(f, "key"); err != nil {
+			break
+		}
+		err = t.keys.Evict(ctx, key) // idem admin evict
+		back = "/console/keys?" + url.Values{"tenant": {key.Tenant}, "done": {"evicted " + key.Tenant + "/" + key.ID}}.Encode()
+	case "job/retry", "job/cancel":
+		if key, err = keyOf(f, "id"); err != nil {
+			break
+		}
+		var q *jobs.Queue
+		if q, err = k.s.cfg.queue(store, key.Tenant); err != nil {
+			break
+		}
+		if action == "job/retry" {
+			_, err = q.Retry(ctx, key.ID) // idem jobs retry
+		} else {
+			reason := strings.TrimSpace(f.Get("reason"))
+			if reason == "" {
+				reason = "cancelled by " + who(r) + " from the console"
+			}
+			_, err = q.Cancel(ctx, key.ID, reason) // idem jobs cancel
+		}
+		verb := map[string]string{"job/retry": "queued again", "job/cancel": "cancelled"}[action]
+		back = "/console/job?" + url.Values{"tenant": {key.Tenant}, "id": {key.ID}, "done": {key.ID + " " + verb}}.Encode()
+	default:
+		k.fail(w, r, http.StatusNotFound, fmt.Errorf("no action %q", action))
+		return
+	}
+	args := []any{"action", action, "tenant", key.Tenant, "key", key.ID, "who", who(r), "remote", r.RemoteAddr}
+	if err != nil {
+		k.s.log.Warn("console action failed", append(args, "err", err)...)
+		k.failFor(w, r, fmt.Errorf("%s %s: %w", action, key, err))
+		return
+	}
+	k.s.log.Info("console action", args...)
+	http.Redirect(w, r, back, http.StatusSeeOther)
+}
+
+// token returns the page's CSRF token: a MAC of the browser's console
+// cookie (set here when it has none) under the process's secret. A form
+// posted from another site has neither the cookie (SameSite=Strict) nor the
+// token; the cross-origin check refuses it before.
+func (k *console) token(w http.ResponseWriter, r *http.Request) string {
+	c, err := r.Cookie(consoleCookie)
+	if err != nil || len(c.Value) != 64 {
+		b := make([]byte, 32)
+		rand.Read(b)
+		c = &http.Cookie{Name: consoleCookie, Value: hex.EncodeToString(b), Path: "/console/", HttpOnly: true,
+			SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil}
+		http.SetCookie(w, c)
+	}
+	return k.mac(c.Value)
+}
+
+func (k *console) mac(cookie string) string {
+	m := hmac.New(sha256.New, k.secret)
+	m.Write([]byte(cookie))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+func (k *console) validToken(r *http.Request) bool {
+	c, err := r.Cookie(consoleCookie)
+	if err != nil || c.Value == "" {
+		return false
+	}
+	got := r.PostForm.Get("csrf")
+	return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(k.mac(c.Value))) == 1
+}
+
+// who names the person behind a request: the subject of the client
+// certificate the admin listener verified, or "anonymous" without one.
+func who(r *http.Request) string {
+	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 && len(r.TLS.VerifiedChains[0]) > 0 {
+		cert := r.TLS.VerifiedChains[0][0]
+		if cn := cert.Subject.CommonName; cn != "" {
+			return cn
+		}
+		return cert.Subject.String()
+	}
+	return "anonymous"
+}
+
+func consoleWhen(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// consoleAgo writes a duration the way a person reads it: 3m20s, 4h10m, 2d3h.
+func consoleAgo(d time.Duration) string {
+	neg := d < 0
+	if neg {
+		d = -d
+	}
+	var s string
+	switch {
+	case d < time.Minute:
+		s = strconv.Itoa(int(d.Seconds())) + "s"
+	case d < time.Hour:
+		s = fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
+	case d < 48*time.Hour:
+		s = fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
+	default:
+		s = fmt.Sprintf("%dd%02dh", int(d.Hours())/24, int(d.Hours())%24)
+	}
+	if neg {
+		return "-" + s
+	}
+	return s
+}
+
+// adminIndex lists the admin listener's pages, the console among them
+// when it is on.
+func (s *server) adminIndex(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	fmt.Fprintln(w, "idem admin listener")
+	fmt.Fprintln(w, "  /livez         the process runs")
+	fmt.Fprintln(w, "  /readyz        idem can serve keyed requests")
+	fmt.Fprintln(w, "  /metrics       Prometheus metrics")
+	if s.cfg.pprof {
+		fmt.Fprintln(w, "  /debug/pprof/  Go profiles")
+	} else {
+		fmt.Fprintln(w, "  /debug/pprof/  off (idem serve --pprof turns it on)")
+	}
+	if s.console != nil {
+		fmt.Fprintln(w, "  /console/      the console: keys, jobs, schedules and the cluster")
+	} else {
+		fmt.Fprintln(w, "  /console/      off (idem serve --console turns it on)")
+	}
+}
