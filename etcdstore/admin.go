@@ -386,6 +386,9 @@ func (a *Admin) Stats(ctx context.Context, maxScan int64) (Stats, error) {
 	return st, nil
 }
 
+// Client returns the etcd client the Admin reads with.
+func (a *Admin) Client() *clientv3.Client { return a.client }
+
 // Prefix returns the etcd key prefix under which the store keeps everything
 // (WithPrefix).
 func (a *Admin) Prefix() string { return a.ks.prefix }

@@ -72,7 +72,6 @@ func (s *server) connect(ctx context.Context, timeout time.Duration) error {
 	sctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var store backend
-	var setCfg *shard.Config
 	if c.shardsFile != "" {
 		flags, _, cfg, err := readShards(c.shardsFile, c.etcd)
 		if err != nil {
@@ -91,7 +90,6 @@ func (s *server) connect(ctx context.Context, timeout time.Duration) error {
 			return s.notYet(fmt.Errorf("idem store on %s: %w", where, err))
 		}
 		store = st
-		setCfg = &cfg
 	} else {
 		cli, err := c.etcd.client()
 		if err != nil {
@@ -118,7 +116,7 @@ func (s *server) connect(ctx context.Context, timeout time.Duration) error {
 		return err
 	}
 	s.mu.Lock()
-	s.clis, s.store, s.setCfg = clis, store, setCfg
+	s.clis, s.store = clis, store
 	s.mu.Unlock()
 	s.edge.Store(&edge)
 	s.why.Store(nil)

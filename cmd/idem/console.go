@@ -68,10 +68,6 @@ type console struct {
 	samples []consoleSample // oldest first
 	stop    chan struct{}
 	done    chan struct{}
-
-	amu     sync.Mutex
-	target  *jobsTarget // the admin's view of the clusters, made once the store exists
-	target0 backend     // the store target was made for
 }
 
 type consoleSample struct {
@@ -254,41 +250,50 @@ func (k *console) failFor(w http.ResponseWriter, r *http.Request, err error) {
 var errNoStore = errors.New("idem has not reached etcd yet")
 
 // clusters returns the admin's view of what the server serves: one
-// cluster, or every shard of its set.
+// cluster, or every shard of its set (a shard not connected yet is one
+// with its error, and the set's keys are read through the store).
 func (k *console) clusters() (jobsTarget, backend, error) {
 	store := k.s.current()
 	if store == nil {
 		return jobsTarget{}, nil, errNoStore
 	}
-	k.amu.Lock()
-	defer k.amu.Unlock()
-	if k.target != nil && k.target0 == store {
-		return *k.target, store, nil
+	switch st := store.(type) {
+	case *shard.Store:
+		t := jobsTarget{keys: st}
+		status := st.Status()
+		for _, n := range st.Shards() {
+			sh := st.Shard(n)
+			if sh == nil {
+				err := status.Shards[n]
+				if err == nil {
+					err = errors.New("not connected yet")
+				}
+				t.clusters = append(t.clusters, cluster{name: n, err: err})
+				continue
+			}
+			t.clusters = append(t.clusters, cluster{name: n, cli: sh.Client(), adm: &sh.Admin})
+		}
+		return t, store, nil
+	case *etcdstore.Store:
+		return jobsTarget{keys: &st.Admin, clusters: []cluster{{cli: st.Client(), adm: &st.Admin}}}, store, nil
 	}
-	k.s.mu.Lock()
-	clis, setCfg := k.s.clis, k.s.setCfg
-	k.s.mu.Unlock()
-	prefix := etcdstore.WithPrefix(k.s.cfg.etcd.prefix)
-	var t jobsTarget
-	if setCfg != nil {
-		sa, err := shard.NewAdmin(*setCfg, prefix)
-		if err != nil {
-			return jobsTarget{}, nil, err
+	return jobsTarget{}, nil, fmt.Errorf("the console cannot read a %T", store)
+}
+
+// connected is t without the shards that are not connected, and why
+// those are not.
+func connected(t jobsTarget) (jobsTarget, []string) {
+	var out jobsTarget
+	out.keys = t.keys
+	var down []string
+	for _, c := range t.clusters {
+		if c.err != nil {
+			down = append(down, fmt.Sprintf("shard %s: %v", c.name, c.err))
+			continue
 		}
-		t.keys = sa
-		for _, sh := range setCfg.Shards {
-			t.clusters = append(t.clusters, cluster{name: sh.Name, cli: sh.Client, adm: sa.Shard(sh.Name)})
-		}
-	} else {
-		adm, err := etcdstore.NewAdmin(clis[0], prefix)
-		if err != nil {
-			return jobsTarget{}, nil, err
-		}
-		t.keys = adm
-		t.clusters = []cluster{{cli: clis[0], adm: adm}}
+		out.clusters = append(out.clusters, c)
 	}
-	k.target, k.target0 = &t, store
-	return t, store, nil
+	return out, down
 }
 
 func (k *console) ctx(r *http.Request) (context.Context, context.CancelFunc) {
@@ -354,6 +359,12 @@ func (k *console) overview(w http.ResponseWriter, r *http.Request) {
 		go func() {
 			defer wg.Done()
 			cv := clusterView{}
+			if c.err != nil {
+				cv.statusReport = statusReport{Shard: c.name, Error: c.err.Error()}
+				cv.Healthy = "does not answer: " + c.err.Error()
+				d.Clusters[i] = cv
+				return
+			}
 			rep, err := clusterStatus(ctx, c, consoleStatScan)
 			if err != nil {
 				rep.Error = err.Error()
@@ -566,7 +577,9 @@ func (k *console) ownerAlive(ctx context.Context, t jobsTarget, owner string) st
 		return "none: a worker API claim, live until its deadline (renewals move it)"
 	}
 	var errs []string
-	for _, c := range t.clusters {
+	up, down := connected(t)
+	errs = append(errs, down...)
+	for _, c := range up.clusters {
 		alive, err := c.adm.OwnerAlive(ctx, owner)
 		switch {
 		case err != nil:
@@ -645,10 +658,12 @@ func (k *console) jobs(w http.ResponseWriter, r *http.Request) {
 	for _, j := range js {
 		d.Jobs = append(d.Jobs, viewJob(j))
 	}
-	infos, err := readSchedules(ctx, t, d.Tenant)
+	up, down := connected(t)
+	infos, err := readSchedules(ctx, up, d.Tenant)
 	if err != nil {
-		d.SchedErr = err.Error()
+		down = append(down, err.Error())
 	}
+	d.SchedErr = strings.Join(down, "; ")
 	d.Schedules = scheduleViews(infos, time.Now(), 3)
 	k.render(w, r, http.StatusOK, "jobs", page{Title: "Jobs", Nav: "jobs", Data: d})
 }

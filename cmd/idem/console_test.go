@@ -2,14 +2,18 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/cookiejar"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,6 +28,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/etcdtest"
+	"github.com/idem-dev/idem/internal/testcerts"
+	"github.com/idem-dev/idem/internal/tlsfiles"
 	"github.com/idem-dev/idem/jobs"
 )
 
@@ -372,4 +379,145 @@ func waitForKey(ctx context.Context, t *testing.T, cli *clientv3.Client, key str
 		}
 	}
 	t.Fatalf("%s never written: %v", key, ctx.Err())
+}
+
+// consoleClient is a person's browser without the browser: a cookie jar,
+// the CSRF token read from a page's form, and POSTs with it.
+type consoleClient struct {
+	t    *testing.T
+	base string
+	c    *http.Client
+}
+
+func newConsoleClient(t *testing.T, base string, tr http.RoundTripper) *consoleClient {
+	jar, _ := cookiejar.New(nil)
+	return &consoleClient{t: t, base: base, c: &http.Client{Jar: jar, Timeout: 30 * time.Second, Transport: tr}}
+}
+
+func (k *consoleClient) get(path string) (int, string) {
+	k.t.Helper()
+	resp, err := k.c.Get(k.base + path)
+	if err != nil {
+		k.t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+var csrfField = regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`)
+
+// post fetches the confirmation page at confirm for its token, then posts
+// form to action with it.
+func (k *consoleClient) post(confirm, action string, form url.Values) (int, string) {
+	k.t.Helper()
+	status, page := k.get(confirm)
+	m := csrfField.FindStringSubmatch(page)
+	if status != 200 || m == nil {
+		k.t.Fatalf("GET %s: %d, no token in\n%s", confirm, status, page)
+	}
+	form.Set("csrf", m[1])
+	resp, err := k.c.PostForm(k.base+action, form)
+	if err != nil {
+		k.t.Fatalf("POST %s: %v", action, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// On a shard set the overview has every shard and says which answers; the
+// keys page lists the set's keys; evict finds the key's shard.
+func TestConsoleOnAShardSet(t *testing.T) {
+	dir := tempDir(t)
+	var urls []string
+	var proxies []*etcdtest.Proxy
+	for _, n := range []string{"a", "b"} {
+		p := etcdBehindProxy(t, filepath.Join(dir, "etcd-"+n))
+		proxies = append(proxies, p)
+		urls = append(urls, p.URL())
+	}
+	file := filepath.Join(dir, "shards.yaml")
+	yaml := fmt.Sprintf("shards:\n  - name: a\n    endpoints: [%s]\n  - name: b\n    endpoints: [%s]\n", urls[0], urls[1])
+	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	up := newShop(t)
+	idem := startIdem(t, filepath.Join(dir, "work"), "--shards-file", file, "--upstream", up.URL, "--request-timeout", "2s", "--console")
+	for i := range 8 {
+		if r := send(t, "POST", idem.listen+"/pay", fmt.Sprintf("order-%d", i), `{}`); r.status != 201 {
+			t.Fatalf("order-%d: %d", i, r.status)
+		}
+	}
+	k := newConsoleClient(t, idem.admin, nil)
+	status, page := k.get("/console/")
+	if status != 200 || !strings.Contains(page, "etcd shard a") || !strings.Contains(page, "etcd shard b") || strings.Count(page, `class="good">answers<`) != 2 {
+		t.Fatalf("overview of a shard set: %d\n%s", status, page)
+	}
+	if status, page = k.get("/console/keys?tenant=default"); status != 200 || strings.Count(page, `<tr data-key="order-`) != 8 {
+		t.Fatalf("keys of a shard set: %d, %d rows\n%s", status, strings.Count(page, `<tr data-key="order-`), page)
+	}
+	status, page = k.post("/console/key/evict?tenant=default&key=order-3", "/console/key/evict", url.Values{"tenant": {"default"}, "key": {"order-3"}})
+	if status != 200 || !strings.Contains(page, "evicted default/order-3") {
+		t.Fatalf("evict on a shard set: %d\n%s", status, page)
+	}
+	if out, err := runCmd(t, "get", "--shards-file", file, "order-3"); err == nil {
+		t.Fatalf("order-3 still there after the console evicted it:\n%s", out)
+	}
+	// A shard that does not answer: the overview says so, within its bound,
+	// and shows the other.
+	proxies[1].Blackhole()
+	status, page = k.get("/console/")
+	if status != 200 || strings.Count(page, `class="good">answers<`) != 1 || !strings.Contains(page, "does not answer") {
+		t.Fatalf("overview with shard b cut off: %d\n%s", status, page)
+	}
+}
+
+// Behind admin TLS with client certificates, the console names the person
+// by the certificate's subject, and logs their actions with it; a client
+// without a certificate does not reach it.
+func TestConsoleWhoIsTheClientCertificate(t *testing.T) {
+	dir := tempDir(t)
+	ca, err := testcerts.NewCA(dir, "operators")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := ca.Issue("idem", testcerts.Options{Server: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	alice, err := ca.Issue("alice", testcerts.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := newShop(t)
+	idem := startIdem(t, dir, append(embeddedFlags(t, filepath.Join(dir, "data")), "--upstream", up.URL, "--console",
+		"--admin-tls-cert-file", srv.CertFile, "--admin-tls-key-file", srv.KeyFile, "--admin-tls-client-ca-file", ca.CertFile)...)
+	if r := send(t, "POST", idem.listen+"/pay", "order-1", `{}`); r.status != 201 {
+		t.Fatalf("order-1: %d", r.status)
+	}
+	roots, err := tlsfiles.LoadCAs(ca.CertFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair, err := tls.LoadX509KeyPair(alice.CertFile, alice.KeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := strings.Replace(idem.admin, "http://", "https://", 1)
+	noCert := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	if resp, err := noCert.Get(admin + "/console/"); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the console answered %d to a client without a certificate", resp.StatusCode)
+	}
+	k := newConsoleClient(t, admin, &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{pair}}})
+	if status, page := k.get("/console/"); status != 200 || !strings.Contains(page, "signed in as <strong>alice</strong>") {
+		t.Fatalf("overview over TLS: %d\n%s", status, page)
+	}
+	if status, page := k.post("/console/key/evict?key=order-1", "/console/key/evict", url.Values{"tenant": {"default"}, "key": {"order-1"}}); status != 200 {
+		t.Fatalf("evict: %d\n%s", status, page)
+	}
+	if !strings.Contains(idem.logs.String(), `"msg":"console action","action":"key/evict","tenant":"default","key":"order-1","who":"alice"`) {
+		t.Fatalf("the eviction is not logged as alice's:\n%s", idem.logs)
+	}
 }

@@ -52,12 +52,11 @@ type server struct {
 	etcd     *embed.Etcd // nil with --endpoints
 	restored string      // the embedded etcd's restore marker, while its epoch is not raised yet
 
-	mu     sync.Mutex
-	clis   []*clientv3.Client // none until connected; one per shard with --shards-file
-	setCfg *shard.Config      // with --shards-file, once connected: the set, its clients made
-	store  backend
-	edge   atomic.Pointer[http.Handler] // the edge, once there is a store
-	why    atomic.Pointer[string]       // why not connected yet
+	mu    sync.Mutex
+	clis  []*clientv3.Client // none until connected; one per shard with --shards-file
+	store backend
+	edge  atomic.Pointer[http.Handler] // the edge, once there is a store
+	why   atomic.Pointer[string]       // why not connected yet
 
 	reg      *prometheus.Registry
 	metrics  *idemhttp.Metrics
