@@ -46,7 +46,7 @@ const axeCore = "testdata/npm/node_modules/axe-core/axe.min.js"
 // run anew; a POST without the console's token changes nothing; no page
 // raises a JavaScript error or a serious accessibility violation; the
 // pages are usable by keyboard and on a phone. Screenshots of every page
-// are saved (IDEM_CONSOLE_SCREENSHOTS names the directory; docs/CONSOLE.md
+// are saved (IDEM_TEST_CONSOLE_SCREENSHOTS names the directory; docs/CONSOLE.md
 // shows them).
 func TestConsoleInABrowser(t *testing.T) {
 	browser := chromiumPath(t)
@@ -54,7 +54,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	if err != nil {
 		t.Fatalf("axe-core for the accessibility audit: %v (.ci/run installs it: npm install --prefix cmd/idem/testdata/npm axe-core@4.14.1)", err)
 	}
-	shots := os.Getenv("IDEM_CONSOLE_SCREENSHOTS")
+	shots := os.Getenv("IDEM_TEST_CONSOLE_SCREENSHOTS")
 	if shots == "" {
 		shots = filepath.Join(os.TempDir(), "idem-console-screenshots")
 	}
