@@ -122,6 +122,33 @@ func TestWhatAReplayCarries(t *testing.T) {
 	}
 }
 
+// A header denied after records were saved with it (Set-Cookie allowed
+// at first, then the default) is not replayed from those records either:
+// the deny list holds for what a replay sends, not only for what is saved.
+func TestDenyListHoldsForRecordsSavedBefore(t *testing.T) {
+	up := newUpstream(t)
+	store := newStore(t, "")
+	before := newFront(t, Config{Store: store, DenyHeaders: []string{}}, up, ProxyOptions{})
+	first := do(t, "POST", before.URL+"/headers", "login-2", `{}`)
+	if !strings.HasPrefix(first.header.Get("Set-Cookie"), "session=secret-") {
+		t.Fatalf("first = %d %v; want the upstream's cookie", first.status, first.header)
+	}
+	if again := do(t, "POST", before.URL+"/headers", "login-2", `{}`); again.header.Get("Set-Cookie") == "" {
+		t.Fatalf("with Set-Cookie allowed, the replay lacks it: %v (the record did not save it)", again.header)
+	}
+	after := newFront(t, Config{Store: store}, up, ProxyOptions{})
+	replay := do(t, "POST", after.URL+"/headers", "login-2", `{}`)
+	if replay.header.Get(HeaderReplayed) != "true" || replay.body != first.body {
+		t.Fatalf("replay = %d %q %v", replay.status, replay.body, replay.header)
+	}
+	if c := replay.header.Get("Set-Cookie"); c != "" {
+		t.Errorf("a replay under the default deny list sent the first caller's Set-Cookie %q, saved before the list denied it", c)
+	}
+	if replay.header.Get("X-Kept") != "yes" {
+		t.Errorf("replay lacks X-Kept: %v", replay.header)
+	}
+}
+
 // The middleware alone (no reverse proxy to strip them): headers that the
 // handler's Connection header names are hop-by-hop, never saved.
 func TestConnectionNamedHeadersAreNotSaved(t *testing.T) {

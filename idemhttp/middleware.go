@@ -350,7 +350,7 @@ func (m *Middleware) run(w http.ResponseWriter, req *request, next http.Handler,
 		if err != nil {
 			return "", err
 		}
-		writeOutcome(w, res.Outcome, true, m.cfg.ProblemDocs)
+		writeOutcome(w, m.replayed(res.Outcome), true, m.cfg.ProblemDocs)
 		m.log(req, labelReplayed, res.Token, res.Status)
 		return labelReplayed, nil
 	}
@@ -371,7 +371,7 @@ func (m *Middleware) run(w http.ResponseWriter, req *request, next http.Handler,
 			return labelFenced, nil
 		}
 		if cur, gerr := m.cfg.Store.Get(r.Context(), req.key); gerr == nil && cur.State == etcdstore.Done && cur.Fingerprint == req.fp {
-			writeOutcome(w, *cur.Outcome, true, m.cfg.ProblemDocs)
+			writeOutcome(w, m.replayed(*cur.Outcome), true, m.cfg.ProblemDocs)
 			return labelFenced, nil
 		}
 		m.writeProblem(w, ProblemFor(err))
@@ -511,6 +511,15 @@ func writeOutcome(w http.ResponseWriter, o etcdstore.Outcome, replayed bool, doc
 	}
 	w.WriteHeader(status)
 	_, _ = w.Write(o.Body)
+}
+
+// replayed is o as a replay sends it: without the headers DenyHeaders and
+// AllowHeaders keep from a replay now, though a record saved under an
+// earlier policy holds them (a Set-Cookie denied after an incident is not
+// replayed from the records saved before).
+func (m *Middleware) replayed(o etcdstore.Outcome) etcdstore.Outcome {
+	o.Header = m.savedHeaders(o.Header)
+	return o
 }
 
 // preallocBody is the largest declared body length read into a buffer

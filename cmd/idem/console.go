@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"html/template"
 	"io/fs"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -25,6 +26,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/idemhttp"
 	"github.com/idem-dev/idem/jobs"
 	"github.com/idem-dev/idem/shard"
 )
@@ -166,7 +168,16 @@ func (k *console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("Referrer-Policy", "no-referrer")
-	if strings.HasPrefix(r.URL.Path, "/console/static/") && r.Method == http.MethodGet {
+	if !k.hostAllowed(r) {
+		k.s.log.Warn("console request refused: Host is not one the console answers to", "host", r.Host, "remote", r.RemoteAddr)
+		http.Error(w, fmt.Sprintf("the console does not answer to Host %q over plain HTTP: only to IP addresses, localhost and the names of --console-hosts (a name could be DNS rebinding)", r.Host), http.StatusMisdirectedRequest)
+		return
+	}
+	if strings.HasPrefix(r.URL.Path, "/console/static/") && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+		if strings.HasSuffix(r.URL.Path, "/") {
+			http.NotFound(w, r) // no listings
+			return
+		}
 		k.static.ServeHTTP(w, r)
 		return
 	}
@@ -214,7 +225,9 @@ type page struct {
 func (k *console) render(w http.ResponseWriter, r *http.Request, status int, name string, p page) {
 	p.Token = k.token(w, r)
 	p.Who = who(r)
-	p.Flash = r.URL.Query().Get("done")
+	if msg := r.URL.Query().Get("done"); msg != "" && hmac.Equal([]byte(r.URL.Query().Get("sig")), []byte(k.mac("done\x00"+msg))) {
+		p.Flash = msg // said by this process's own redirect after an action, not by whoever wrote the link
+	}
 	var buf bytes.Buffer
 	if err := k.pages[name].Execute(&buf, p); err != nil {
 		k.s.log.Error("console page", "page", name, "err", err)
@@ -230,21 +243,33 @@ func (k *console) fail(w http.ResponseWriter, r *http.Request, status int, err e
 	k.render(w, r, status, "error", page{Title: http.StatusText(status), Data: err.Error()})
 }
 
-// failFor answers err of a read or an action with the status the worker
-// API would give it.
+// failFor answers err of a read or a refused action with the status the
+// worker API gives it (idemhttp.ProblemFor).
 func (k *console) failFor(w http.ResponseWriter, r *http.Request, err error) {
-	status := http.StatusInternalServerError
+	k.fail(w, r, httpStatusOf(err), err)
+}
+
+func httpStatusOf(err error) int {
 	switch {
-	case errors.Is(err, etcdstore.ErrNotFound):
-		status = http.StatusNotFound
-	case errors.Is(err, etcdstore.ErrInvalidArgument), errors.Is(err, jobs.ErrInvalid):
-		status = http.StatusBadRequest
-	case errors.Is(err, jobs.ErrNotParked), errors.Is(err, jobs.ErrRunning), errors.Is(err, jobs.ErrFinal):
-		status = http.StatusConflict
-	case errors.Is(err, etcdstore.ErrUnavailable), errors.Is(err, errNoStore), errors.Is(err, context.DeadlineExceeded):
-		status = http.StatusServiceUnavailable
+	case errors.Is(err, errNoStore):
+		return http.StatusServiceUnavailable
+	case errors.Is(err, jobs.ErrNotParked), errors.Is(err, jobs.ErrRunning):
+		return http.StatusConflict
 	}
-	k.fail(w, r, status, err)
+	return idemhttp.ProblemFor(err).Status
+}
+
+// outcomeUnknown reports whether an action that failed with err may have
+// happened all the same: its write may have reached etcd (etcd did not
+// answer in time, the connection broke), or the error is not one that says
+// it was refused. Only a write that never left this process, or a refusal
+// (bad input, not found, a conflict), did not happen.
+func outcomeUnknown(err error) bool {
+	if errors.Is(err, etcdstore.ErrNotSent) || errors.Is(err, errNoStore) {
+		return false
+	}
+	status := httpStatusOf(err)
+	return status >= 500
 }
 
 var errNoStore = errors.New("idem has not reached etcd yet")
@@ -438,7 +463,7 @@ func (k *console) charts() []chart {
 type keysData struct {
 	Tenant, State string
 	Records       []recordView
-	Next          string // the query of the next page, "" on the last
+	Next          template.URL // the next page, "" on the last
 	Err           string
 }
 
@@ -486,7 +511,7 @@ func (k *console) keys(w http.ResponseWriter, r *http.Request) {
 	if len(recs) == consolePageSize {
 		last := recs[len(recs)-1].Key
 		v := url.Values{"tenant": {d.Tenant}, "state": {d.State}, "after_tenant": {last.Tenant}, "after_key": {last.ID}}
-		d.Next = v.Encode()
+		d.Next = template.URL("/console/keys?" + v.Encode())
 	}
 	k.render(w, r, http.StatusOK, "keys", page{Title: "Keys", Nav: "keys", Data: d})
 }
@@ -712,7 +737,8 @@ func (k *console) job(w http.ResponseWriter, r *http.Request) {
 // --- Actions
 
 type confirmData struct {
-	Action, What, Tenant, ID, Back, Warning string
+	Action, What, Tenant, ID, Warning string
+	Back                             template.URL
 }
 
 // confirm asks before an action that cannot be undone.
@@ -727,7 +753,7 @@ func (k *console) confirm(w http.ResponseWriter, r *http.Request, action string)
 			return
 		}
 		d.Tenant, d.ID, d.What = key.Tenant, key.ID, "key"
-		d.Back = "/console/key?" + url.Values{"tenant": {key.Tenant}, "key": {key.ID}}.Encode()
+		d.Back = template.URL("/console/key?" + url.Values{"tenant": {key.Tenant}, "key": {key.ID}}.Encode())
 		d.Warning = "Its saved answer is forgotten: the next request with this key runs the work again, and a claim in flight loses its fence."
 	case "cancel":
 		if d.Tenant == "" {
@@ -739,7 +765,7 @@ func (k *console) confirm(w http.ResponseWriter, r *http.Request, action string)
 			return
 		}
 		d.Tenant, d.ID, d.What = key.Tenant, key.ID, "job"
-		d.Back = "/console/job?" + url.Values{"tenant": {key.Tenant}, "id": {key.ID}}.Encode()
+		d.Back = template.URL("/console/job?" + url.Values{"tenant": {key.Tenant}, "id": {key.ID}}.Encode())
 		d.Warning = "Its remaining steps never run; its finished steps stay done (no compensation runs)."
 	}
 	k.render(w, r, http.StatusOK, "confirm", page{Title: "Confirm: " + action + " " + d.ID, Nav: map[string]string{"evict": "keys", "cancel": "jobs"}[action], Data: d})
@@ -783,7 +809,7 @@ func (k *console) post(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 		err = t.keys.Evict(ctx, key) // idem admin evict
-		back = "/console/keys?" + url.Values{"tenant": {key.Tenant}, "done": {"evicted " + key.Tenant + "/" + key.ID}}.Encode()
+		back = "/console/keys?" + k.doneQuery(url.Values{"tenant": {key.Tenant}}, "evicted "+key.Tenant+"/"+key.ID)
 	case "job/retry", "job/cancel":
 		if key, err = keyOf(f, "id"); err != nil {
 			break
@@ -802,15 +828,21 @@ func (k *console) post(w http.ResponseWriter, r *http.Request) {
 			_, err = q.Cancel(ctx, key.ID, reason) // idem jobs cancel
 		}
 		verb := map[string]string{"job/retry": "queued again", "job/cancel": "cancelled"}[action]
-		back = "/console/job?" + url.Values{"tenant": {key.Tenant}, "id": {key.ID}, "done": {key.ID + " " + verb}}.Encode()
+		back = "/console/job?" + k.doneQuery(url.Values{"tenant": {key.Tenant}, "id": {key.ID}}, key.ID+" "+verb)
 	default:
 		k.fail(w, r, http.StatusNotFound, fmt.Errorf("no action %q", action))
 		return
 	}
 	args := []any{"action", action, "tenant", key.Tenant, "key", key.ID, "who", who(r), "remote", r.RemoteAddr}
-	if err != nil {
-		k.s.log.Warn("console action failed", append(args, "err", err)...)
-		k.failFor(w, r, fmt.Errorf("%s %s: %w", action, key, err))
+	switch {
+	case err != nil && outcomeUnknown(err):
+		// It may have happened: say so, and never that it failed.
+		k.s.log.Warn("console action outcome unknown", append(args, "err", err)...)
+		k.fail(w, r, httpStatusOf(err), fmt.Errorf("%s %s/%s may have happened: %w. Look at it again before you repeat it", action, key.Tenant, key.ID, err))
+		return
+	case err != nil:
+		k.s.log.Warn("console action refused", append(args, "err", err)...)
+		k.failFor(w, r, fmt.Errorf("%s %s/%s was not done: %w", action, key.Tenant, key.ID, err))
 		return
 	}
 	k.s.log.Info("console action", args...)
@@ -831,6 +863,41 @@ func (k *console) token(w http.ResponseWriter, r *http.Request) string {
 		http.SetCookie(w, c)
 	}
 	return k.mac(c.Value)
+}
+
+// doneQuery is the query of the page an action redirects to, with the message
+// it shows and its MAC: a link written by someone else shows none.
+func (k *console) doneQuery(v url.Values, msg string) string {
+	v.Set("done", msg)
+	v.Set("sig", k.mac("done\x00"+msg))
+	return v.Encode()
+}
+
+// hostAllowed guards against DNS rebinding: a page of another site whose
+// name comes to resolve to the admin listener is same-origin to the
+// browser, so neither the CSRF token nor the cross-origin check stops it;
+// its Host is its own name. Over plain HTTP, the console answers only to an
+// IP address, localhost, or a name of --console-hosts. Over TLS the
+// browser checks the certificate's names, which another site's name is
+// not among.
+func (k *console) hostAllowed(r *http.Request) bool {
+	if r.TLS != nil {
+		return true
+	}
+	host := r.Host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.Trim(host, "[]"), ".")
+	if net.ParseIP(host) != nil || strings.EqualFold(host, "localhost") {
+		return true
+	}
+	for _, h := range k.s.cfg.consoleHosts {
+		if strings.EqualFold(h, host) {
+			return true
+		}
+	}
+	return false
 }
 
 func (k *console) mac(cookie string) string {

@@ -32,6 +32,9 @@ func TestServeRefusesBadFlagsBeforeStartingAnything(t *testing.T) {
 		{[]string{"--replay-deny-headers", "Bad Name"}, "--replay-deny-headers"},
 		{[]string{"--replay-allow-headers", "X-Ok,a:b"}, "--replay-allow-headers"},
 		{[]string{"--problem-docs-url", "docs/HTTP.md"}, "--problem-docs-url"},
+		{[]string{"--console-hosts", "idem.example"}, "--console-hosts needs --console"},
+		{[]string{"--console", "--console-hosts", "https://idem.example"}, "--console-hosts"},
+		{[]string{"--console", "--console-hosts", "idem.example:8081"}, "--console-hosts"},
 		// Values the store refuses: found before etcd is called, with an
 		// external etcd that does not answer too.
 		{[]string{"--endpoints", "127.0.0.1:1", "--session-ttl", "1500ms"}, "--session-ttl 1.5s"},

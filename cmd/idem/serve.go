@@ -109,6 +109,7 @@ type serveConfig struct {
 	logKeys             bool
 	pprof               bool
 	console             bool
+	consoleHosts        listFlag
 	shutdownGrace       time.Duration
 }
 
@@ -182,6 +183,7 @@ func (c *serveConfig) flags(stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.BoolVar(&c.logKeys, "log-keys", false, "log idempotency keys in clear (default: a hash)")
 	fs.BoolVar(&c.pprof, "pprof", false, "serve /debug/pprof on the admin address")
+	fs.Var(list(&c.consoleHosts), "console-hosts", "host names the console answers to over plain HTTP, comma-separated, besides IP addresses and localhost (against DNS rebinding; over TLS, any)")
 	fs.BoolVar(&c.console, "console", false, "serve the console (keys, jobs, schedules, the cluster) under /console/ on the admin address, behind its TLS and client certificates")
 	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long in-flight requests may take to finish")
 	return fs
@@ -226,6 +228,14 @@ func (c *serveConfig) validate() error {
 			if !httpguts.ValidHeaderFieldName(k) {
 				return fmt.Errorf("%s: %q is not a header name", flagName, k)
 			}
+		}
+	}
+	if len(c.consoleHosts) > 0 && !c.console {
+		return errors.New("--console-hosts needs --console")
+	}
+	for _, h := range c.consoleHosts {
+		if h == "" || strings.ContainsAny(h, ":/ @[]") || strings.Trim(h, ".") == "" {
+			return fmt.Errorf("--console-hosts: %q is not a host name (no scheme, port or path: idem.internal.example)", h)
 		}
 	}
 	if c.problemDocs != "none" {
