@@ -738,7 +738,7 @@ func (k *console) job(w http.ResponseWriter, r *http.Request) {
 
 type confirmData struct {
 	Action, What, Tenant, ID, Warning string
-	Back                             template.URL
+	Back                              template.URL
 }
 
 // confirm asks before an action that cannot be undone.
