@@ -521,3 +521,34 @@ func TestConsoleWhoIsTheClientCertificate(t *testing.T) {
 		t.Fatalf("the eviction is not logged as alice's:\n%s", idem.logs)
 	}
 }
+
+// An eviction whose outcome is unknown (etcd stops answering while it is
+// sent) is reported as one that may have happened, never as failed.
+func TestConsoleActionOfUnknownOutcome(t *testing.T) {
+	dir := tempDir(t)
+	p := etcdBehindProxy(t, filepath.Join(dir, "etcd"))
+	up := newShop(t)
+	idem := startIdem(t, filepath.Join(dir, "work"), "--endpoints", p.URL(), "--upstream", up.URL, "--console", "--request-timeout", "1s")
+	if r := send(t, "POST", idem.listen+"/pay", "order-1", `{}`); r.status != 201 {
+		t.Fatalf("order-1: %d", r.status)
+	}
+	k := newConsoleClient(t, idem.admin, nil)
+	status, page := k.get("/console/key/evict?key=order-1")
+	m := csrfField.FindStringSubmatch(page)
+	if status != 200 || m == nil {
+		t.Fatalf("confirmation: %d\n%s", status, page)
+	}
+	p.Blackhole()
+	resp, err := k.c.PostForm(idem.admin+"/console/key/evict", url.Values{"csrf": {m[1]}, "tenant": {"default"}, "key": {"order-1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "may have happened") {
+		t.Fatalf("evict while etcd does not answer: %d\n%s", resp.StatusCode, body)
+	}
+	if logs := idem.logs.String(); !strings.Contains(logs, `"msg":"console action outcome unknown","action":"key/evict"`) || strings.Contains(logs, `"msg":"console action refused"`) {
+		t.Fatalf("the log does not say the outcome is unknown:\n%s", logs)
+	}
+}
