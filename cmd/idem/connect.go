@@ -178,8 +178,11 @@ const maxConnectWait = 8 * time.Second
 // would be claimed gets 503 (it cannot be claimed, and must not reach the
 // upstream unclaimed), and in proxy mode every other request passes
 // through, without a client-sent fence header, as it would with a store.
-func (c *serveConfig) waitingEdge() (http.Handler, error) {
+func (c *serveConfig) waitingEdge(metrics *idemhttp.Metrics) (http.Handler, error) {
 	unavailable := func(w http.ResponseWriter) {
+		// Counted as the edge counts its 503s: an outage before etcd is
+		// reached is when the person on call looks at them.
+		metrics.Requests.WithLabelValues("unavailable").Inc()
 		p := idemhttp.NewProblem(http.StatusServiceUnavailable, idemhttp.KindUnavailable,
 			"idem cannot reach etcd yet: retry with the same key")
 		p.RetryAfter = 1
@@ -203,6 +206,7 @@ func (c *serveConfig) waitingEdge() (http.Handler, error) {
 			return
 		}
 		r.Header.Del(fencing.Header)
+		metrics.Requests.WithLabelValues("passthrough").Inc()
 		rp.ServeHTTP(w, r)
 	}), nil
 }

@@ -22,6 +22,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	dto "github.com/prometheus/client_model/go"
 
@@ -46,6 +47,7 @@ const (
 	consolePageSize    = 100
 	consoleCookie      = "idem_console"
 	consoleStatScan    = 2000 // records whose state the overview reads, per cluster
+	consoleJobScan     = 5000 // records the jobs page reads at most to fill a page of one state
 )
 
 // consoleOutcomes are the edge outcomes the overview charts: what a
@@ -66,6 +68,8 @@ type console struct {
 	secret []byte // signs the CSRF tokens; new with every process
 	cop    *http.CrossOriginProtection
 
+	started time.Time // the counters count from about here (the process's start)
+
 	mu      sync.Mutex
 	samples []consoleSample // oldest first
 	stop    chan struct{}
@@ -79,7 +83,7 @@ type consoleSample struct {
 
 func newConsole(s *server) (*console, error) {
 	k := &console{s: s, pages: map[string]*template.Template{}, stop: make(chan struct{}), done: make(chan struct{}),
-		cop: http.NewCrossOriginProtection()}
+		cop: http.NewCrossOriginProtection(), started: time.Now()}
 	k.secret = make([]byte, 32)
 	rand.Read(k.secret)
 	funcs := template.FuncMap{
@@ -87,6 +91,7 @@ func newConsole(s *server) (*console, error) {
 		"ago":       func(t time.Time) string { return consoleAgo(time.Since(t)) },
 		"left":      func(t time.Time) string { return consoleAgo(time.Until(t)) },
 		"bytes":     bytesOf,
+		"count":     func(v float64) string { return strconv.FormatFloat(v, 'f', 0, 64) },
 		"q":         url.QueryEscape,
 		"printable": printable,
 		"short":     oneLine,
@@ -358,11 +363,7 @@ type clusterView struct {
 
 func (k *console) overview(w http.ResponseWriter, r *http.Request) {
 	d := overviewData{Charts: k.charts()}
-	k.mu.Lock()
-	if len(k.samples) > 0 {
-		d.Since = k.samples[0].At
-	}
-	k.mu.Unlock()
+	d.Since = k.started
 	t, store, err := k.clusters()
 	if err != nil {
 		d.Err = err.Error()
@@ -451,7 +452,7 @@ func (k *console) charts() []chart {
 			h := max(d/c.Max*(height-2), 1.5)
 			c.Bars = append(c.Bars, bar{X: x0 + step*float64(j), Y: height - h, W: max(step-0.4, 0.8), H: h})
 		}
-		c.Desc = fmt.Sprintf("%s per %s over the last %s: at most %g, %g in the last interval, %g since the process started",
+		c.Desc = fmt.Sprintf("%s per %s over the last %s: at most %.0f, %.0f in the last interval, %.0f since the process started",
 			o.Title, consoleSampleEvery, consoleAgo(consoleSampleEvery*time.Duration(max(len(deltas), 1))), c.Max, c.Last, c.Total)
 		out[i] = c
 	}
@@ -586,7 +587,11 @@ func (k *console) key(w http.ResponseWriter, r *http.Request) {
 		}
 		b := o.Body
 		if len(b) > consolePreview {
-			b, d.Truncated = b[:consolePreview], true
+			n := consolePreview
+			for n > consolePreview-utf8.UTFMax && !utf8.RuneStart(b[n]) {
+				n-- // not inside a character: a text body stays text
+			}
+			b, d.Truncated = b[:n], true
 		}
 		d.Preview = printable(b)
 	}
@@ -645,6 +650,8 @@ type jobsData struct {
 	States        []jobs.State
 	Jobs          []jobView
 	More          bool
+	Capped        bool // the scan stopped at consoleJobScan records
+	Scan          int
 	Schedules     []scheduleView
 	SchedErr      string
 }
@@ -653,7 +660,7 @@ var consoleJobStates = []jobs.State{jobs.Queued, jobs.Scheduled, jobs.Running, j
 
 func (k *console) jobs(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	d := jobsData{Tenant: q.Get("tenant"), State: q.Get("state"), States: consoleJobStates}
+	d := jobsData{Tenant: q.Get("tenant"), State: q.Get("state"), States: consoleJobStates, Scan: consoleJobScan}
 	if d.Tenant == "" {
 		d.Tenant = jobs.DefaultTenant
 	}
@@ -672,11 +679,12 @@ func (k *console) jobs(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := k.ctx(r)
 	defer cancel()
-	js, err := listJobs(ctx, t.keys, d.Tenant, jobs.State(d.State), consolePageSize+1)
+	js, scanned, err := listJobsScan(ctx, t.keys, d.Tenant, jobs.State(d.State), consolePageSize+1, consoleJobScan)
 	if err != nil {
 		k.failFor(w, r, err)
 		return
 	}
+	d.Capped = scanned >= consoleJobScan && len(js) <= consolePageSize
 	if len(js) > consolePageSize {
 		js, d.More = js[:consolePageSize], true
 	}
@@ -728,7 +736,7 @@ func (k *console) job(w http.ResponseWriter, r *http.Request) {
 	}
 	d := jobData{J: viewJob(j), Retry: j.State == jobs.Parked}
 	switch j.State {
-	case jobs.Queued, jobs.Scheduled, jobs.Parked:
+	case jobs.Queued, jobs.Scheduled, jobs.Waiting, jobs.Parked:
 		d.Cancel = true
 	}
 	k.render(w, r, http.StatusOK, "job", page{Title: "Job " + key.ID, Nav: "jobs", Data: d})
@@ -776,6 +784,8 @@ func (k *console) confirm(w http.ResponseWriter, r *http.Request, action string)
 // asked.
 func (k *console) post(w http.ResponseWriter, r *http.Request) {
 	if err := k.cop.Check(r); err != nil {
+		k.s.log.Warn("console action refused: a cross-origin request", "path", r.URL.Path, "who", who(r), "remote", r.RemoteAddr,
+			"origin", r.Header.Get("Origin"), "sec_fetch_site", r.Header.Get("Sec-Fetch-Site"))
 		k.fail(w, r, http.StatusForbidden, fmt.Errorf("refused: %w", err))
 		return
 	}

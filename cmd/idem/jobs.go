@@ -337,13 +337,26 @@ func jobsList(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 // listJobs lists tenant's jobs in state (all with ""), at most limit of
 // them (0: all): idem jobs ls and the console's Jobs page.
 func listJobs(ctx context.Context, keys keyAdmin, tenant string, state jobs.State, limit int) ([]*jobs.Job, error) {
+	js, _, err := listJobsScan(ctx, keys, tenant, state, limit, 0)
+	return js, err
+}
+
+// listJobsScan is listJobs reading at most maxScan records (0: all); it
+// returns how many it read.
+func listJobsScan(ctx context.Context, keys keyAdmin, tenant string, state jobs.State, limit, maxScan int) ([]*jobs.Job, int, error) {
 	var out []*jobs.Job
 	var after *etcdstore.Key
+	scanned := 0
 	for {
-		recs, err := keys.List(ctx, tenant, etcdstore.ListOptions{After: after, Limit: etcdstore.MaxListLimit})
-		if err != nil && len(recs) == 0 {
-			return nil, err
+		page := etcdstore.MaxListLimit
+		if maxScan > 0 {
+			page = min(page, maxScan-scanned)
 		}
+		recs, err := keys.List(ctx, tenant, etcdstore.ListOptions{After: after, Limit: page})
+		if err != nil && len(recs) == 0 {
+			return nil, scanned, err
+		}
+		scanned += len(recs)
 		for _, r := range recs {
 			j, err := jobs.FromRecord(r, time.Now())
 			if err != nil || (state != "" && j.State != state) {
@@ -351,7 +364,7 @@ func listJobs(ctx context.Context, keys keyAdmin, tenant string, state jobs.Stat
 			}
 			out = append(out, j)
 		}
-		if len(recs) < etcdstore.MaxListLimit || limit > 0 && len(out) >= limit {
+		if len(recs) < page || limit > 0 && len(out) >= limit || maxScan > 0 && scanned >= maxScan {
 			break
 		}
 		after = &recs[len(recs)-1].Key
@@ -359,7 +372,7 @@ func listJobs(ctx context.Context, keys keyAdmin, tenant string, state jobs.Stat
 	if limit > 0 && len(out) > limit {
 		out = out[:limit]
 	}
-	return out, nil
+	return out, scanned, nil
 }
 
 func jobsGet(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {

@@ -101,7 +101,7 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 	}
 
 	s.registerMetrics(c.cacheSize > 0)
-	if s.waiting, err = c.waitingEdge(); err != nil {
+	if s.waiting, err = c.waitingEdge(s.metrics); err != nil {
 		return nil, err
 	}
 
@@ -166,6 +166,7 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 		TLSConfig:         c.adminTLS,
 		ReadHeaderTimeout: c.readHeaderTimeout,
 		ReadTimeout:       c.readTimeout,
+		IdleTimeout:       time.Minute, // browsers on the console keep connections: idle ones must not fill adminConnLimit
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	// Both listeners accept no more connections than they may hold: past
