@@ -301,20 +301,40 @@ func TestBatchedClaimWhoseCallerLeavesDoesNotHoldTheKey(t *testing.T) {
 		blkDone := do(ctx, blk)
 		<-held
 		<-leader
+		// The first Txn that carries the victim's claim is held, whichever
+		// batch it flies in: one queued behind the held blocker, or one
+		// sent beside it once the batch hold passed (group commit sends a
+		// further batch then; the victim and the other caller need not
+		// stay queued).
+		holdNext(victim)
 		vctx, leave := context.WithCancel(ctx)
 		vDone, oDone := do(vctx, victim), do(ctx, other)
-		// Queued behind the held batch: wait for both to be queued.
-		for a.kv.Queued() < 2 {
-			runtime.Gosched() // polling a condition
+		blocked := true
+		unblock := func() {
+			if blocked {
+				blocked = false
+				release <- struct{}{} // the blocker lands; the next batch forms
+			}
 		}
-		holdNext(victim)
-		release <- struct{}{} // the blocker lands; the next batch forms
-		tr := <-held
+		var tr *pb.TxnRequest
+		for tr == nil {
+			select {
+			case tr = <-held:
+			default:
+				// Both queued behind the blocker, or one of them gone on:
+				// let the blocker land, and the next batch form.
+				if a.kv.Queued() >= 2 || len(vDone) > 0 || len(oDone) > 0 {
+					unblock()
+				}
+				runtime.Gosched() // polling a condition
+			}
+		}
 		lead := <-leader
 		if lead == victim || !writesKey(tr, other) {
-			// The victim leads (it waits in its own send) or flies alone:
-			// not the case under test. Let it land and try again.
+			// The victim leads (it waits in its own send) or flies without
+			// the other: not the case under test. Let it land and try again.
 			release <- struct{}{}
+			unblock()
 			leave()
 			<-vDone
 			<-oDone
@@ -323,7 +343,8 @@ func TestBatchedClaimWhoseCallerLeavesDoesNotHoldTheKey(t *testing.T) {
 		}
 		leave()               // the victim's caller goes while its claim flies
 		release <- struct{}{} // and the claim lands after
-		<-vDone               // an error, or the outcome of work that ran although its caller left
+		unblock()
+		<-vDone // an error, or the outcome of work that ran although its caller left
 		<-oDone
 		<-blkDone
 		settle(t, a)
