@@ -118,6 +118,11 @@ func (w *world) spawnActor(n int) {
 			w.s.spawn(name+"/do", p, false, func(a *actor) { w.doWorker(a, p) })
 			break
 		}
+		if w.rng.IntN(3) == 0 {
+			// Someone on call retries a parked job, or cancels one.
+			w.s.spawn(name+"/operator", p, false, func(a *actor) { w.operator(a, p) })
+			break
+		}
 		w.s.spawn(name+"/job", p, false, func(a *actor) { w.jobWorker(a, p) })
 	case 0, 4:
 		w.s.spawn(name+"/do", p, false, func(a *actor) { w.doWorker(a, p) })

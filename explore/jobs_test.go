@@ -50,6 +50,11 @@ type jobsConfig struct {
 	// may or may not leave room for the job's end.
 	tight bool
 	size  int // the last step's output, in a tight world
+	// retryParked: after healing, a job left parked is retried (as from
+	// the console or idem jobs retry) and must then end.
+	retryParked bool
+	// cancelParked: ... it is cancelled instead.
+	cancelParked bool
 }
 
 func (w *world) pickJobs() {
@@ -60,6 +65,8 @@ func (w *world) pickJobs() {
 		tight:    w.rng.IntN(4) == 0,
 		size:     2200 + w.rng.IntN(1000),
 	}
+	w.jobs.retryParked = w.rng.IntN(2) == 0
+	w.jobs.cancelParked = w.rng.IntN(3) == 0
 	if w.rng.IntN(3) == 0 {
 		w.jobs.deadline = time.Duration(5+w.rng.IntN(20)) * time.Second
 		// A job may wait at most half the store's retention.
@@ -214,6 +221,57 @@ func (w *world) jobWorker(a *actor, p *process) {
 	}
 }
 
+// operator does what a person on call does from the console (idem serve
+// --console) or idem jobs: it waits for a job to park and retries it, or
+// cancels a job, through the calls both make (Queue.Retry, Queue.Cancel),
+// under the schedule's faults at every store call. A call whose outcome is
+// unknown is repeated, as a person who saw "may have happened" and looked
+// again would: the second finds the job moved on and is refused.
+func (w *world) operator(a *actor, p *process) {
+	id := jobKeys[w.rng.IntN(len(jobKeys))]
+	q, err := w.jobsQueue(p)
+	if err != nil {
+		panic(err)
+	}
+	cancel := w.rng.IntN(2) == 0
+	for look := 0; look < 40; look++ { // a job parks only after its attempts ran out
+		w.s.step(a)
+		j, err := q.Get(a.ctx, id)
+		if err != nil || cancel && j.State == jobs.Running || !cancel && j.State != jobs.Parked {
+			continue // not there yet, or not in a state the action takes: look again later
+		}
+		for try := 0; try < 3; try++ {
+			w.s.step(a)
+			var done *jobs.Job
+			if cancel {
+				done, err = q.Cancel(a.ctx, id, "explore: cancelled by "+a.name)
+			} else {
+				done, err = q.Retry(a.ctx, id)
+			}
+			switch {
+			case err == nil && cancel:
+				w.ledger.hit("path:operator cancelled a job")
+				w.note("%s: cancelled job %s (token %d)", a.name, id, done.Token)
+				return
+			case err == nil:
+				w.ledger.hit("path:operator retried a parked job under faults")
+				w.note("%s: retried job %s (token %d), now %s", a.name, id, done.Token, done.State)
+				return
+			case errors.Is(err, jobs.ErrNotParked), errors.Is(err, jobs.ErrRunning), errors.Is(err, jobs.ErrFinal):
+				if try > 0 {
+					w.ledger.hit("path:operator's repeated action refused after an unknown outcome")
+				}
+				w.note("%s: %s of job %s refused: %v", a.name, map[bool]string{true: "cancel", false: "retry"}[cancel], id, err)
+				return
+			case !retryable(err):
+				w.note("%s: %s of job %s: %v", a.name, map[bool]string{true: "cancel", false: "retry"}[cancel], id, err)
+				return
+			}
+		}
+		return
+	}
+}
+
 // drainJobs runs every job to its end (or to parked) after healing, as an
 // actor of the first process: once faults stop, a job always ends. It
 // reports what did not.
@@ -232,7 +290,38 @@ func (w *world) drainJobs(a *actor) []string {
 	ctx := a.ctx
 	for _, id := range jobKeys {
 		var j *jobs.Job
+		retried := false
 		for round := 0; round < 20; round++ {
+			if j != nil && j.State == jobs.Parked && w.jobs.retryParked && !retried {
+				// Someone on call retries it (the console, idem jobs retry):
+				// with faults healed, it then ends. Or, in some worlds,
+				// cancels it: it then stays cancelled (invariant 10).
+				if w.jobs.cancelParked {
+					cj, err := q.Cancel(ctx, id, "explore: cancelled after healing")
+					if err != nil && retryable(err) && round < 19 {
+						clock.Sleep(p.clock, ctx, time.Second)
+						continue
+					}
+					if err != nil || cj.State != jobs.Cancelled {
+						bad = append(bad, fmt.Sprintf("job %s: cancelling it, parked, after healing: %v, %+v", id, err, cj))
+					}
+					w.ledger.hit("path:operator cancelled a parked job")
+					j = cj
+					break
+				}
+				rj, err := q.Retry(ctx, id)
+				if err != nil && retryable(err) && round < 19 {
+					clock.Sleep(p.clock, ctx, time.Second)
+					continue
+				}
+				if err != nil {
+					bad = append(bad, fmt.Sprintf("job %s: retrying it, parked, after healing: %v", id, err))
+					break
+				}
+				retried = true
+				w.ledger.hit("path:operator retried a parked job")
+				w.note("driver: retried parked job %s: %s, token %d", id, rj.State, rj.Token)
+			}
 			j, err = wk.Run(ctx, id)
 			if errors.Is(err, etcdstore.ErrNotFound) {
 				break
@@ -245,7 +334,7 @@ func (w *world) drainJobs(a *actor) []string {
 				bad = append(bad, fmt.Sprintf("job %s: running it after healing: %v", id, err))
 				break
 			}
-			if j.State.Final() || j.State == jobs.Parked {
+			if j.State.Final() || j.State == jobs.Parked && (retried || !w.jobs.retryParked) {
 				break
 			}
 			switch j.State {
@@ -260,6 +349,11 @@ func (w *world) drainJobs(a *actor) []string {
 		if j != nil && !j.State.Final() && j.State != jobs.Parked {
 			bad = append(bad, fmt.Sprintf("job %s still %s (attempts %d, owner %q) after healing and 20 rounds of running it", id, j.State, j.Attempts, j.Owner))
 		}
+		// (A job whose end cannot fit its record, in a tight world, parks
+		// again: nothing an operator does makes it fit.)
+		if retried && j != nil && j.State == jobs.Parked && !strings.Contains(j.Err, "too large") {
+			bad = append(bad, fmt.Sprintf("job %s parked again after an operator retried it with faults healed (attempts %d): %s", id, j.Attempts, j.Err))
+		}
 	}
 	return bad
 }
@@ -273,6 +367,10 @@ func (w *world) drainJobs(a *actor) []string {
 //     state says the step finished (likewise a compensation's).
 //  9. Progress never goes back: along a job's history, the steps
 //     finished (and compensated) only grow.
+//  9b. An ended job stays as it ended: once a version of it is succeeded,
+//     failed or cancelled, no later version of the same job is in another
+//     state (an operator's cancel or retry, or a worker that lost the
+//     race with it, never brings it back).
 func (w *world) checkJobs(hist map[string][]version, final map[string]*etcdstore.Record, rolledBack map[string]bool, opStarts map[string][]int64) []string {
 	var bad []string
 	fail := func(format string, args ...any) { bad = append(bad, fmt.Sprintf(format, args...)) }
@@ -285,11 +383,13 @@ func (w *world) checkJobs(hist map[string][]version, final map[string]*etcdstore
 		}
 		finishedBy := map[int]int64{} // step -> token that finished it
 		high := 0
+		var ended jobs.State
+		endedAt := int64(0)
 		for _, v := range hist[key] {
 			if v.deleted || slices.Contains(opStarts[key], int64(v.rec.Token)) {
 				// Gone, or submitted again after its retention passed: a
 				// new job of the same id.
-				finishedBy, high = map[int]int64{}, 0
+				finishedBy, high, ended = map[int]int64{}, 0, ""
 			}
 			if v.deleted || v.rec.Fence {
 				continue
@@ -313,6 +413,12 @@ func (w *world) checkJobs(hist map[string][]version, final map[string]*etcdstore
 			}
 			if progress < high {
 				fail("%s: progress went back from %d to %d at revision %d (token %d)", key, high, progress, v.rev, v.rec.Token)
+			}
+			switch {
+			case ended != "" && j.State != ended:
+				fail("%s: %s at revision %d, then %s at revision %d (token %d): an ended job changed", key, ended, endedAt, j.State, v.rev, v.rec.Token)
+			case ended == "" && j.State.Final():
+				ended, endedAt = j.State, v.rev
 			}
 			high = max(high, progress)
 		}
