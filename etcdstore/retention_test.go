@@ -268,3 +268,58 @@ func fillUntilNoSpace(t *testing.T, ctx context.Context, cli *clientv3.Client) {
 		}
 	}
 }
+
+// A claim whose record has expired by its store's clock writes nothing in
+// flight any more, though its timer has not fired yet: a checkpoint or an
+// abandon would bring back a record others already treat as absent (a
+// scheduler moves on from a forgotten job; the explorer found an abandon
+// that revived one and let two occurrences overlap). A Complete still
+// saves the outcome of work that ran.
+func TestInFlightWritesAfterTheRecordExpiredAreRefused(t *testing.T) {
+	cli := client(t)
+	clk := newShiftClock()
+	const retention = 20 * time.Second
+	prefix := testPrefix(t)
+	s := newStore(t, cli, prefix, WithExpirySweep(false), WithClock(clk), WithRetention(retention))
+	ctx := testCtx(t)
+	for _, write := range []string{"checkpoint", "abandon", "complete"} {
+		clk.Shift(0)
+		key := Key{ID: "forgotten-" + write}
+		c, _, err := s.Claim(ctx, key, fpOf(t, "p"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		before, err := cli.Get(ctx, s.ks.record(key))
+		if err != nil || len(before.Kvs) != 1 {
+			t.Fatalf("%s: the record before: %v", write, err)
+		}
+		clk.Shift(retention + time.Second) // past the record's expiry; the claim's real timer is still far off
+		switch write {
+		case "checkpoint":
+			err = c.Checkpoint(ctx, []byte("late"))
+		case "abandon":
+			err = c.Abandon(ctx)
+		case "complete":
+			err = c.Complete(ctx, Outcome{Status: 200, Body: []byte("ran")})
+		}
+		after, gerr := cli.Get(ctx, s.ks.record(key))
+		if gerr != nil || len(after.Kvs) != 1 {
+			t.Fatalf("%s: the record after: %v", write, gerr)
+		}
+		if write == "complete" {
+			if err != nil || after.Kvs[0].ModRevision == before.Kvs[0].ModRevision {
+				t.Fatalf("complete after the record expired = %v; want the outcome saved", err)
+			}
+			continue
+		}
+		if !errors.Is(err, ErrClaimEnded) || !errors.Is(err, ErrDeadline) {
+			t.Fatalf("%s after the record expired = %v; want ErrClaimEnded and ErrDeadline", write, err)
+		}
+		if after.Kvs[0].ModRevision != before.Kvs[0].ModRevision {
+			t.Fatalf("%s after the record expired was written (revision %d, was %d): the forgotten record came back", write, after.Kvs[0].ModRevision, before.Kvs[0].ModRevision)
+		}
+		if c.Err() == nil {
+			t.Fatalf("%s: the claim is not ended after its refused write", write)
+		}
+	}
+}

@@ -131,10 +131,29 @@ func (c *Claim) write(ctx context.Context, op string, final bool, extra []client
 		var want *Record // the record this write puts; nil: a delete
 		var res casResult
 		var err error
+		if next != nil {
+			want = next(c.recordLocked(s.now()))
+		}
+		if want != nil && want.State == InFlight && !c.expires.IsZero() && !s.now().Before(c.expires) {
+			// The claim's record is past its expiry, by this store's clock:
+			// others treat it as absent (a scheduler moves on from a job
+			// that was forgotten), and the claim ended with it (its timer
+			// may not have fired yet: it waits for c.mu, held here across
+			// tries). An in-flight write now (a checkpoint, a renewal, an
+			// abandon) would bring the forgotten record back; a Complete
+			// or a Release still goes, as an outcome that happened is
+			// better saved. (Past its deadline alone, the record is not
+			// forgotten: a late write races a takeover by compare.)
+			c.endLocked(ErrDeadline)
+			if landed.maybe {
+				return fmt.Errorf("%s %s: %w: an earlier try may have landed, and the claim's record is now past its expiry (%s): %w",
+					op, c.key, ErrUnavailable, c.expires.Format(time.RFC3339Nano), ErrDeadline)
+			}
+			return fmt.Errorf("%s %s: %w: %w: its record is past its expiry (%s)", op, c.key, ErrClaimEnded, ErrDeadline, c.expires.Format(time.RFC3339Nano))
+		}
 		if next == nil {
 			res, err = s.cas(ctx, c.key, "", cmps, write{key: ekey, delete: true}, extra)
 		} else {
-			want = next(c.recordLocked(s.now()))
 			res, err = s.writeRecord(ctx, c.key, "", cmps, want, c.token, extra...)
 		}
 		if err != nil && errors.Is(err, rpctypes.ErrNoSpace) && want != nil && (want.State == Done || want.Owner == "") {
