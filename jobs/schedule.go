@@ -455,7 +455,7 @@ func (s *Scheduler) exclusive(ctx context.Context, sc *Schedule, cur cursorValue
 	}
 	if !running && !cur.Buffered.IsZero() {
 		nv := cur
-		nv.Prev, nv.Buffered = cur.Buffered, time.Time{}
+		nv.Prev, nv.Buffered, nv.PrevAt = cur.Buffered, time.Time{}, now
 		if rev, err = s.setCursor(ctx, sc, rev, nv); err != nil || rev == 0 {
 			return "", rev == 0, err
 		}
@@ -471,7 +471,7 @@ func (s *Scheduler) exclusive(ctx context.Context, sc *Schedule, cur cursorValue
 		why := ""
 		switch {
 		case !running:
-			nv.Prev = t
+			nv.Prev, nv.PrevAt = t, now
 		case sc.Overlap == OverlapBufferOne && cur.Buffered.IsZero():
 			nv.Buffered = t
 		case sc.Overlap == OverlapBufferOne:
@@ -559,7 +559,14 @@ func (s *Scheduler) prevRunning(ctx context.Context, sc *Schedule, cur cursorVal
 		// clock runs ahead), and is kept a retention after its last
 		// write. Before then (on a clock up to MaxSkew ahead), absent
 		// means never submitted.
-		if !now.Before(prev.Add(s.q.retention() - 2*sc.MaxSkew)) {
+		// A buffered occurrence is decided when the one before it ends
+		// (PrevAt), maybe long after its own time: its job is absent
+		// until its scheduler submits it, not forgotten.
+		since := prev
+		if cur.PrevAt.After(since) {
+			since = cur.PrevAt
+		}
+		if !now.Before(since.Add(s.q.retention() - 2*sc.MaxSkew)) {
 			// It may have been forgotten: never submitted again, so never
 			// run twice; it may also never have run (its scheduler failed
 			// to submit it for as long): said once.
@@ -666,6 +673,11 @@ type cursorValue struct {
 	// job ends (OverlapBufferOne).
 	Prev     time.Time `json:"prev,omitzero"`
 	Buffered time.Time `json:"buffered,omitzero"`
+	// PrevAt is when Prev was decided, on its scheduler's clock: a
+	// buffered occurrence is decided when the one before it ends, which
+	// may be long after its own time (a day, after a long pause). Its job
+	// is not forgotten before a retention after that.
+	PrevAt time.Time `json:"prev_at,omitzero"`
 }
 
 // describe fills what cv says of sc.
