@@ -367,7 +367,7 @@ func (w *world) drainJobs(a *actor) []string {
 //     state says the step finished (likewise a compensation's).
 //  9. Progress never goes back: along a job's history, the steps
 //     finished (and compensated) only grow.
-//  9b. An ended job stays as it ended: once a version of it is succeeded,
+//     9b. An ended job stays as it ended: once a version of it is succeeded,
 //     failed or cancelled, no later version of the same job is in another
 //     state (an operator's cancel or retry, or a worker that lost the
 //     race with it, never brings it back).
