@@ -366,11 +366,11 @@ func (w *world) drainJobs(a *actor) []string {
 //     the effect key exists, written once, if and only if the job's final
 //     state says the step finished (likewise a compensation's).
 //  9. Progress never goes back: along a job's history, the steps
-//     finished (and compensated) only grow.
-//     9b. An ended job stays as it ended: once a version of it is succeeded,
-//     failed or cancelled, no later version of the same job is in another
-//     state (an operator's cancel or retry, or a worker that lost the
-//     race with it, never brings it back).
+//     finished (and compensated) only grow; and (9b) an ended job stays
+//     as it ended: once a version of it is succeeded, failed or
+//     cancelled, no later version of the same job is in another state
+//     (an operator's cancel or retry, or a worker that lost the race
+//     with it, never brings it back).
 func (w *world) checkJobs(hist map[string][]version, final map[string]*etcdstore.Record, rolledBack map[string]bool, opStarts map[string][]int64) []string {
 	var bad []string
 	fail := func(format string, args ...any) { bad = append(bad, fmt.Sprintf(format, args...)) }

@@ -545,21 +545,10 @@ type header struct{ Name, Value string }
 const consolePreview = 4 << 10
 
 func (k *console) key(w http.ResponseWriter, r *http.Request) {
-	key, err := keyOf(r.URL.Query(), "key")
-	if err != nil {
-		k.fail(w, r, http.StatusBadRequest, err)
-		return
-	}
-	t, _, err := k.clusters()
-	if err != nil {
-		k.failFor(w, r, err)
-		return
-	}
 	ctx, cancel := k.ctx(r)
 	defer cancel()
-	rec, err := t.keys.Get(ctx, key)
-	if err != nil {
-		k.failFor(w, r, err)
+	t, key, rec, ok := k.record(ctx, w, r, r.URL.Query(), "key")
+	if !ok {
 		return
 	}
 	d := keyData{R: view(rec), Key: key}
@@ -596,6 +585,27 @@ func (k *console) key(w http.ResponseWriter, r *http.Request) {
 		d.Preview = printable(b)
 	}
 	k.render(w, r, http.StatusOK, "key", page{Title: "Key " + key.ID, Nav: "keys", Data: d})
+}
+
+// record reads the record the query names (its tenant and the field
+// holding the key or job id), answering the request itself when it cannot.
+func (k *console) record(ctx context.Context, w http.ResponseWriter, r *http.Request, q url.Values, field string) (jobsTarget, etcdstore.Key, *etcdstore.Record, bool) {
+	key, err := keyOf(q, field)
+	if err != nil {
+		k.fail(w, r, http.StatusBadRequest, err)
+		return jobsTarget{}, key, nil, false
+	}
+	t, _, err := k.clusters()
+	if err != nil {
+		k.failFor(w, r, err)
+		return jobsTarget{}, key, nil, false
+	}
+	rec, err := t.keys.Get(ctx, key)
+	if err != nil {
+		k.failFor(w, r, err)
+		return jobsTarget{}, key, nil, false
+	}
+	return t, key, rec, true
 }
 
 // ownerAlive says whether an in-flight record's owner session lives.
@@ -712,21 +722,10 @@ func (k *console) job(w http.ResponseWriter, r *http.Request) {
 	if q.Get("tenant") == "" {
 		q.Set("tenant", jobs.DefaultTenant)
 	}
-	key, err := keyOf(q, "id")
-	if err != nil {
-		k.fail(w, r, http.StatusBadRequest, err)
-		return
-	}
-	t, _, err := k.clusters()
-	if err != nil {
-		k.failFor(w, r, err)
-		return
-	}
 	ctx, cancel := k.ctx(r)
 	defer cancel()
-	rec, err := t.keys.Get(ctx, key)
-	if err != nil {
-		k.failFor(w, r, err)
+	_, key, rec, ok := k.record(ctx, w, r, q, "id")
+	if !ok {
 		return
 	}
 	j, err := jobs.FromRecord(rec, time.Now())
