@@ -28,7 +28,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/idem-dev/idem/etcdstore"
-	"github.com/idem-dev/idem/etcdtest"
 	"github.com/idem-dev/idem/internal/testcerts"
 	"github.com/idem-dev/idem/internal/tlsfiles"
 	"github.com/idem-dev/idem/jobs"
@@ -430,18 +429,7 @@ func (k *consoleClient) post(confirm, action string, form url.Values) (int, stri
 // keys page lists the set's keys; evict finds the key's shard.
 func TestConsoleOnAShardSet(t *testing.T) {
 	dir := tempDir(t)
-	var urls []string
-	var proxies []*etcdtest.Proxy
-	for _, n := range []string{"a", "b"} {
-		p := etcdBehindProxy(t, filepath.Join(dir, "etcd-"+n))
-		proxies = append(proxies, p)
-		urls = append(urls, p.URL())
-	}
-	file := filepath.Join(dir, "shards.yaml")
-	yaml := fmt.Sprintf("shards:\n  - name: a\n    endpoints: [%s]\n  - name: b\n    endpoints: [%s]\n", urls[0], urls[1])
-	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	file, proxies := twoShards(t, "")
 	up := newShop(t)
 	idem := startIdem(t, filepath.Join(dir, "work"), "--shards-file", file, "--upstream", up.URL, "--request-timeout", "2s", "--console")
 	for i := range 8 {

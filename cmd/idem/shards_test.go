@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/idem-dev/idem/etcdstore"
-	"github.com/idem-dev/idem/etcdtest"
 )
 
 // idem serve over two etcd clusters: keys spread over both, replays and
@@ -18,18 +17,7 @@ import (
 // shard cut off makes only its own keys unavailable.
 func TestServeShards(t *testing.T) {
 	dir := tempDir(t)
-	var urls []string
-	var proxies []*etcdtest.Proxy
-	for _, n := range []string{"a", "b"} {
-		p := etcdBehindProxy(t, filepath.Join(dir, "etcd-"+n))
-		proxies = append(proxies, p)
-		urls = append(urls, p.URL())
-	}
-	file := filepath.Join(dir, "shards.yaml")
-	yaml := fmt.Sprintf("shards:\n  - name: a\n    endpoints: [%s]\n  - name: b\n    endpoints: [%s]\n", urls[0], urls[1])
-	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	file, proxies := twoShards(t, "")
 	up := newShop(t)
 	idem := startIdem(t, filepath.Join(dir, "work"), "--shards-file", file, "--upstream", up.URL, "--request-timeout", "2s")
 	keys := map[string]string{} // key -> first body
