@@ -58,6 +58,7 @@ func TestExplore(t *testing.T) {
 		led    = newLedger()
 		n      int
 		failed bool
+		first  string // the first line of the failing schedule's error
 		wg     sync.WaitGroup
 	)
 	next := func() (uint64, bool) {
@@ -88,6 +89,7 @@ func TestExplore(t *testing.T) {
 				}
 				if err != nil && !failed {
 					failed = true
+					first, _, _ = strings.Cut(err.Error(), "\n")
 					t.Error(err)
 				}
 				mu.Unlock()
@@ -98,6 +100,11 @@ func TestExplore(t *testing.T) {
 	t.Logf("%d schedules in %v (seeds %d..%d): %s", n, time.Since(began).Round(time.Second), base, base+uint64(n)-1, total)
 	t.Logf("ledger: %s", led.summary())
 	t.Logf("fault sites fired:\n  %s", led.sites())
+	if failed {
+		// Again, last: CI keeps the tail of a long output, and the trace
+		// above may be far from it.
+		t.Errorf("a schedule broke an invariant (its trace is above): %s", first)
+	}
 	if !failed && *ledgerFlag && *schedulesFlag == 0 && n >= ledgerMin {
 		var missing []string
 		for _, p := range expected {
