@@ -402,3 +402,35 @@ func TestReviewBackfillRefusalsWriteNothing(t *testing.T) {
 		t.Fatalf("Backfill again = %d, %v; want 0", n, err)
 	}
 }
+
+// Regression (explorer seed 1796408677881101843): a buffered occurrence
+// promoted to Prev long after its own time (the schedule was paused for
+// longer than the retention) and not yet submitted is not taken for
+// forgotten: it was decided at PrevAt, and its job is absent because its
+// scheduler has not submitted it yet. The next tick submits it and counts
+// it as running, so the occurrence after it waits.
+func TestReviewPromotedBufferedOccurrenceIsNotForgotten(t *testing.T) {
+	ctx := testCtx(t)
+	q := newQueue(t, newStore(t, testPrefix(t)))
+	base := time.Date(2026, 12, 2, 3, 0, 0, 0, time.UTC)
+	now := base.Add(q.retention() + time.Hour)
+	q.setClock(newFakeClock(now).view(0))
+	sc := Schedule{Name: "sync", Every: time.Minute, Kind: "sync", Lateness: 20 * time.Second, MaxSkew: time.Second, Overlap: OverlapBufferOne}
+	if err := sc.validate(q.store.Retention()); err != nil {
+		t.Fatal(err)
+	}
+	s := &Scheduler{q: q}
+	cv := cursorValue{Last: now.Add(-time.Minute), Prev: base, PrevAt: now.Add(-time.Minute)}
+	rev, err := s.setCursor(ctx, &sc, 0, cv)
+	if err != nil || rev == 0 {
+		t.Fatal(rev, err)
+	}
+	running, undecided, err := s.prevRunning(ctx, &sc, cv, rev, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !running || undecided || !exists(t, q, OccurrenceID("sync", base)) {
+		t.Fatalf("promoted occurrence a minute after its promotion, its job absent: running=%v undecided=%v submitted=%v; want it submitted and running",
+			running, undecided, exists(t, q, OccurrenceID("sync", base)))
+	}
+}
