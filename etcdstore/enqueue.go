@@ -9,6 +9,7 @@ import (
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Enqueue hands key's work to whoever claims the key next: unless the key
@@ -91,8 +92,15 @@ func (s *Store) Enqueue(ctx context.Context, key Key, fp Fingerprint, data []byt
 			Expires:     now.Add(s.retention),
 			Checkpoint:  data,
 		}
+		var touch []clientv3.Op
 		if cfg.value != "" {
 			cmps = append(cmps, modified(s.ks.values()+cfg.value, cfg.valueRev))
+			if cfg.valueRev != 0 {
+				// The record and the value's new revision land together:
+				// a decision made at valueRev that the record is absent
+				// (a compare-and-set of the value) cannot land beside it.
+				touch = append(touch, clientv3.OpPut(s.ks.values()+cfg.value, "", clientv3.WithIgnoreValue(), clientv3.WithIgnoreLease()))
+			}
 		}
 		epoch := s.epoch.Load()
 		var setRev int64
@@ -102,7 +110,7 @@ func (s *Store) Enqueue(ctx context.Context, key Key, fp Fingerprint, data []byt
 			guards, setRev = s.guards(epoch, cfg.route.setRev)
 			cmps = append(cmps, guards...)
 		}
-		res, err := s.writeRecord(ctx, key, "", cmps, rec, 0)
+		res, err := s.writeRecord(ctx, key, "", cmps, rec, 0, touch...)
 		if errors.Is(err, rpctypes.ErrNoSpace) {
 			// etcd refuses every Put while it is full: a key already
 			// enqueued (or done) can still be answered from a read.
@@ -176,8 +184,16 @@ func Routed(opts ...ClaimOption) EnqueueOption {
 // value cannot land after the value moved on (a stalled writer's late
 // write). When it moved, and the record does not exist, Enqueue writes
 // nothing and returns an error wrapping ErrValueChanged. A record that
-// exists is returned as without the option. Package jobs fences the
-// occurrences its schedules decide with their cursor so.
+// exists is returned as without the option.
+//
+// The write also moves the value to a new revision, its content and lease
+// unchanged (for rev other than 0), in the same transaction: whoever read
+// the value at rev and the record as absent, and sets the value at rev on
+// that ground, fails (SetValue reports the value changed) instead of
+// landing beside the record. Package jobs fences the occurrences its
+// schedules decide with their cursor so: a scheduler that finds the
+// previous occurrence's job absent (never submitted, or forgotten) and
+// decides the next one cannot race that job's late submission.
 func IfValue(name string, rev int64) EnqueueOption {
 	return func(c *enqueueConfig) { c.value, c.valueRev = name, rev }
 }

@@ -81,3 +81,41 @@ func TestEnqueueIfValueOverAnExpiredRecord(t *testing.T) {
 		t.Fatalf("Enqueue over an expired record, value moved = %+v, %v; want ErrValueChanged", rec, err)
 	}
 }
+
+// Regression (explorer seed 1796412355989147081): the record an Enqueue
+// with IfValue writes moves the value to a new revision in the same
+// transaction, its content unchanged. A scheduler that read the cursor at
+// that revision and the job as absent (forgotten, it judged) and set the
+// cursor to run the next occurrence fails instead of landing beside the
+// late submission of the job it judged forgotten. A record that existed
+// already moves nothing.
+func TestEnqueueIfValueMovesTheValue(t *testing.T) {
+	cli := client(t)
+	s := newStore(t, cli, testPrefix(t))
+	ctx := testCtx(t)
+	v, ok, err := s.SetValue(ctx, "s/jobs/tick", []byte("prev=1"), 0)
+	if err != nil || !ok {
+		t.Fatalf("SetValue = %v, %v", ok, err)
+	}
+	key, fp := Key{Tenant: "jobs", ID: "tick@1"}, fpOf(t, `1`)
+	rec, err := s.Enqueue(ctx, key, fp, []byte("d"), IfValue("s/jobs/tick", v.Revision))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now, err := s.Value(ctx, "s/jobs/tick")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now.Revision != rec.Revision || string(now.Value) != "prev=1" {
+		t.Fatalf("value after the fenced Enqueue: revision %d, %q; want revision %d (the record's), %q unchanged", now.Revision, now.Value, rec.Revision, "prev=1")
+	}
+	if _, ok, err := s.SetValue(ctx, "s/jobs/tick", []byte("prev=2"), v.Revision); err != nil || ok {
+		t.Fatalf("SetValue at the revision read before the record landed = %v, %v; want refused", ok, err)
+	}
+	if _, err := s.Enqueue(ctx, key, fp, []byte("d"), IfValue("s/jobs/tick", now.Revision)); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := s.Value(ctx, "s/jobs/tick"); err != nil || again.Revision != now.Revision {
+		t.Fatalf("value after an Enqueue that found the record: %+v, %v; want revision %d unmoved", again, err, now.Revision)
+	}
+}
