@@ -544,7 +544,7 @@ func (q *Queue) operate(ctx context.Context, name, id string, check func(*Job) e
 			}
 		}
 		return out, end
-	})
+	}, etcdstore.WithoutCreate()) // a job gone since the Get is not made again, empty
 	var ce *etcdstore.ConflictError
 	switch {
 	case errors.As(err, &ce):
