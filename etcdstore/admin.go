@@ -105,6 +105,27 @@ func (a *Admin) Get(ctx context.Context, key Key) (*Record, error) {
 	return rec, nil
 }
 
+// Peek returns the record of key as etcd holds it, with a linearizable
+// read, past its retention too (its Expires says so) until it is deleted;
+// an error wrapping ErrNotFound when etcd holds none. A record past its
+// retention can still be taken over by a claim that read it before it
+// expired, or on a clock behind this one: EvictIf with its Revision
+// forgets it for good. Package jobs does so before it takes a schedule's
+// previous job for ended.
+func (a *Admin) Peek(ctx context.Context, key Key) (*Record, error) {
+	if err := key.Validate(); err != nil {
+		return nil, fmt.Errorf("peek: %w", err)
+	}
+	rec, _, err := a.get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if rec == nil {
+		return nil, fmt.Errorf("peek %s: %w", key, ErrNotFound)
+	}
+	return rec, nil
+}
+
 // get reads the record with a linearizable Get. It returns nil when absent,
 // and the revision of the read.
 func (a *Admin) get(ctx context.Context, k Key) (*Record, int64, error) {

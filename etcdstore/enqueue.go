@@ -95,7 +95,10 @@ func (s *Store) Enqueue(ctx context.Context, key Key, fp Fingerprint, data []byt
 		var touch []clientv3.Op
 		if cfg.value != "" {
 			cmps = append(cmps, modified(s.ks.values()+cfg.value, cfg.valueRev))
-			if cfg.valueRev != 0 {
+			switch {
+			case cfg.valueTo != nil:
+				touch = append(touch, clientv3.OpPut(s.ks.values()+cfg.value, string(cfg.valueTo), clientv3.WithIgnoreLease()))
+			case cfg.valueRev != 0:
 				// The record and the value's new revision land together:
 				// a decision made at valueRev that the record is absent
 				// (a compare-and-set of the value) cannot land beside it.
@@ -158,6 +161,7 @@ type EnqueueOption func(*enqueueConfig)
 type enqueueConfig struct {
 	value    string
 	valueRev int64
+	valueTo  []byte      // IfValueThen: the value's content after the write
 	route    claimConfig // Routed
 	err      error
 }
@@ -195,5 +199,24 @@ func Routed(opts ...ClaimOption) EnqueueOption {
 // previous occurrence's job absent (never submitted, or forgotten) and
 // decides the next one cannot race that job's late submission.
 func IfValue(name string, rev int64) EnqueueOption {
-	return func(c *enqueueConfig) { c.value, c.valueRev = name, rev }
+	return func(c *enqueueConfig) { c.value, c.valueRev, c.valueTo = name, rev, nil }
+}
+
+// IfValueThen is IfValue (rev other than 0), and the record's write sets
+// the value to value in the same transaction, its lease unchanged: the
+// value says the record was written, and nothing can read one without the
+// other. When the record exists already, the value is left as it is.
+// Package jobs so marks a schedule's cursor with the occurrence whose job
+// it submitted: a job absent later ended, or was forgotten, and is never
+// submitted again.
+func IfValueThen(name string, rev int64, value []byte) EnqueueOption {
+	return func(c *enqueueConfig) {
+		c.value, c.valueRev, c.valueTo = name, rev, bytes.Clone(value)
+		if rev == 0 {
+			c.err = fmt.Errorf("%w: IfValueThen of value %q at revision 0", ErrInvalidArgument, name)
+		}
+		if c.valueTo == nil {
+			c.valueTo = []byte{}
+		}
+	}
 }

@@ -119,3 +119,47 @@ func TestEnqueueIfValueMovesTheValue(t *testing.T) {
 		t.Fatalf("value after an Enqueue that found the record: %+v, %v; want revision %d unmoved", again, err, now.Revision)
 	}
 }
+
+// IfValueThen writes the value's new content with the record, in one
+// transaction; a record that exists already leaves the value as it is;
+// revision 0 is refused. Peek returns a record past its retention.
+func TestEnqueueIfValueThen(t *testing.T) {
+	cli := client(t)
+	prefix := testPrefix(t)
+	s := newStore(t, cli, prefix)
+	ctx := testCtx(t)
+	v, _, err := s.SetValue(ctx, "s/jobs/tick", []byte("prev=1"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, fp := Key{Tenant: "jobs", ID: "tick@1"}, fpOf(t, `1`)
+	rec, err := s.Enqueue(ctx, key, fp, []byte("d"), IfValueThen("s/jobs/tick", v.Revision, []byte("prev=1 submitted=1")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now, err := s.Value(ctx, "s/jobs/tick")
+	if err != nil || now.Revision != rec.Revision || string(now.Value) != "prev=1 submitted=1" {
+		t.Fatalf("value after Enqueue with IfValueThen = %+v, %v; want %q at the record's revision %d", now, err, "prev=1 submitted=1", rec.Revision)
+	}
+	if _, err := s.Enqueue(ctx, key, fp, []byte("d"), IfValueThen("s/jobs/tick", now.Revision, []byte("other"))); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := s.Value(ctx, "s/jobs/tick"); err != nil || string(again.Value) != "prev=1 submitted=1" || again.Revision != now.Revision {
+		t.Fatalf("value after an Enqueue that found the record = %+v, %v; want it unchanged", again, err)
+	}
+	if _, err := s.Enqueue(ctx, Key{Tenant: "jobs", ID: "tick@2"}, fp, nil, IfValueThen("s/jobs/tick", 0, []byte("x"))); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("IfValueThen at revision 0 = %v; want ErrInvalidArgument", err)
+	}
+	clk := newShiftClock()
+	clk.Shift(25 * time.Hour) // past the default retention
+	later := newStore(t, cli, prefix, WithClock(clk))
+	if _, err := later.Get(ctx, key); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get past the retention = %v; want ErrNotFound", err)
+	}
+	if got, err := later.Peek(ctx, key); err != nil || got.Revision != rec.Revision {
+		t.Fatalf("Peek past the retention = %+v, %v; want the record at revision %d", got, err, rec.Revision)
+	}
+	if _, err := later.Peek(ctx, Key{Tenant: "jobs", ID: "none"}); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Peek of no record = %v; want ErrNotFound", err)
+	}
+}

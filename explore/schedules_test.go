@@ -257,7 +257,9 @@ func (w *world) pauser(a *actor, p *process) {
 // checkOverlap checks O1: under an overlap policy other than allow-all,
 // the jobs of two occurrences never overlap: an occurrence's job is
 // created only after the job of the occurrence before it ended (or was
-// forgotten).
+// forgotten), and a job forgotten is not taken over again (a new attempt,
+// a new token) once the next occurrence's job exists, nor made again once
+// it ended or was forgotten (its record deleted).
 func (w *world) checkOverlap(hist map[string][]version) []string {
 	if w.sched.spec.Overlap == jobs.OverlapAllowAll || w.cfg.restores {
 		return nil // a restore takes jobs and the cursor back
@@ -268,6 +270,7 @@ func (w *world) checkOverlap(hist map[string][]version) []string {
 		vs             []version
 	}
 	var lives []life
+	var bad []string
 	prefix := jobTenant + "/" + w.sched.spec.Name + "@"
 	for key, vs := range hist {
 		id, ok := strings.CutPrefix(key, prefix)
@@ -285,6 +288,13 @@ func (w *world) checkOverlap(hist map[string][]version) []string {
 				break
 			}
 		}
+		for i := 1; i < len(vs); i++ {
+			if vs[i-1].deleted && !vs[i].deleted {
+				bad = append(bad, fmt.Sprintf("O1: schedule %s (%s): occurrence %s's job was made again at revision %d after its record was deleted at %d",
+					w.sched.spec.Name, w.sched.spec.Overlap, id, vs[i].rev, vs[i-1].rev))
+				break
+			}
+		}
 		lives = append(lives, l)
 	}
 	sort.Slice(lives, func(i, j int) bool { return lives[i].t.Before(lives[j].t) })
@@ -294,7 +304,6 @@ func (w *world) checkOverlap(hist map[string][]version) []string {
 			spread = max(spread, x-y)
 		}
 	}
-	var bad []string
 	for i := 1; i < len(lives); i++ {
 		a, b := lives[i-1], lives[i]
 		// a's job was forgotten when b's was made: the retention of its
@@ -309,6 +318,15 @@ func (w *world) checkOverlap(hist map[string][]version) []string {
 		}
 		if at, ok := w.timeOf(b.created); ok && last != nil && !last.deleted && last.rec.State != etcdstore.Done && !at.Add(spread).Before(last.rec.Expires) {
 			w.ledger.hit("path:occurrence's job forgotten while it ran (paused past the retention)")
+			// Its worker, paused, may still finish it (its token); a new
+			// claim of it (another token) is a new run beside b's.
+			for _, v := range a.vs {
+				if v.rev > b.created && !v.deleted && v.rec.State != etcdstore.Done && v.rec.Token != last.rec.Token && (b.ended == 0 || v.rev < b.ended) {
+					bad = append(bad, fmt.Sprintf("O1: schedule %s (%s): occurrence %s's job, forgotten, was taken over again (token %d) at revision %d while %s's ran",
+						w.sched.spec.Name, w.sched.spec.Overlap, a.t.Format(time.RFC3339), v.rec.Token, v.rev, b.t.Format(time.RFC3339)))
+					break
+				}
+			}
 			continue
 		}
 		if a.ended == 0 || b.created < a.ended {

@@ -420,6 +420,8 @@ func (l *ledgerLog) Handle(_ context.Context, r slog.Record) error {
 		l.w.ledger.hit("path:placed value (a schedule's cursor) handed over to its new shard")
 	case msg == "schedule: submitting the buffered occurrence: the previous one ended":
 		l.w.ledger.hit("path:buffered occurrence submitted when the previous ended")
+	case strings.HasPrefix(msg, "schedule: the previous occurrence's job was forgotten"):
+		l.w.ledger.hit("path:schedule deleted a forgotten job's record before the next occurrence")
 	case msg == "schedule: submitting an occurrence decided to run but not submitted":
 		l.w.ledger.hit("path:occurrence decided but not submitted, submitted by a later tick")
 	case strings.HasPrefix(msg, "idem session lost"):

@@ -326,7 +326,7 @@ func TestReviewStaleDecisionIsFenced(t *testing.T) {
 	if r2, err := s.setCursor(ctx, &sc, r1, cv); err != nil || r2 == 0 {
 		t.Fatal(r2, err)
 	}
-	err = s.submit(ctx, &sc, base.Add(time.Minute), r1)
+	err = s.submit(ctx, &sc, base.Add(time.Minute), &cursorFence{rev: r1, cur: cursorValue{Last: base.Add(time.Minute), Prev: base.Add(time.Minute)}})
 	if !errors.Is(err, etcdstore.ErrValueChanged) || exists(t, q, OccurrenceID("sync", base.Add(time.Minute))) {
 		t.Fatalf("late submit of a stale decision = %v, job exists %v; want ErrValueChanged and no job", err, exists(t, q, OccurrenceID("sync", base.Add(time.Minute))))
 	}

@@ -392,7 +392,7 @@ func (s *Scheduler) tick(ctx context.Context, sc *Schedule) (time.Time, string, 
 		return next, waitFor, nil
 	default:
 		for _, t := range submit {
-			if err := s.submit(ctx, sc, t, 0); err != nil {
+			if err := s.submit(ctx, sc, t, nil); err != nil {
 				return time.Time{}, "", err
 			}
 		}
@@ -405,19 +405,31 @@ func (s *Scheduler) tick(ctx context.Context, sc *Schedule) (time.Time, string, 
 	return next, "", nil
 }
 
+// cursorFence is the cursor an occurrence was decided under: its revision
+// and what it says.
+type cursorFence struct {
+	rev int64
+	cur cursorValue
+}
+
 // submit submits the occurrence at t. Occurrences that can never be
 // submitted are logged and skipped rather than hold every later one. A
-// cursorRev other than 0 fences the submission: it lands only while the
-// schedule's cursor is at that revision (an occurrence decided under an
-// overlap policy, whose late submission could overlap a later one), else
-// it is an error wrapping etcdstore.ErrValueChanged.
-func (s *Scheduler) submit(ctx context.Context, sc *Schedule, t time.Time, cursorRev int64) error {
+// fence (an occurrence decided under an overlap policy, whose late
+// submission could overlap a later one) makes the submission land only
+// while the schedule's cursor is at the fence's revision, else it is an
+// error wrapping etcdstore.ErrValueChanged; and the job's write marks the
+// cursor with the occurrence (Submitted) in the same transaction.
+func (s *Scheduler) submit(ctx context.Context, sc *Schedule, t time.Time, fence *cursorFence) error {
 	// Held back until its time on the workers' clocks: this scheduler's
 	// may run ahead.
 	opts := []SubmitOption{RunAt(t)}
-	if cursorRev != 0 {
+	if fence != nil {
+		marked := fence.cur
+		marked.Submitted = t
+		marked.describe(sc)
+		b, _ := json.Marshal(marked)
 		opts = append(opts, func(c *submitConfig) {
-			c.fence = []etcdstore.EnqueueOption{etcdstore.IfValue(cursorName(s.q.tenant, sc.Name), cursorRev)}
+			c.fence = []etcdstore.EnqueueOption{etcdstore.IfValueThen(cursorName(s.q.tenant, sc.Name), fence.rev, b)}
 		})
 	}
 	_, err := s.q.Submit(ctx, OccurrenceID(sc.Name, t), sc.Kind, sc.params(t), opts...)
@@ -461,7 +473,7 @@ func (s *Scheduler) exclusive(ctx context.Context, sc *Schedule, cur cursorValue
 		}
 		cur, running = nv, true
 		s.q.log.Info("idem: schedule: submitting the buffered occurrence: the previous one ended", "schedule", sc.Name, "occurrence", cur.Prev)
-		if err := s.submit(ctx, sc, cur.Prev, rev); err != nil {
+		if err := s.submit(ctx, sc, cur.Prev, &cursorFence{rev, cur}); err != nil {
 			return "", errors.Is(err, etcdstore.ErrValueChanged), ignoreMoved(err)
 		}
 	}
@@ -491,7 +503,7 @@ func (s *Scheduler) exclusive(ctx context.Context, sc *Schedule, cur cursorValue
 		switch {
 		case nv.Prev.Equal(t):
 			running = true
-			if err := s.submit(ctx, sc, t, rev); err != nil {
+			if err := s.submit(ctx, sc, t, &cursorFence{rev, cur}); err != nil {
 				return "", errors.Is(err, etcdstore.ErrValueChanged), ignoreMoved(err)
 			}
 			if now.Before(t.Add(sc.MaxSkew)) {
@@ -550,6 +562,33 @@ func (s *Scheduler) prevRunning(ctx context.Context, sc *Schedule, cur cursorVal
 	}
 	id := OccurrenceID(sc.Name, prev)
 	j, err := s.q.Get(ctx, id)
+	if errors.Is(err, etcdstore.ErrNotFound) && decided {
+		// Its record may still be in etcd past its retention: its job
+		// was submitted, and ended or was forgotten. A claim that read
+		// the record live before (or on a clock behind this one) could
+		// still take it over and run it beside the next occurrence:
+		// forgotten here for good first.
+		live, gone, ferr := s.forget(ctx, sc, id, now)
+		switch {
+		case ferr != nil:
+			return false, false, ferr
+		case live != nil:
+			j, err = live, nil // written since the read: judged below
+		case gone, cur.Submitted.Equal(prev):
+			return false, false, nil // submitted: ended, or forgotten
+		}
+	}
+	if err == nil && decided && !cur.Submitted.Equal(prev) {
+		// There: submitted (by its decider, whose mark did not land, or by
+		// a backfill). Marked, so that its absence later is not taken for
+		// "never submitted"; the cursor moved: read again.
+		marked := cur
+		marked.Submitted = prev
+		if _, err := s.setCursor(ctx, sc, rev, marked); err != nil {
+			return false, false, err
+		}
+		return false, false, fmt.Errorf("schedule %s: marked the submission of %s: %w", sc.Name, id, etcdstore.ErrValueChanged)
+	}
 	if errors.Is(err, etcdstore.ErrNotFound) {
 		if !decided {
 			return false, false, nil // skipped, or never a job of this schedule
@@ -578,7 +617,7 @@ func (s *Scheduler) prevRunning(ctx context.Context, sc *Schedule, cur cursorVal
 			return false, false, nil
 		}
 		s.q.log.Info("idem: schedule: submitting an occurrence decided to run but not submitted", "schedule", sc.Name, "occurrence", prev)
-		if err := s.submit(ctx, sc, prev, rev); err != nil {
+		if err := s.submit(ctx, sc, prev, &cursorFence{rev, cur}); err != nil {
 			return false, false, err
 		}
 		if j, err = s.q.Get(ctx, id); errors.Is(err, etcdstore.ErrNotFound) {
@@ -592,6 +631,45 @@ func (s *Scheduler) prevRunning(ctx context.Context, sc *Schedule, cur cursorVal
 		return true, true, nil
 	}
 	return !j.State.Final(), false, nil
+}
+
+// forget makes the absence of job id final. A record that etcd still holds
+// past its retention (by this scheduler's clock) is deleted, if it is
+// still as read (etcdstore.Store.EvictIf): a claim that read it live
+// before, or on a clock behind this one, cannot take it over after this
+// scheduler took it for ended and decided the next occurrence. It returns
+// the job when its record is live (written since q.Get found none), gone
+// when a record was there and is deleted now, neither when there is none.
+func (s *Scheduler) forget(ctx context.Context, sc *Schedule, id string, now time.Time) (live *Job, gone bool, err error) {
+	if s.q.store == nil {
+		return nil, false, nil // a shard set: no overlap policies there
+	}
+	key := s.q.Key(id)
+	for try := 0; try < 8; try++ {
+		rec, err := s.q.store.Peek(ctx, key)
+		if errors.Is(err, etcdstore.ErrNotFound) {
+			return nil, false, nil
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		if now.Before(rec.Expires) {
+			j, err := FromRecord(rec, now)
+			return j, false, err
+		}
+		ok, err := s.q.store.EvictIf(ctx, key, rec.Revision)
+		if err != nil {
+			return nil, false, err
+		}
+		if ok {
+			if rec.State != etcdstore.Done {
+				s.q.log.Warn("idem: schedule: the previous occurrence's job was forgotten: its retention passed before it ended; deleted, so it never runs beside the next",
+					"schedule", sc.Name, "job", id, "expired", rec.Expires)
+			}
+			return nil, true, nil
+		}
+	}
+	return nil, false, fmt.Errorf("schedule %s: job %s: %w: its record kept changing", sc.Name, id, etcdstore.ErrUnavailable)
 }
 
 // plan returns the occurrences after from, up to now, to submit, the latest
@@ -678,6 +756,13 @@ type cursorValue struct {
 	// may be long after its own time (a day, after a long pause). Its job
 	// is not forgotten before a retention after that.
 	PrevAt time.Time `json:"prev_at,omitzero"`
+	// Submitted is the occurrence whose job was submitted under this
+	// cursor: the job's write sets it (etcdstore.IfValueThen), or a
+	// scheduler that found the job there. Prev's job absent while
+	// Submitted names Prev ended, or was forgotten: it is never
+	// submitted again. A cursor that names no Submitted (written before
+	// this field, or decided and not yet submitted) is judged by time.
+	Submitted time.Time `json:"submitted,omitzero"`
 }
 
 // describe fills what cv says of sc.
