@@ -289,7 +289,8 @@ func (w *world) checkOverlap(hist map[string][]version) []string {
 			}
 		}
 		for i := 1; i < len(vs); i++ {
-			if vs[i-1].deleted && !vs[i].deleted {
+			// (A fence a failed claim leaves on the key is no job.)
+			if vs[i-1].deleted && !vs[i].deleted && !vs[i].rec.Fence {
 				bad = append(bad, fmt.Sprintf("O1: schedule %s (%s): occurrence %s's job was made again at revision %d after its record was deleted at %d",
 					w.sched.spec.Name, w.sched.spec.Overlap, id, vs[i].rev, vs[i-1].rev))
 				break
@@ -321,7 +322,7 @@ func (w *world) checkOverlap(hist map[string][]version) []string {
 			// Its worker, paused, may still finish it (its token); a new
 			// claim of it (another token) is a new run beside b's.
 			for _, v := range a.vs {
-				if v.rev > b.created && !v.deleted && v.rec.State != etcdstore.Done && v.rec.Token != last.rec.Token && (b.ended == 0 || v.rev < b.ended) {
+				if v.rev > b.created && !v.deleted && !v.rec.Fence && v.rec.State != etcdstore.Done && v.rec.Token != last.rec.Token && (b.ended == 0 || v.rev < b.ended) {
 					bad = append(bad, fmt.Sprintf("O1: schedule %s (%s): occurrence %s's job, forgotten, was taken over again (token %d) at revision %d while %s's ran",
 						w.sched.spec.Name, w.sched.spec.Overlap, a.t.Format(time.RFC3339), v.rec.Token, v.rev, b.t.Format(time.RFC3339)))
 					break

@@ -154,6 +154,9 @@ type submitConfig struct {
 	refuse bool
 	window time.Duration
 	fence  []etcdstore.EnqueueOption // a schedule's decided occurrence: its cursor
+	// found, if set, learns whether the job returned is another
+	// submission's (it existed: the fence's value was not written).
+	found *bool
 
 	submissionSet bool
 }
@@ -264,6 +267,9 @@ func (q *Queue) Submit(ctx context.Context, id, kind string, params []byte, opts
 		}
 		if cfg.refuse && !q.submittedBy(rec, st.Submission) {
 			return j, fmt.Errorf("submit %s: %w (%s, submitted %v)", key, ErrDuplicate, j.State, j.Created.Format(time.RFC3339))
+		}
+		if cfg.found != nil {
+			*cfg.found = !q.submittedBy(rec, st.Submission)
 		}
 		return j, nil
 	}

@@ -423,6 +423,7 @@ func (s *Scheduler) submit(ctx context.Context, sc *Schedule, t time.Time, fence
 	// Held back until its time on the workers' clocks: this scheduler's
 	// may run ahead.
 	opts := []SubmitOption{RunAt(t)}
+	var found bool // the job was there (a backfill's): the cursor is not marked
 	if fence != nil {
 		marked := fence.cur
 		marked.Submitted = t
@@ -430,7 +431,19 @@ func (s *Scheduler) submit(ctx context.Context, sc *Schedule, t time.Time, fence
 		b, _ := json.Marshal(marked)
 		opts = append(opts, func(c *submitConfig) {
 			c.fence = []etcdstore.EnqueueOption{etcdstore.IfValueThen(cursorName(s.q.tenant, sc.Name), fence.rev, b)}
+			c.found = &found
 		})
+		defer func() {
+			if found {
+				// Marked now, while the job is known to be there: gone
+				// later (ended early elsewhere), it is not taken for
+				// never submitted. Refused, the cursor moved: whoever
+				// reads it next finds the job, or its mark.
+				marked := fence.cur
+				marked.Submitted = t
+				s.setCursor(ctx, sc, fence.rev, marked) //nolint:errcheck // best effort; prevRunning marks it too
+			}
+		}()
 	}
 	_, err := s.q.Submit(ctx, OccurrenceID(sc.Name, t), sc.Kind, sc.params(t), opts...)
 	switch {
@@ -562,23 +575,26 @@ func (s *Scheduler) prevRunning(ctx context.Context, sc *Schedule, cur cursorVal
 	}
 	id := OccurrenceID(sc.Name, prev)
 	j, err := s.q.Get(ctx, id)
+	gone := false // its record was there past its retention, deleted now
 	if errors.Is(err, etcdstore.ErrNotFound) && decided {
 		// Its record may still be in etcd past its retention: its job
 		// was submitted, and ended or was forgotten. A claim that read
 		// the record live before (or on a clock behind this one) could
 		// still take it over and run it beside the next occurrence:
 		// forgotten here for good first.
-		live, gone, ferr := s.forget(ctx, sc, id, now)
+		var live *Job
+		var ferr error
+		live, gone, ferr = s.forget(ctx, sc, id, now)
 		switch {
 		case ferr != nil:
 			return false, false, ferr
 		case live != nil:
 			j, err = live, nil // written since the read: judged below
-		case gone, cur.Submitted.Equal(prev):
+		case cur.Submitted.Equal(prev):
 			return false, false, nil // submitted: ended, or forgotten
 		}
 	}
-	if err == nil && decided && !cur.Submitted.Equal(prev) {
+	if (err == nil || gone) && decided && !cur.Submitted.Equal(prev) {
 		// There: submitted (by its decider, whose mark did not land, or by
 		// a backfill). Marked, so that its absence later is not taken for
 		// "never submitted"; the cursor moved: read again.
@@ -652,6 +668,11 @@ func (s *Scheduler) forget(ctx context.Context, sc *Schedule, id string, now tim
 		}
 		if err != nil {
 			return nil, false, err
+		}
+		if rec.Fence {
+			// A placeholder a failed claim left (no job): the job is
+			// gone; the fence stays, to refuse that claim's late writes.
+			return nil, false, nil
 		}
 		if now.Before(rec.Expires) {
 			j, err := FromRecord(rec, now)
