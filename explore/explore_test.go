@@ -193,6 +193,7 @@ var expected = []string{
 	"path:occurrence skipped: another ran (skip)",
 	"path:occurrence skipped: another ran (buffer-one)",
 	"path:buffered occurrence submitted when the previous ended",
+	"path:schedule deleted a forgotten job's record before the next occurrence",
 	"path:occurrences skipped while paused",
 	"path:occurrences that must not overlap checked (skip)",
 	"path:occurrences that must not overlap checked (buffer-one)",
