@@ -40,7 +40,10 @@ import (
 // Burst/Rate seconds on, so at most Burst attempts start in any Burst/Rate
 // seconds. It is read on the clock of the worker that takes the slot
 // (etcdstore.WithClock): clocks that disagree by d let up to Burst more
-// through in a window of d.
+// through in a window of d. The slot is set a twentieth of Burst/Rate
+// longer (at most a second), and an attempt whose slot's write took longer
+// than that to come back (a slow reply, a pause) does not start: it waits
+// for its slot's time, and the slot counts as used.
 //
 // A job that finds its key's slots taken is given back (the attempt is not
 // counted) and tried again when a slot frees (its workers follow the slots)
@@ -222,6 +225,8 @@ func (e *errLimited) Error() string { return "limited by " + e.label }
 // full; another error, that etcd could not say: either way the attempt
 // runs nothing.
 func (w *Worker) acquire(ctx context.Context, c *etcdstore.Claim, lims []keyedLimit, held *[]heldSlot) error {
+	var late *errLimited // the rate slot that must be started by soonest
+	var startBy time.Time
 	for _, kl := range lims {
 		if kl.Concurrency > 0 {
 			if err := w.takeSlot(ctx, c, kl, held); err != nil {
@@ -229,13 +234,28 @@ func (w *Worker) acquire(ctx context.Context, c *etcdstore.Claim, lims []keyedLi
 			}
 		}
 		if kl.Rate > 0 {
-			if err := w.takeRate(ctx, c, kl); err != nil {
+			by, until, err := w.takeRate(ctx, c, kl)
+			if err != nil {
 				return err
+			}
+			if startBy.IsZero() || by.Before(startBy) {
+				startBy, late = by, &errLimited{label: kl.label() + rateSuffix, retry: until}
 			}
 		}
 	}
+	if late != nil && w.q.clock.Now().After(startBy) {
+		// Its slot was set from a time this attempt is now too far past
+		// to start in: the next attempt could take the slot less than a
+		// period after this one starts. The slot counts as used.
+		return late
+	}
 	return nil
 }
+
+// rateSlack is how long after it read its clock to take a rate slot an
+// attempt may still start: a twentieth of the slot's period, at most a
+// second. The slot is set that much longer.
+func rateSlack(period time.Duration) time.Duration { return min(period/20, time.Second) }
 
 // takeSlot takes one of kl's concurrency slots for claim c.
 func (w *Worker) takeSlot(ctx context.Context, c *etcdstore.Claim, kl keyedLimit, held *[]heldSlot) error {
@@ -347,13 +367,15 @@ func note(held *[]heldSlot, v etcdstore.Value) {
 // a worker that does not follow the slots).
 const limitPoll = 2 * time.Second
 
-// takeRate takes one of kl's rate slots, on this worker's clock.
-func (w *Worker) takeRate(ctx context.Context, c *etcdstore.Claim, kl keyedLimit) error {
+// takeRate takes one of kl's rate slots, on this worker's clock. The
+// attempt must start by startBy (see rateSlack); the slot is used until
+// until.
+func (w *Worker) takeRate(ctx context.Context, c *etcdstore.Claim, kl keyedLimit) (startBy, until time.Time, err error) {
 	prefix := kl.slots(w.q.tenant, "r")
 	for try := 0; try < 8; try++ {
 		vals, err := w.q.store.Values(ctx, prefix)
 		if err != nil {
-			return fmt.Errorf("limit %s: reading its rate slots: %w", kl.label(), err)
+			return time.Time{}, time.Time{}, fmt.Errorf("limit %s: reading its rate slots: %w", kl.label(), err)
 		}
 		now := w.q.clock.Now()
 		used := map[int]etcdstore.Value{}
@@ -383,9 +405,10 @@ func (w *Worker) takeRate(ctx context.Context, c *etcdstore.Claim, kl keyedLimit
 			}
 		}
 		if rev < 0 {
-			return &errLimited{label: kl.label() + rateSuffix, retry: soonest}
+			return time.Time{}, time.Time{}, &errLimited{label: kl.label() + rateSuffix, retry: soonest}
 		}
-		until := now.Add(kl.period())
+		slack := rateSlack(kl.period())
+		until := now.Add(kl.period() + slack)
 		val, _ := json.Marshal(rateSlot{Until: ceilMilli(until), Job: c.Key().ID})
 		_, ok, err := w.q.store.SetValue(ctx, name, val, rev, etcdstore.Retained())
 		switch {
@@ -393,14 +416,14 @@ func (w *Worker) takeRate(ctx context.Context, c *etcdstore.Claim, kl keyedLimit
 			// It may have landed: the slot counts as used (an outcome that
 			// may have happened is treated as having happened), and this
 			// attempt does not run.
-			return fmt.Errorf("limit %s: taking a rate slot: %w", kl.label(), err)
+			return time.Time{}, time.Time{}, fmt.Errorf("limit %s: taking a rate slot: %w", kl.label(), err)
 		case err != nil:
-			return fmt.Errorf("limit %s: %w", kl.label(), err)
+			return time.Time{}, time.Time{}, fmt.Errorf("limit %s: %w", kl.label(), err)
 		case ok:
-			return nil
+			return now.Add(slack), until, nil
 		}
 	}
-	return &errLimited{label: kl.label() + rateSuffix, retry: w.q.clock.Now().Add(limitPoll)}
+	return time.Time{}, time.Time{}, &errLimited{label: kl.label() + rateSuffix, retry: w.q.clock.Now().Add(limitPoll)}
 }
 
 // release frees the concurrency slots an attempt held, once its claim has
