@@ -414,6 +414,8 @@ func (l *ledgerLog) Handle(_ context.Context, r slog.Record) error {
 		l.w.ledger.hit("path:occurrences skipped while paused")
 	case msg == "job taken in its preferred worker's place":
 		l.w.ledger.hit("path:job taken in its preferred worker's place")
+	case msg == "job's rate slot was taken too late to start in: the job waits for the slot's time":
+		l.w.ledger.hit("path:rate slot taken too late: the attempt waits")
 	case msg == "job waits for a limit":
 		l.w.ledger.hit("path:job held back by a limit")
 	case msg == "placed value handed over":

@@ -133,11 +133,11 @@ func (k *Kind) validate(retention time.Duration) error {
 		if err := k.Limits[i].validate(k.Name); err != nil {
 			return err
 		}
-		if l := &k.Limits[i]; l.Rate > 0 && l.period() > retention {
+		if l := &k.Limits[i]; l.Rate > 0 && l.period()+rateSlack(l.period()) > retention {
 			// A rate slot is kept for the retention: a longer period would
 			// be forgotten before its end (found by review).
-			return fmt.Errorf("%w: kind %s: limit %s: a period of %v (Burst/Rate) is longer than the store's retention (%v): raise Rate or the retention",
-				ErrInvalid, k.Name, l.Name, l.period(), retention)
+			return fmt.Errorf("%w: kind %s: limit %s: a period of %v (Burst/Rate, and its slack %v) is longer than the store's retention (%v): raise Rate or the retention",
+				ErrInvalid, k.Name, l.Name, l.period(), rateSlack(l.period()), retention)
 		}
 		if names[k.Limits[i].Name] {
 			return fmt.Errorf("%w: kind %s has two limits named %s", ErrInvalid, k.Name, k.Limits[i].Name)

@@ -41,7 +41,7 @@ import (
 // seconds. It is read on the clock of the worker that takes the slot
 // (etcdstore.WithClock): clocks that disagree by d let up to Burst more
 // through in a window of d. The slot is set a twentieth of Burst/Rate
-// longer (at most a second), and an attempt whose slot's write took longer
+// longer (at least 100 ms, at most a second), and an attempt whose slot's write took longer
 // than that to come back (a slow reply, a pause) does not start: it waits
 // for its slot's time, and the slot counts as used.
 //
@@ -233,6 +233,10 @@ func (w *Worker) acquire(ctx context.Context, c *etcdstore.Claim, lims []keyedLi
 				return err
 			}
 		}
+	}
+	// Rate slots last: the time to start by runs from the first one's
+	// taking, and a full concurrency limit wastes none.
+	for _, kl := range lims {
 		if kl.Rate > 0 {
 			by, until, err := w.takeRate(ctx, c, kl)
 			if err != nil {
@@ -243,19 +247,24 @@ func (w *Worker) acquire(ctx context.Context, c *etcdstore.Claim, lims []keyedLi
 			}
 		}
 	}
-	if late != nil && w.q.clock.Now().After(startBy) {
+	if now := w.q.clock.Now(); late != nil && now.After(startBy) {
 		// Its slot was set from a time this attempt is now too far past
 		// to start in: the next attempt could take the slot less than a
 		// period after this one starts. The slot counts as used.
+		w.log.Info("idem: job's rate slot was taken too late to start in: the job waits for the slot's time",
+			"job", c.Key().Digest(), "limit", late.label, "late_by", now.Sub(startBy), "until", late.retry)
 		return late
 	}
 	return nil
 }
 
 // rateSlack is how long after it read its clock to take a rate slot an
-// attempt may still start: a twentieth of the slot's period, at most a
-// second. The slot is set that much longer.
-func rateSlack(period time.Duration) time.Duration { return min(period/20, time.Second) }
+// attempt may still start: a twentieth of the slot's period, at least
+// 100 ms (an etcd write across data centres), at most a second. The slot
+// is set that much longer.
+func rateSlack(period time.Duration) time.Duration {
+	return min(max(period/20, 100*time.Millisecond), time.Second)
+}
 
 // takeSlot takes one of kl's concurrency slots for claim c.
 func (w *Worker) takeSlot(ctx context.Context, c *etcdstore.Claim, kl keyedLimit, held *[]heldSlot) error {

@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -58,7 +59,7 @@ func TestReviewRateSlotWrittenLateDoesNotStartTheAttempt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &Worker{q: q}
+	w := &Worker{q: q, log: slog.New(slog.DiscardHandler)}
 	acquire := func(id string) error {
 		var got error
 		_, err := st.Run(ctx, q.Key(id), etcdstore.Fingerprint{1}, func(ctx context.Context, c *etcdstore.Claim) (etcdstore.Outcome, etcdstore.End) {
@@ -92,5 +93,31 @@ func TestReviewRateSlotWrittenLateDoesNotStartTheAttempt(t *testing.T) {
 	master.set(lim.retry)
 	if err := acquire("a4"); err != nil {
 		t.Fatalf("at the slot's time (%v): acquire = %v; want the attempt to start", lim.retry, err)
+	}
+}
+
+// The slack a rate slot is set longer by, and an attempt may start within:
+// a twentieth of the period, at least 100 ms (so a slot's write across
+// data centres is not always late: a key whose every attempt is refused
+// never runs), at most a second. A kind whose period and slack outlast
+// the retention is refused.
+func TestRateSlackBounds(t *testing.T) {
+	for _, c := range []struct{ period, want time.Duration }{
+		{time.Millisecond, 100 * time.Millisecond},
+		{2 * time.Second, 100 * time.Millisecond},
+		{10 * time.Second, 500 * time.Millisecond},
+		{time.Hour, time.Second},
+	} {
+		if got := rateSlack(c.period); got != c.want {
+			t.Errorf("rateSlack(%v) = %v; want %v", c.period, got, c.want)
+		}
+	}
+	k := Kind{Name: "pay", Limits: []Limit{{Name: "merchant", Key: ParamKey("merchant"), Rate: 1, Burst: 60}}, MaxBackoff: time.Second,
+		Steps: []Step{{Name: "s", Run: func(ctx context.Context, r *Run) ([]byte, error) { return nil, nil }}}}
+	if err := k.validate(time.Minute); !errors.Is(err, ErrInvalid) {
+		t.Errorf("a 60 s period (and 1 s of slack) under a 60 s retention: %v; want ErrInvalid", err)
+	}
+	if err := k.validate(time.Minute + time.Second); err != nil {
+		t.Errorf("a 60 s period (and 1 s of slack) under a 61 s retention: %v; want it accepted", err)
 	}
 }
