@@ -38,14 +38,7 @@ func TestReviewFenceOnThePreviousJobDoesNotStallTheSchedule(t *testing.T) {
 	}
 	s := &Scheduler{q: q}
 	t1 := base
-	cv := cursorValue{Last: t1, Prev: t1, PrevAt: base}
-	rev, err := s.setCursor(ctx, &sc, 0, cv)
-	if err != nil || rev == 0 {
-		t.Fatal(rev, err)
-	}
-	if err := s.submit(ctx, &sc, t1, &cursorFence{rev, cv}); err != nil {
-		t.Fatal(err)
-	}
+	decideAndSubmit(t, s, &sc, t1)
 	id1 := OccurrenceID("sync", t1)
 	cli := cluster.MustClient(t)
 	resp, err := cli.Get(ctx, prefix+"k/", clientv3.WithPrefix())

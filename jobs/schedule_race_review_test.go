@@ -9,6 +9,21 @@ import (
 	"github.com/idem-dev/idem/etcdstore"
 )
 
+// decideAndSubmit makes occurrence at the cursor's Prev, decided at its
+// own time, and submits its job fenced on the cursor, as exclusive does.
+func decideAndSubmit(t *testing.T, s *Scheduler, sc *Schedule, at time.Time) {
+	t.Helper()
+	ctx := testCtx(t)
+	cv := cursorValue{Last: at, Prev: at, PrevAt: at}
+	rev, err := s.setCursor(ctx, sc, 0, cv)
+	if err != nil || rev == 0 {
+		t.Fatal(rev, err)
+	}
+	if err := s.submit(ctx, sc, at, &cursorFence{rev, cv}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // Regression (review): under skip, a scheduler whose clock finds the
 // previous occurrence's job past its retention takes it for ended and
 // decides the next occurrence. A worker whose clock is behind (within
@@ -32,14 +47,7 @@ func TestReviewForgottenJobIsNotTakenOverBesideTheNext(t *testing.T) {
 	}
 	sF := &Scheduler{q: qF}
 	t1 := base
-	cv := cursorValue{Last: t1, Prev: t1, PrevAt: base}
-	rev, err := sF.setCursor(ctx, &sc, 0, cv)
-	if err != nil || rev == 0 {
-		t.Fatal(rev, err)
-	}
-	if err := sF.submit(ctx, &sc, t1, &cursorFence{rev, cv}); err != nil {
-		t.Fatal(err)
-	}
+	decideAndSubmit(t, sF, &sc, t1)
 	id1 := OccurrenceID("sync", t1)
 	// Nobody took it for its retention: past it on F's clock, not on W's.
 	master.set(base.Add(time.Minute + 1500*time.Millisecond))
@@ -94,14 +102,7 @@ func TestReviewEndedOccurrenceGoneEarlyIsNotSubmittedAgain(t *testing.T) {
 	}
 	sL := &Scheduler{q: qL}
 	t1 := base
-	cv := cursorValue{Last: t1, Prev: t1, PrevAt: base}
-	rev, err := sL.setCursor(ctx, &sc, 0, cv)
-	if err != nil || rev == 0 {
-		t.Fatal(rev, err)
-	}
-	if err := sL.submit(ctx, &sc, t1, &cursorFence{rev, cv}); err != nil {
-		t.Fatal(err)
-	}
+	decideAndSubmit(t, sL, &sc, t1)
 	id1 := OccurrenceID("sync", t1)
 	j, err := qS.Cancel(ctx, id1, "ended")
 	if err != nil || !j.State.Final() {
