@@ -152,7 +152,7 @@ func TestEnqueueIfValueThen(t *testing.T) {
 	}
 	clk := newShiftClock()
 	clk.Shift(25 * time.Hour) // past the default retention
-	later := newStore(t, cli, prefix, WithClock(clk))
+	later := newStore(t, cli, prefix, WithClock(clk), WithExpirySweep(false)) // its sweeper would delete the record
 	if _, err := later.Get(ctx, key); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Get past the retention = %v; want ErrNotFound", err)
 	}
