@@ -151,8 +151,9 @@ func TestEnqueueIfValueThen(t *testing.T) {
 		t.Fatalf("IfValueThen at revision 0 = %v; want ErrInvalidArgument", err)
 	}
 	clk := newShiftClock()
-	clk.Shift(25 * time.Hour)                                                 // past the default retention
-	later := newStore(t, cli, prefix, WithClock(clk), WithExpirySweep(false)) // its sweeper would delete the record
+	clk.Shift(25 * time.Hour) // past the default retention
+	// Its sweeper would delete the record Peek reads.
+	later := newStore(t, cli, prefix, WithClock(clk), WithExpirySweep(false))
 	if _, err := later.Get(ctx, key); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Get past the retention = %v; want ErrNotFound", err)
 	}
