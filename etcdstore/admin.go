@@ -12,7 +12,9 @@ import (
 
 	"github.com/idem-dev/idem/clock"
 	"github.com/idem-dev/idem/etcdstore/internal/dict"
+	"github.com/idem-dev/idem/etcdstore/internal/kpb"
 	"github.com/idem-dev/idem/fencing"
+	"github.com/idem-dev/idem/internal/kernel"
 )
 
 // Admin reads and evicts records without a session: for operators' tools,
@@ -178,18 +180,16 @@ func (a *Admin) evictIf(ctx context.Context, key Key, rev int64) (gone bool, at 
 	}
 	ctx, cancel := a.bound(ctx)
 	defer cancel()
-	k := a.ks.record(key)
+	t := kernel.EvictIf(a.ks.record(key), rev)
 	// Safe to retry: after a try whose outcome is unknown, the record is
 	// either gone (that try deleted it) or still at rev.
 	err = a.retry(ctx, func(ctx context.Context) error {
-		resp, err := a.client.Txn(ctx).
-			If(clientv3.Compare(clientv3.ModRevision(k), "=", rev)).
-			Then(clientv3.OpDelete(k)).
-			Else(clientv3.OpGet(k, clientv3.WithCountOnly())).Commit()
+		resp, err := a.client.Txn(ctx).If(kpb.Cmps(t.If)...).Then(clientv3.OpDelete(t.Then[0].Key)).
+			Else(clientv3.OpGet(t.Else[0].Key, clientv3.WithCountOnly())).Commit()
 		if err != nil {
 			return err
 		}
-		gone = resp.Succeeded || resp.Responses[0].GetResponseRange().Count == 0
+		gone = kernel.EvictIfGone(resp.Succeeded, resp.Responses[0].GetResponseRange().GetCount())
 		at = resp.Header.Revision
 		return nil
 	})

@@ -314,7 +314,7 @@ func (s *Store) claimUntraced(ctx context.Context, key Key, fp Fingerprint, cfg 
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	done, left, err := s.acquire(ctx, c, sess, cfg)
+	done, left, err := s.acquire(ctx, c, cfg)
 	if err != nil || done != nil {
 		s.unregister(c)
 		c.cancel(ErrClaimEnded)

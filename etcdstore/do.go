@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/fencing"
+	"github.com/idem-dev/idem/internal/kernel"
 )
 
 // Work is the non-idempotent operation behind a key, for Do. ctx is
@@ -307,37 +308,34 @@ func (s *Store) reapOnce(ctx context.Context, k Key, fp Fingerprint, owner, atte
 	ctx, cancel := s.clock.WithTimeout(ctx, s.endTimeout)
 	defer cancel()
 	rec, _, err := s.get(ctx, k)
-	switch {
-	case err != nil:
+	if err != nil {
 		return false
-	case rec != nil && rec.State == InFlight && rec.Owner == owner && SameAttempt(rec.Attempt, attempt):
-		hold.won(rec, nil) // the lost write landed: abandon it
-		if err := hold.Abandon(ctx); errors.Is(err, ErrUnavailable) {
+	}
+	step := kernel.Reap(kernelRecord(rec), owner, attempt, seen)
+	if step == kernel.ReapAbandon {
+		hold.won(rec, nil) // the lost write landed
+	}
+	if step == kernel.ReapFence {
+		var left attempted
+		a, err := s.runClaim(ctx, hold, &claimConfig{attempt: attempt, fence: true}, &left)
+		if err != nil {
 			return false
 		}
-		s.reaped.Add(1)
-		s.log.Info("idem: abandoned a claim whose write had an unknown outcome", "key", k.Digest(), "token", int64(rec.Token))
-		return true
-	case rec != nil && (rec.Revision > seen || rec.State != InFlight):
-		return true // written since, by another: no lost write can land on it
-	}
-	cfg := claimConfig{attempt: attempt, fence: true}
-	var left attempted
-	done, err := s.decide(ctx, hold, sess, &cfg, &left)
-	switch {
-	case err == nil && done == nil && !hold.fenced:
-		// The lost write had landed meanwhile: abandon it.
-		if err := hold.Abandon(ctx); errors.Is(err, ErrUnavailable) {
-			return false
+		if a.Verdict == kernel.Won {
+			hold.won(storeRecord(k, a.Record), nil)
 		}
-		s.reaped.Add(1)
-		return true
-	case err == nil && done == nil:
-		s.reaped.Add(1)
-		s.log.Info("idem: fenced a claim whose write had an unknown outcome", "key", k.Digest())
-		return true
-	case err == nil, errors.Is(err, ErrConflict), errors.Is(err, ErrMismatch), errors.Is(err, ErrMoved):
-		return true // done, held elsewhere, or another operation: the lost write cannot land
+		if step = kernel.ReapFenced(a); step == kernel.ReapDone && a.Verdict == kernel.Won {
+			s.reaped.Add(1)
+			s.log.Info("idem: fenced a claim whose write had an unknown outcome", "key", k.Digest())
+		}
 	}
-	return false
+	if step != kernel.ReapAbandon {
+		return step == kernel.ReapDone
+	}
+	if err := hold.Abandon(ctx); errors.Is(err, ErrUnavailable) {
+		return false
+	}
+	s.reaped.Add(1)
+	s.log.Info("idem: abandoned a claim whose write had an unknown outcome", "key", k.Digest(), "token", int64(hold.token))
+	return true
 }

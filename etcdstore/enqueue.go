@@ -4,12 +4,10 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"errors"
 	"fmt"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	clientv3 "go.etcd.io/etcd/client/v3"
+	"github.com/idem-dev/idem/clock"
+	"github.com/idem-dev/idem/internal/kernel"
 )
 
 // Enqueue hands key's work to whoever claims the key next: unless the key
@@ -49,108 +47,52 @@ func (s *Store) Enqueue(ctx context.Context, key Key, fp Fingerprint, data []byt
 	if len(data) > s.maxRecord {
 		return nil, fmt.Errorf("enqueue %s: %w: checkpoint is %d bytes, limit %d", key, ErrTooLarge, len(data), s.maxRecord)
 	}
-	data = bytes.Clone(data)
+	req := kernel.EnqueueRequest{Key: s.ks.record(key), Fingerprint: fp, Attempt: rand.Text(), Data: bytes.Clone(data),
+		Existing: cfg.route.existing, OverMoved: cfg.route.overMoved, SetRev: cfg.route.setRev, ValueRev: cfg.valueRev, ValueTo: cfg.valueTo}
+	if cfg.value != "" {
+		req.Value = s.ks.values() + cfg.value
+	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	ekey := s.ks.record(key)
-	var cur *Record // the record as last read; nil: absent or not read
-	known := false
-	tries := 0
-	var landed landing
-	for round := 0; round < 8; round++ {
-		now := s.now()
-		if cfg.route.existing && !known {
+	m := kernel.NewEnqueue(s.kcfg(), req)
+	for {
+		a := m.Next(s.view(key))
+		if a.Wait > 0 && clock.Sleep(s.clock, ctx, a.Wait) != nil {
+			return nil, wrapEtcd("enqueue", key, a.Err)
+		}
+		switch a.Kind {
+		case kernel.ActDone:
+			return s.enqueued(key, &cfg, m.Answer())
+		case kernel.ActRead:
 			rec, _, err := s.get(ctx, key)
 			if err != nil {
 				return nil, wrapEtcd("enqueue", key, err)
 			}
-			cur, known = rec, true
+			m.Read(kernelRecord(rec))
+		case kernel.ActSend:
+			s.learn(m.Sent(s.exec(ctx, key, a.Txn, nil)))
 		}
-		if cfg.route.existing && (cur == nil || cur.expired(now) || cur.State == Moved) {
-			return nil, fmt.Errorf("enqueue %s: %w: no live record in this store (WithoutCreate)", key, ErrNotFound)
-		}
-		cmps := []cond{created(ekey, pb.Compare_EQUAL, 0)}
-		var expect *Record // the record this round's write replaces (nil: none)
-		if known && cur != nil {
-			switch {
-			case cur.expired(now), cfg.route.overMoved && cur.State == Moved:
-				cmps, expect = []cond{modified(ekey, cur.Revision)}, cur // a new operation
-			case cur.State == Moved:
-				return nil, &MovedError{Key: key, To: cur.MovedTo, Epoch: cur.Epoch}
-			case cur.Fingerprint != fp:
-				return nil, &MismatchError{Key: key}
-			default:
-				return cur, nil
-			}
-		}
-		rec := &Record{
-			Key:         key,
-			State:       InFlight,
-			Fingerprint: fp,
-			Attempt:     rand.Text(),
-			Created:     now,
-			Expires:     now.Add(s.retention),
-			Checkpoint:  data,
-		}
-		var touch []clientv3.Op
-		if cfg.value != "" {
-			cmps = append(cmps, modified(s.ks.values()+cfg.value, cfg.valueRev))
-			switch {
-			case cfg.valueTo != nil:
-				touch = append(touch, clientv3.OpPut(s.ks.values()+cfg.value, string(cfg.valueTo), clientv3.WithIgnoreLease()))
-			case cfg.valueRev != 0:
-				// The record and the value's new revision land together:
-				// a decision made at valueRev that the record is absent
-				// (a compare-and-set of the value) cannot land beside it.
-				touch = append(touch, clientv3.OpPut(s.ks.values()+cfg.value, "", clientv3.WithIgnoreValue(), clientv3.WithIgnoreLease()))
-			}
-		}
-		epoch := s.epoch.Load()
-		var setRev int64
-		if s.epochs {
-			rec.Epoch = epoch
-			var guards []cond
-			guards, setRev = s.guards(epoch, cfg.route.setRev)
-			cmps = append(cmps, guards...)
-		}
-		res, err := s.writeRecord(ctx, key, "", cmps, rec, 0, touch...)
-		if errors.Is(err, rpctypes.ErrNoSpace) {
-			// etcd refuses every Put while it is full: a key already
-			// enqueued (or done) can still be answered from a read.
-			if got, _, rerr := s.get(ctx, key); rerr == nil && got != nil && !got.expired(now) && got.State != Moved && got.Fingerprint == fp {
-				return got, nil
-			}
-			return nil, wrapEtcd("enqueue", key, err)
-		}
-		if err != nil {
-			err = landed.failed(err)
-			if errors.Is(err, ErrCorrupt) || !retryable(ctx, err) || tries >= maxTries {
-				return nil, wrapEtcd("enqueue", key, err)
-			}
-			tries++
-			if !s.backoff(ctx, tries) {
-				return nil, wrapEtcd("enqueue", key, err)
-			}
-			known = false // the write may have landed: read what is there
-			continue
-		}
-		if res.ok {
-			rec.Revision, rec.Token = res.rev, tokenOf(epoch, res.rev)
-			rec.Expires, rec.Created = toMillis(rec.Expires), toMillis(rec.Created)
-			return rec, nil
-		}
-		if s.epochs && s.setChanged(res, setRev) {
-			return nil, fmt.Errorf("enqueue %s: %w", key, ErrSetChanged)
-		}
-		if s.epochs && res.epoch != epoch {
-			s.epoch.Store(res.epoch)
-		}
-		cur, known = res.cur, true
-		if cfg.value != "" && (cur == nil && expect == nil || cur != nil && expect != nil && cur.Revision == expect.Revision) {
-			// The record was as this round expected (absent, or the same
-			// expired one), so the compare that failed is the value's.
-			return nil, fmt.Errorf("enqueue %s: %w: value %q is no longer at revision %d", key, ErrValueChanged, cfg.value, cfg.valueRev)
-		}
+	}
+}
+
+// enqueued answers an Enqueue as the kernel decided it.
+func (s *Store) enqueued(key Key, cfg *enqueueConfig, a kernel.Answer) (*Record, error) {
+	rec := storeRecord(key, a.Record)
+	switch a.Verdict {
+	case kernel.Landed, kernel.Found:
+		return rec, nil
+	case kernel.IsMoved:
+		return nil, &MovedError{Key: key, To: rec.MovedTo, Epoch: rec.Epoch}
+	case kernel.Mismatch:
+		return nil, &MismatchError{Key: key}
+	case kernel.NotFound:
+		return nil, fmt.Errorf("enqueue %s: %w: no live record in this store (WithoutCreate)", key, ErrNotFound)
+	case kernel.SetChanged:
+		return nil, fmt.Errorf("enqueue %s: %w", key, ErrSetChanged)
+	case kernel.ValueChanged:
+		return nil, fmt.Errorf("enqueue %s: %w: value %q is no longer at revision %d", key, ErrValueChanged, cfg.value, cfg.valueRev)
+	case kernel.Error:
+		return nil, wrapEtcd("enqueue", key, a.Err)
 	}
 	return nil, fmt.Errorf("enqueue %s: %w: the record kept changing", key, ErrUnavailable)
 }

@@ -2,12 +2,14 @@ package etcdstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/idem-dev/idem/clock"
+	"github.com/idem-dev/idem/etcdstore/internal/kpb"
+	"github.com/idem-dev/idem/internal/kernel"
 )
 
 // Shard epochs and hand-overs: what package shard builds a set of etcd
@@ -60,47 +62,10 @@ func (s *Store) ShardSet() Value {
 
 func (s *Store) noteSet(v Value) { s.set.Store(&v) }
 
-// setCond guards a claim or a move with the shard set this store believes
-// in.
-func (s *Store) setCond(rev int64) cond {
-	if rev == 0 {
-		return created(s.setKey(), pb.Compare_EQUAL, 0)
-	}
-	return modified(s.setKey(), rev)
-}
-
-// guards are the compares of a claim, enqueue or move of a shard: its
-// epoch and its shard set, as last seen.
-func (s *Store) guards(epoch, setRev int64) ([]cond, int64) {
-	rev := setRev
-	if rev == 0 {
-		rev = s.ShardSet().Revision
-	}
-	return []cond{s.epochCond(epoch), s.setCond(rev)}, rev
-}
-
-// setChanged reports whether a guarded write that did not apply found
-// another shard set than the one it compared, and notes it.
-func (s *Store) setChanged(res casResult, rev int64) bool {
-	if res.set.Revision == rev {
-		return false
-	}
-	s.noteSet(res.set)
-	return true
-}
-
-// epochCond guards a claim or a move with the epoch this store believes in.
-func (s *Store) epochCond(e int64) cond {
-	if e == 0 {
-		return created(s.epochKey(), pb.Compare_EQUAL, 0)
-	}
-	return valueIs(s.epochKey(), strconv.FormatInt(e, 10))
-}
-
 func parseEpoch(v []byte) (int64, error) {
-	e, err := strconv.ParseInt(string(v), 10, 64)
-	if err != nil || e < 0 || e >= 1<<(63-EpochShift) {
-		return 0, fmt.Errorf("%w: shard epoch %q", ErrCorrupt, v)
+	e, err := kernel.ParseEpoch(v)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
 	return e, nil
 }
@@ -162,8 +127,8 @@ func (s *Store) RaiseEpoch(ctx context.Context, above int64) (int64, error) {
 		}
 		next := above + 1
 		tctx, cancel := s.try(ctx)
-		c := s.epochCond(cur)
-		resp, err := s.client.Txn(tctx).If(c.cmp()).Then(clientv3.OpPut(s.epochKey(), strconv.FormatInt(next, 10))).Commit()
+		t := s.kcfg().Keys.RaiseEpoch(cur, next)
+		resp, err := s.client.Txn(tctx).If(kpb.Cmps(t.If)...).Then(clientv3.OpPut(s.epochKey(), strconv.FormatInt(next, 10))).Commit()
 		cancel()
 		switch {
 		case err == nil && resp.Succeeded:
@@ -207,54 +172,36 @@ func (s *Store) Forward(ctx context.Context, key Key, to string, opts ...ClaimOp
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	ekey := s.ks.record(key)
-	cur, _, err := s.get(ctx, key)
-	if err != nil {
-		return nil, err
+	m := kernel.NewForward(s.kcfg(), kernel.ForwardRequest{Key: s.ks.record(key), To: to, SetRev: cfg.setRev})
+	for {
+		a := m.Next(s.view(key))
+		if a.Wait > 0 && clock.Sleep(s.clock, ctx, a.Wait) != nil {
+			return nil, wrapEtcd("forward", key, a.Err)
+		}
+		switch a.Kind {
+		case kernel.ActDone:
+			return s.forwarded(key, m.Answer())
+		case kernel.ActRead:
+			rec, _, err := s.get(ctx, key)
+			if err != nil {
+				return nil, err
+			}
+			m.Read(kernelRecord(rec))
+		case kernel.ActSend:
+			s.learn(m.Sent(s.exec(ctx, key, a.Txn, nil)))
+		}
 	}
-	var landed landing
-	for try := 0; try < 8; try++ {
-		now := s.now()
-		var cmps []cond
-		switch {
-		case cur == nil:
-			cmps = []cond{created(ekey, pb.Compare_EQUAL, 0)}
-		case cur.expired(now):
-			cmps = []cond{modified(ekey, cur.Revision)}
-		case cur.State == Moved && cur.MovedTo == to:
-			return cur, nil
-		case cur.State == Moved:
-			// Written under an older shard set (the one in force, which
-			// this write compares, names to): replace it.
-			cmps = []cond{modified(ekey, cur.Revision)}
-		default:
-			return cur, nil // the key lives here
-		}
-		e := s.epoch.Load()
-		rec := &Record{State: Moved, MovedTo: to, Epoch: e, Created: now, Expires: now.Add(s.retention)}
-		guards, setRev := s.guards(e, cfg.setRev)
-		res, err := s.writeRecord(ctx, key, "", append(cmps, guards...), rec, 0)
-		if err != nil {
-			err = landed.failed(err)
-			if errors.Is(err, ErrCorrupt) || !retryable(ctx, err) || !s.backoff(ctx, try) {
-				return nil, wrapEtcd("forward", key, err)
-			}
-			if cur, _, err = s.get(ctx, key); err != nil { // the outcome is unknown: look
-				return nil, landed.failed(err)
-			}
-			continue
-		}
-		if res.ok {
-			rec.Revision, rec.Token = res.rev, tokenOf(rec.Epoch, res.rev)
-			return rec, nil
-		}
-		if s.setChanged(res, setRev) {
-			return nil, fmt.Errorf("forward %s: %w", key, ErrSetChanged)
-		}
-		if res.epoch != e {
-			s.epoch.Store(res.epoch)
-		}
-		cur = res.cur
+}
+
+// forwarded answers a Forward as the kernel decided it.
+func (s *Store) forwarded(key Key, a kernel.Answer) (*Record, error) {
+	switch a.Verdict {
+	case kernel.Landed, kernel.Found:
+		return storeRecord(key, a.Record), nil
+	case kernel.SetChanged:
+		return nil, fmt.Errorf("forward %s: %w", key, ErrSetChanged)
+	case kernel.Error:
+		return nil, wrapEtcd("forward", key, a.Err)
 	}
 	return nil, fmt.Errorf("forward %s: %w: the record kept changing", key, ErrUnavailable)
 }

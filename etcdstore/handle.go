@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/fencing"
+	"github.com/idem-dev/idem/internal/kernel"
 )
 
 // Handle identifies a claim outside the process that holds it: a remote
@@ -73,10 +74,7 @@ func (c *Claim) Renew(ctx context.Context, d time.Duration) error {
 	// The deadline is computed once: a retried write that finds its own
 	// earlier try landed recognises it by the same deadline.
 	deadline := toMillis(c.s.now().Add(d))
-	return c.write(ctx, "renew", false, nil, func(r *Record) *Record {
-		r.Deadline = deadline
-		return r
-	})
+	return c.write(ctx, kernel.WriteRequest{Kind: kernel.Renew, Deadline: deadline}, nil)
 }
 
 // SameAttempt reports whether two attempt ids are the same, in time that

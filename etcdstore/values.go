@@ -6,8 +6,12 @@ import (
 	"fmt"
 	"strings"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/idem-dev/idem/etcdstore/internal/kpb"
+	"github.com/idem-dev/idem/internal/kernel"
 )
 
 // Value is a small value that a package built on a store keeps beside the
@@ -130,48 +134,61 @@ func (s *Store) SetValue(ctx context.Context, name string, value []byte, rev int
 	if cfg.setRev < 0 {
 		return Value{}, false, fmt.Errorf("set value %q: %w: shard set revision %d", name, ErrInvalidArgument, cfg.setRev)
 	}
-	key := s.ks.values() + name
-	cmp := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", rev)}
-	if rev == 0 {
-		cmp[0] = clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+	l := kernel.NoLease
+	switch {
+	case cfg.session:
+		l = kernel.SessionLease
+	case cfg.retained:
+		l = kernel.BucketLease
 	}
-	orElse := []clientv3.Op{clientv3.OpGet(key)}
-	if cfg.setRev != 0 {
-		cmp = append(cmp, s.setCond(cfg.setRev).cmp())
-		orElse = append(orElse, clientv3.OpGet(s.setKey()))
-	}
+	t := s.kcfg().Keys.SetValue(s.ks.values()+name, value, rev, l, cfg.setRev)
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	var resp *clientv3.TxnResponse
-	var err error
-	for refreshed := false; ; refreshed = true {
-		var put []clientv3.OpOption
-		var id clientv3.LeaseID
-		if cfg.session {
-			sess, serr := s.session()
-			if serr != nil {
-				return Value{}, false, fmt.Errorf("set value %q: %w", name, serr)
-			}
-			put = append(put, clientv3.WithLease(sess.Lease()))
-		} else if cfg.retained {
-			if id, err = s.buckets.For(ctx, s.now()); err != nil {
-				return Value{}, false, fmt.Errorf("set value %q: %w", name, err)
-			}
-			put = append(put, clientv3.WithLease(id))
-		}
-		err = s.kv.Do(ctx, func(ctx context.Context) (err error) {
-			resp, err = s.client.Txn(ctx).If(cmp...).Then(clientv3.OpPut(key, string(value), put...)).Else(orElse...).Commit()
-			return err
-		})
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) && !refreshed && !cfg.session {
-			s.buckets.Invalidate(id) // nothing was written: try a fresh lease
-			continue
-		}
-		break
+	resp, err := s.sendValue(ctx, t)
+	if errors.Is(err, ErrSessionLost) || errors.Is(err, ErrClosed) {
+		return Value{}, false, fmt.Errorf("set value %q: %w", name, err)
 	}
 	if err != nil {
 		return Value{}, false, fmt.Errorf("set value %q: %w: %w", name, ErrUnavailable, err)
 	}
+	return s.valueSet(name, value, cfg.setRev, resp)
+}
+
+// sendValue sends a value's Txn, refreshing a bucket lease etcd no longer
+// knows once.
+func (s *Store) sendValue(ctx context.Context, t *kernel.Txn) (*clientv3.TxnResponse, error) {
+	for refreshed := false; ; refreshed = true {
+		var id clientv3.LeaseID
+		then := make([]*pb.RequestOp, len(t.Then))
+		for i, op := range t.Then {
+			r, _, err := s.requestOp(ctx, Key{}, op)
+			if err != nil {
+				return nil, err
+			}
+			if op.Lease == kernel.BucketLease {
+				id = clientv3.LeaseID(r.GetRequestPut().Lease)
+			}
+			then[i] = r
+		}
+		els, err := kpb.Ops(t.Else)
+		if err != nil {
+			return nil, err
+		}
+		var resp *clientv3.TxnResponse
+		err = s.kv.Do(ctx, func(ctx context.Context) (err error) {
+			resp, err = s.client.Txn(ctx).If(kpb.Cmps(t.If)...).Then(kpb.ClientOps(then)...).Else(kpb.ClientOps(els)...).Commit()
+			return err
+		})
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) && !refreshed && id != 0 {
+			s.buckets.Invalidate(id) // nothing was written: try a fresh lease
+			continue
+		}
+		return resp, err
+	}
+}
+
+// valueSet reads the answer to SetValue's Txn.
+func (s *Store) valueSet(name string, value []byte, setRev int64, resp *clientv3.TxnResponse) (Value, bool, error) {
 	if resp.Succeeded {
 		v := Value{Name: name, Value: value, Revision: resp.Header.Revision}
 		if s.epochs && name == ShardSetValue {
@@ -179,12 +196,12 @@ func (s *Store) SetValue(ctx context.Context, name string, value []byte, rev int
 		}
 		return v, true, nil
 	}
-	if cfg.setRev != 0 {
+	if setRev != 0 {
 		set := Value{Name: ShardSetValue}
 		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) == 1 {
 			set.Value, set.Revision = kvs[0].Value, kvs[0].ModRevision
 		}
-		if set.Revision != cfg.setRev {
+		if set.Revision != setRev {
 			s.noteSet(set)
 			return Value{}, false, fmt.Errorf("set value %q: %w", name, ErrSetChanged)
 		}
@@ -213,9 +230,10 @@ func (s *Store) DeleteValue(ctx context.Context, name string, rev int64) (bool, 
 	key := s.ks.values() + name
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
+	t := kernel.DeleteValue(key, rev)
 	var resp *clientv3.TxnResponse
 	err := s.kv.Do(ctx, func(ctx context.Context) (err error) {
-		resp, err = s.client.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).Then(clientv3.OpDelete(key)).Commit()
+		resp, err = s.client.Txn(ctx).If(kpb.Cmps(t.If)...).Then(clientv3.OpDelete(key)).Commit()
 		return err
 	})
 	if err != nil {

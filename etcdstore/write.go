@@ -3,14 +3,14 @@ package etcdstore
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"slices"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idem-dev/idem/clock"
+	"github.com/idem-dev/idem/internal/kernel"
 )
 
 // MaxExtraOps is the most extra ops Complete and Checkpoint take: etcd
@@ -35,10 +35,7 @@ func (c *Claim) Complete(ctx context.Context, out Outcome, ops ...clientv3.Op) e
 	if size := out.size(); size > c.s.maxRecord {
 		return fmt.Errorf("complete %s: %w: outcome is %d bytes, limit %d", c.key, ErrTooLarge, size, c.s.maxRecord)
 	}
-	return c.write(ctx, "complete", true, ops, func(r *Record) *Record {
-		r.State, r.Outcome, r.Checkpoint = Done, &out, nil
-		return r
-	})
+	return c.write(ctx, kernel.WriteRequest{Kind: kernel.Complete, Outcome: kernelOutcome(&out)}, ops)
 }
 
 // Checkpoint saves data as the claim's recovery point (Brandur Leach's
@@ -62,11 +59,7 @@ func (c *Claim) Checkpoint(ctx context.Context, data []byte, ops ...clientv3.Op)
 	if len(data) > c.s.maxRecord {
 		return fmt.Errorf("checkpoint %s: %w: %d bytes, limit %d", c.key, ErrTooLarge, len(data), c.s.maxRecord)
 	}
-	data = bytes.Clone(data)
-	return c.write(ctx, "checkpoint", false, ops, func(r *Record) *Record {
-		r.Checkpoint = data
-		return r
-	})
+	return c.write(ctx, kernel.WriteRequest{Kind: kernel.Checkpoint, Checkpoint: bytes.Clone(data)}, ops)
 }
 
 // Release deletes the claim so that a retry runs the work again, and ends the
@@ -84,7 +77,7 @@ func (c *Claim) Release(ctx context.Context) error {
 	if c.TookOver() {
 		return c.Abandon(ctx)
 	}
-	return c.write(ctx, "release", true, nil, nil)
+	return c.write(ctx, kernel.WriteRequest{Kind: kernel.Release}, nil)
 }
 
 // Abandon gives the claim up without deleting it: the record stays in flight
@@ -92,17 +85,12 @@ func (c *Claim) Release(ctx context.Context) error {
 // request with the key takes it over at once and resumes from the
 // checkpoint, with a greater fencing token. Fenced like Complete.
 func (c *Claim) Abandon(ctx context.Context) error {
-	return c.write(ctx, "abandon", true, nil, func(r *Record) *Record {
-		r.Owner = ""
-		r.Deadline = time.Time{}
-		return r
-	})
+	return c.write(ctx, kernel.WriteRequest{Kind: kernel.Abandon}, nil)
 }
 
-// write performs one fenced write: If(ModRevision(record) == c.rev). next
-// edits a copy of the claim's record (nil next: delete the record). final
-// writes end the claim. The write is retried, within ctx bounded by the
-// request timeout, while its outcome is unknown.
+// write performs one fenced write of the claim, as the kernel's Write
+// machine decides it: If(ModRevision(record) == c.rev). It is retried,
+// within ctx bounded by the request timeout, while its outcome is unknown.
 //
 // A retry, or any write after one whose outcome was unknown, may find a
 // record with this claim's token and attempt id that it did not expect:
@@ -110,7 +98,8 @@ func (c *Claim) Abandon(ctx context.Context) error {
 // claim then adopts what that record says (its checkpoint, its deadline)
 // before it decides, so it never rewrites the record from older memory:
 // a checkpoint that landed with a lost reply is never moved backwards.
-func (c *Claim) write(ctx context.Context, op string, final bool, extra []clientv3.Op, next func(*Record) *Record) (err error) {
+func (c *Claim) write(ctx context.Context, req kernel.WriteRequest, extra []clientv3.Op) (err error) {
+	op := req.Kind.String()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.s.tracer != nil {
@@ -124,143 +113,71 @@ func (c *Claim) write(ctx context.Context, op string, final bool, extra []client
 	s := c.s
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	ekey := s.ks.record(c.key)
-	var landed landing
-	for try := 0; ; try++ {
-		cmps := []cond{modified(ekey, c.rev)}
-		var want *Record // the record this write puts; nil: a delete
-		var res casResult
-		var err error
-		if next != nil {
-			want = next(c.recordLocked(s.now()))
+	m := kernel.NewWrite(s.kcfg(), c.heldLocked(), req)
+	for {
+		a := m.Next(s.view(c.key))
+		if a.Wait > 0 && clock.Sleep(s.clock, ctx, a.Wait) != nil {
+			c.adoptLocked(m.Held()) // the claim stays held
+			return wrapEtcd(op, c.key, a.Err)
 		}
-		if want != nil && want.State == InFlight && !c.expires.IsZero() && !s.now().Before(c.expires) {
-			// The claim's record is past its expiry, by this store's clock:
-			// others treat it as absent (a scheduler moves on from a job
-			// that was forgotten), and the claim ended with it (its timer
-			// may not have fired yet: it waits for c.mu, held here across
-			// tries). An in-flight write now (a checkpoint, a renewal, an
-			// abandon) would bring the forgotten record back; a Complete
-			// or a Release still goes, as an outcome that happened is
-			// better saved. (Past its deadline alone, the record is not
-			// forgotten: a late write races a takeover by compare.)
-			c.endLocked(ErrDeadline)
-			if landed.maybe {
-				return fmt.Errorf("%s %s: %w: an earlier try may have landed, and the claim's record is now past its expiry (%s): %w",
-					op, c.key, ErrUnavailable, c.expires.Format(time.RFC3339Nano), ErrDeadline)
-			}
-			return fmt.Errorf("%s %s: %w: %w: its record is past its expiry (%s)", op, c.key, ErrClaimEnded, ErrDeadline, c.expires.Format(time.RFC3339Nano))
+		switch a.Kind {
+		case kernel.ActDone:
+			return c.wroteLocked(op, m)
+		case kernel.ActRead:
+			cur, _, err := s.get(ctx, c.key)
+			m.Read(kernelRecord(cur), err)
+		case kernel.ActSend:
+			m.Sent(s.exec(ctx, c.key, a.Txn, extra))
 		}
-		if next == nil {
-			res, err = s.cas(ctx, c.key, "", cmps, write{key: ekey, delete: true}, extra)
+	}
+}
+
+// wroteLocked takes a finished write's answer: the claim adopts what
+// landed of it, ends if the answer ends it, and the caller learns the
+// answer as an error (nil: landed).
+func (c *Claim) wroteLocked(op string, m *kernel.Write) error {
+	c.adoptLocked(m.Held())
+	a := m.Answer()
+	cause, err := ErrClaimEnded, error(nil)
+	switch a.Verdict {
+	case kernel.Expired:
+		cause = ErrDeadline
+		at := c.expires.Format(time.RFC3339Nano)
+		if a.EarlierMayHaveLanded {
+			err = fmt.Errorf("%s %s: %w: an earlier try may have landed, and the claim's record is now past its expiry (%s): %w", op, c.key, ErrUnavailable, at, ErrDeadline)
 		} else {
-			res, err = s.writeRecord(ctx, c.key, "", cmps, want, c.token, extra...)
+			err = fmt.Errorf("%s %s: %w: %w: its record is past its expiry (%s)", op, c.key, ErrClaimEnded, ErrDeadline, at)
 		}
-		if err != nil && errors.Is(err, rpctypes.ErrNoSpace) && want != nil && (want.State == Done || want.Owner == "") {
-			// etcd over its quota refuses every Txn with a Put, even one
-			// whose compare fails: an earlier try of this Complete or
-			// Abandon that landed (its reply lost) is known only by a read.
-			if cur, _, gerr := s.get(ctx, c.key); gerr == nil && cur != nil && cur.Token == c.token {
-				switch {
-				case want.State == Done && cur.State == Done && sameOutcome(cur.Outcome, want.Outcome):
-					c.rev = cur.Revision
-					c.endLocked(ErrClaimEnded)
-					return nil // our Complete landed
-				case want.State == InFlight && cur.State == InFlight && cur.Owner == "" && SameAttempt(cur.Attempt, c.attempt):
-					c.adoptLocked(cur, cur.Revision)
-					c.endLocked(ErrClaimEnded)
-					return nil // our Abandon landed
-				}
-			}
-		}
-		if err != nil {
-			err = landed.failed(err)
-			if errors.Is(err, ErrCorrupt) || !retryable(ctx, err) || try >= maxTries-1 || !s.backoff(ctx, try) {
-				return wrapEtcd(op, c.key, err) // the claim stays held
-			}
-			continue
-		}
-		if res.ok {
-			if want != nil {
-				c.adoptLocked(want, res.rev)
-			} else {
-				c.rev = res.rev
-			}
-			if final {
-				c.endLocked(ErrClaimEnded)
-			}
-			return nil
-		}
-		cur := res.cur
-		// This claim's record: its token (a done record keeps no attempt id:
-		// no other claim of the key can have its token) and attempt id.
-		mine := cur != nil && cur.Token == c.token && (cur.State == Done || SameAttempt(cur.Attempt, c.attempt))
-		switch {
-		case mine && cur.State == InFlight && cur.Owner == "":
-			c.adoptLocked(cur, cur.Revision)
-			c.endLocked(ErrClaimEnded)
-			if want != nil && want.State == InFlight && want.Owner == "" {
-				return nil // our Abandon landed although its reply was lost
-			}
-			// Abandoned, by this claim through another handle (Attach).
-			return fmt.Errorf("%s %s: %w: abandoned", op, c.key, ErrClaimEnded)
-		case mine && cur.State == InFlight:
-			// An earlier write of this claim landed although its reply was
-			// lost (or another handle of this claim wrote): adopt it.
-			c.adoptLocked(cur, cur.Revision)
-			if want != nil && want.State == InFlight && sameInFlight(cur, want) {
-				return nil // this very write landed
-			}
-			if try >= maxTries-1 {
-				return fmt.Errorf("%s %s: %w: the claim's record kept changing under it", op, c.key, ErrUnavailable)
-			}
-			continue // write again, on top of what landed
-		case mine && cur.State == Done:
-			c.rev = cur.Revision
-			c.endLocked(ErrClaimEnded)
-			if want != nil && want.State == Done && sameOutcome(cur.Outcome, want.Outcome) {
-				return nil // our Complete landed
-			}
-			// Completed through another handle, with another outcome.
-			return fmt.Errorf("%s %s: %w: completed with another outcome", op, c.key, ErrClaimEnded)
-		case cur == nil && next == nil:
-			c.endLocked(ErrClaimEnded) // nothing of ours is left to release
-			return nil
-		}
-		c.endLocked(ErrFenced)
-		return fmt.Errorf("%s %s: %w", op, c.key, ErrFenced)
+	case kernel.Fenced:
+		cause, err = ErrFenced, fmt.Errorf("%s %s: %w", op, c.key, ErrFenced)
+	case kernel.Ended:
+		err = fmt.Errorf("%s %s: %w: %s", op, c.key, ErrClaimEnded, a.Why)
+	case kernel.KeptChanging:
+		err = fmt.Errorf("%s %s: %w: the claim's record kept changing under it", op, c.key, ErrUnavailable)
+	case kernel.Error:
+		err = wrapEtcd(op, c.key, a.Err) // the claim stays held
 	}
+	if m.Ends() {
+		c.endLocked(cause)
+	}
+	return err
 }
 
-// adoptLocked makes rec, written at rev by this claim, the claim's state:
-// the fence, the checkpoint and the deadline (re-arming its timer).
-func (c *Claim) adoptLocked(rec *Record, rev int64) {
-	c.rev = rev
-	c.checkpoint = rec.Checkpoint
-	if !rec.Deadline.Equal(c.deadline) || !rec.Expires.Equal(c.expires) {
-		c.deadline, c.expires = rec.Deadline, rec.Expires
+// heldLocked is the claim as the kernel knows it.
+func (c *Claim) heldLocked() kernel.Held {
+	return kernel.Held{Key: c.s.ks.record(c.key), Fingerprint: c.fp, Owner: c.owner, Attempt: c.attempt,
+		Token: int64(c.token), Rev: c.rev, Created: c.created, Deadline: c.deadline, Expires: c.expires,
+		Checkpoint: c.checkpoint, Takeovers: c.takeovers}
+}
+
+// adoptLocked makes h, what landed of this claim's writes, the claim's
+// state: the fence, the checkpoint and the deadline (re-arming its timer).
+func (c *Claim) adoptLocked(h kernel.Held) {
+	c.rev = h.Rev
+	c.checkpoint = h.Checkpoint
+	if !h.Deadline.Equal(c.deadline) || !h.Expires.Equal(c.expires) {
+		c.deadline, c.expires = h.Deadline, h.Expires
 		c.armDeadlineLocked()
-	}
-}
-
-// sameInFlight reports whether two in-flight records of one claim say the
-// same: a write that would put want has already landed as got.
-func sameInFlight(got, want *Record) bool {
-	return got.Owner == want.Owner && got.Deadline.Equal(want.Deadline) && bytes.Equal(got.Checkpoint, want.Checkpoint)
-}
-
-// recordLocked returns the claim's in-flight record as of now.
-func (c *Claim) recordLocked(now time.Time) *Record {
-	return &Record{
-		State:       InFlight,
-		Fingerprint: c.fp,
-		Owner:       c.owner,
-		Attempt:     c.attempt,
-		Created:     c.created,
-		Expires:     c.s.inFlightExpiry(now, c.deadline),
-		Deadline:    c.deadline,
-		Checkpoint:  c.checkpoint,
-		Takeovers:   c.takeovers,
 	}
 }
 
@@ -318,22 +235,4 @@ func (s *Store) checkOps(ops []clientv3.Op) error {
 		}
 	}
 	return nil
-}
-
-// sameOutcome reports whether two outcomes would replay identically. A
-// header name with no values is no header at all: a record does not keep
-// it, so the outcome read back lacks the name the caller gave.
-func sameOutcome(a, b *Outcome) bool {
-	return a.Status == b.Status && a.Err == b.Err && bytes.Equal(a.Body, b.Body) &&
-		headerIn(a.Header, b.Header) && headerIn(b.Header, a.Header)
-}
-
-// headerIn reports whether every header value of a is in b, in order.
-func headerIn(a, b map[string][]string) bool {
-	for k, av := range a {
-		if len(av) > 0 && !slices.Equal(av, b[k]) {
-			return false
-		}
-	}
-	return true
 }

@@ -29,11 +29,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idem-dev/idem/clock"
+	"github.com/idem-dev/idem/etcdstore/internal/kpb"
 	"github.com/idem-dev/idem/etcdstore/internal/send"
+	"github.com/idem-dev/idem/internal/kernel"
 	"github.com/idem-dev/idem/lease"
 )
 
@@ -121,7 +122,7 @@ func (s *Sweeper) sweepDue(ctx context.Context) {
 		if s.cfg.Margin > 0 {
 			margin = s.cfg.Margin
 		}
-		if !ok || now.Before(b.End().Add(b.Retention+margin)) {
+		if !ok || !kernel.BucketDue(b.End(), b.Retention, margin, now) {
 			continue
 		}
 		id, err := lease.ParseLeaseID(string(kv.Key), kv.Value)
@@ -216,13 +217,9 @@ func (s *Sweeper) sweepLease(ctx context.Context, id clientv3.LeaseID, width tim
 // deleteChunk deletes the records of chunk that are still on lease id, in
 // one Txn, and reports whether etcd answered.
 func (s *Sweeper) deleteChunk(ctx context.Context, id clientv3.LeaseID, chunk []string) bool {
-	req := &pb.TxnRequest{Success: make([]*pb.RequestOp, len(chunk))}
-	for i, k := range chunk {
-		req.Success[i] = &pb.RequestOp{Request: &pb.RequestOp_RequestTxn{RequestTxn: &pb.TxnRequest{
-			Compare: []*pb.Compare{{Key: []byte(k), Target: pb.Compare_LEASE, Result: pb.Compare_EQUAL,
-				TargetUnion: &pb.Compare_Lease{Lease: int64(id)}}},
-			Success: []*pb.RequestOp{{Request: &pb.RequestOp_RequestDeleteRange{RequestDeleteRange: &pb.DeleteRangeRequest{Key: []byte(k)}}}},
-		}}}
+	req, err := kpb.Txn(kernel.SweepChunk(chunk, int64(id)))
+	if err != nil {
+		return false
 	}
 	// Alone, not batched: the chunk is a batch of its own.
 	resp, err := s.cfg.Send.Alone(ctx, req)

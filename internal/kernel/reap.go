@@ -1,0 +1,50 @@
+package kernel
+
+// Reaping is what a process's reaper does about a claim of its session
+// whose claim write had an unknown outcome: that write may have landed, or
+// may still land, as an in-flight record under a live session that nobody
+// runs.
+type Reaping uint8
+
+// The reaper's steps.
+const (
+	ReapDone    Reaping = iota + 1 // nothing (more) to do: no lost write can land
+	ReapAbandon                    // the lost write landed: abandon the claim it made
+	ReapFence                      // fence the key: claim it again with the same attempt, written abandoned (ClaimRequest.Fence)
+	ReapRetry                      // etcd could not say: try again later
+)
+
+// Reap judges the record the reaper read (nil: absent): its own claim (the
+// lost write landed) is abandoned, so the next claimant anywhere takes the
+// key over at once. A record written after seen (the highest revision the
+// claim saw etcd at), not its own, needs nothing: no lost write can land on
+// it, ever; nor does one that is done or moved. Otherwise (absent, or a
+// state the claim saw, which a lost write may have compared) the key is
+// fenced: that write is conditioned on that very state, so once it lands
+// the lost one never can (etcd revisions only grow).
+func Reap(rec *Record, owner, attempt string, seen int64) Reaping {
+	switch {
+	case rec != nil && rec.State == InFlight && rec.Owner == owner && SameAttempt(rec.Attempt, attempt):
+		return ReapAbandon
+	case rec != nil && (rec.Revision > seen || rec.State != InFlight):
+		return ReapDone
+	}
+	return ReapFence
+}
+
+// ReapFenced judges how the reaper's fencing claim ended: won as a fence
+// (written abandoned), done; won as its own claim (the lost write had
+// landed meanwhile: recognised by its attempt), abandon it; done, held
+// elsewhere or another operation, done: the lost write cannot land.
+func ReapFenced(a Answer) Reaping {
+	switch a.Verdict {
+	case Won:
+		if r := a.Record; r.State == InFlight && r.Owner == "" {
+			return ReapDone
+		}
+		return ReapAbandon
+	case Replay, Conflict, Mismatch, IsMoved:
+		return ReapDone
+	}
+	return ReapRetry
+}
