@@ -11,6 +11,7 @@ import (
 
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/fencing"
+	"github.com/idem-dev/idem/internal/kernel"
 )
 
 // Kind is a kind of job: its name and its ordered steps. Workers register
@@ -133,11 +134,11 @@ func (k *Kind) validate(retention time.Duration) error {
 		if err := k.Limits[i].validate(k.Name); err != nil {
 			return err
 		}
-		if l := &k.Limits[i]; l.Rate > 0 && l.period()+rateSlack(l.period()) > retention {
+		if l := &k.Limits[i]; l.Rate > 0 && l.period()+kernel.RateSlack(l.period()) > retention {
 			// A rate slot is kept for the retention: a longer period would
 			// be forgotten before its end (found by review).
 			return fmt.Errorf("%w: kind %s: limit %s: a period of %v (Burst/Rate, and its slack %v) is longer than the store's retention (%v): raise Rate or the retention",
-				ErrInvalid, k.Name, l.Name, l.period(), rateSlack(l.period()), retention)
+				ErrInvalid, k.Name, l.Name, l.period(), kernel.RateSlack(l.period()), retention)
 		}
 		if names[k.Limits[i].Name] {
 			return fmt.Errorf("%w: kind %s has two limits named %s", ErrInvalid, k.Name, k.Limits[i].Name)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/fencing"
+	"github.com/idem-dev/idem/internal/kernel"
 )
 
 // Limit bounds the attempts of the jobs that share a key: "at most 2 jobs
@@ -247,7 +248,7 @@ func (w *Worker) acquire(ctx context.Context, c *etcdstore.Claim, lims []keyedLi
 			}
 		}
 	}
-	if now := w.q.clock.Now(); late != nil && now.After(startBy) {
+	if now := w.q.clock.Now(); late != nil && kernel.RateLate(startBy, now) {
 		// Its slot was set from a time this attempt is now too far past
 		// to start in: the next attempt could take the slot less than a
 		// period after this one starts. The slot counts as used.
@@ -258,15 +259,8 @@ func (w *Worker) acquire(ctx context.Context, c *etcdstore.Claim, lims []keyedLi
 	return nil
 }
 
-// rateSlack is how long after it read its clock to take a rate slot an
-// attempt may still start: a twentieth of the slot's period, at least
-// 100 ms (an etcd write across data centres), at most a second. The slot
-// is set that much longer.
-func rateSlack(period time.Duration) time.Duration {
-	return min(max(period/20, 100*time.Millisecond), time.Second)
-}
-
-// takeSlot takes one of kl's concurrency slots for claim c.
+// takeSlot takes one of kl's concurrency slots for claim c, as the
+// kernel judges the slots read (JudgeSlots, Pick).
 func (w *Worker) takeSlot(ctx context.Context, c *etcdstore.Claim, kl keyedLimit, held *[]heldSlot) error {
 	prefix := kl.slots(w.q.tenant, "c")
 	id, token := c.Key().ID, int64(c.Token())
@@ -276,72 +270,36 @@ func (w *Worker) takeSlot(ctx context.Context, c *etcdstore.Claim, kl keyedLimit
 		if err != nil {
 			return fmt.Errorf("limit %s: reading its slots: %w", kl.label(), err)
 		}
-		taken := map[int]etcdstore.Value{}
-		var stale []etcdstore.Value // slots whose claim can write nothing more
-		var others []etcdstore.Value
-		for _, v := range vals {
-			i, err := strconv.Atoi(strings.TrimPrefix(v.Name, prefix))
-			if err != nil || i < 0 {
-				continue // not a slot
-			}
-			var h holder
-			if json.Unmarshal(v.Value, &h) != nil {
-				stale = append(stale, v) // damaged: nobody's
-				taken[i] = v
-				continue
-			}
-			if h.Job == id && h.Token == token {
-				// Ours: an earlier try whose reply was lost landed.
-				note(held, v)
-				return nil
-			}
-			taken[i] = v
-			switch {
-			case h.Job == id && h.Token < token:
-				stale = append(stale, v) // an earlier attempt of this job: its claim is over
-			case h.Job == id:
-				// A later claim of this job holds a slot: this claim was
-				// taken over, and must take nothing (found by review: it
-				// took the later claim's slot as an earlier one's).
-				return fmt.Errorf("limit %s: %w: a later claim of the job (token %d) holds a slot", kl.label(), etcdstore.ErrFenced, h.Token)
-			default:
-				others = append(others, v)
-			}
+		byIndex, slots := slotsOf(prefix, vals)
+		p := kernel.JudgeSlots(slots, id, token)
+		switch {
+		case p.Ours != nil:
+			note(held, byIndex[p.Ours.Index]) // an earlier try whose reply was lost landed
+			return nil
+		case p.Later != 0:
+			// A later claim of this job holds a slot: this claim was taken
+			// over, and must take nothing.
+			return fmt.Errorf("limit %s: %w: a later claim of the job (token %d) holds a slot", kl.label(), etcdstore.ErrFenced, p.Later)
 		}
-		if len(taken)-len(stale) >= kl.Concurrency {
+		if p.Full(kl.Concurrency) {
 			// Full, as far as the names say: find which holders' claims
 			// are over.
-			for _, v := range others {
-				var h holder
-				_ = json.Unmarshal(v.Value, &h)
-				ok, err := w.q.store.ClaimHeld(ctx, w.q.Key(h.Job), fencing.Token(h.Token))
+			for _, o := range p.Others {
+				ok, err := w.q.store.ClaimHeld(ctx, w.q.Key(o.Job), fencing.Token(o.Token))
 				if err != nil && !errors.Is(err, etcdstore.ErrInvalidArgument) {
 					return fmt.Errorf("limit %s: reading a slot's job: %w", kl.label(), err)
 				}
 				if !ok {
-					stale = append(stale, v)
+					p.Stale = append(p.Stale, o)
 				}
 			}
 		}
-		if len(taken)-len(stale) >= kl.Concurrency {
+		i, rev, ok := p.Pick(kl.Concurrency)
+		if p.Full(kl.Concurrency) || !ok {
+			// Full, or holders above the bound (it was lowered) fill it.
 			return &errLimited{label: kl.label(), retry: w.q.clock.Now().Add(limitPoll)}
 		}
-		// A free slot below the bound, or a stale one (at its revision).
-		name, rev := "", int64(0)
-		for i := 0; i < kl.Concurrency && name == ""; i++ {
-			if _, ok := taken[i]; !ok {
-				name = prefix + strconv.Itoa(i)
-			}
-		}
-		for _, v := range stale {
-			if i, err := strconv.Atoi(strings.TrimPrefix(v.Name, prefix)); name == "" && err == nil && i < kl.Concurrency {
-				name, rev = v.Name, v.Revision
-			}
-		}
-		if name == "" {
-			// Holders above the bound (it was lowered) fill it.
-			return &errLimited{label: kl.label(), retry: w.q.clock.Now().Add(limitPoll)}
-		}
+		name := prefix + strconv.Itoa(i)
 		v, ok, err := w.q.store.SetValue(ctx, name, mine, rev)
 		switch {
 		case err != nil && errors.Is(err, etcdstore.ErrUnavailable):
@@ -358,6 +316,29 @@ func (w *Worker) takeSlot(ctx context.Context, c *etcdstore.Claim, kl keyedLimit
 		// Another took it first: look again.
 	}
 	return &errLimited{label: kl.label(), retry: w.q.clock.Now().Add(limitPoll)}
+}
+
+// slotsOf reads a limit key's concurrency slots (values under prefix) for
+// the kernel, and returns them by index too.
+func slotsOf(prefix string, vals []etcdstore.Value) (map[int]etcdstore.Value, []kernel.Slot) {
+	byIndex := map[int]etcdstore.Value{}
+	var slots []kernel.Slot
+	for _, v := range vals {
+		i, err := strconv.Atoi(strings.TrimPrefix(v.Name, prefix))
+		if err != nil || i < 0 {
+			continue // not a slot
+		}
+		byIndex[i] = v
+		var h holder
+		s := kernel.Slot{Index: i, Rev: v.Revision}
+		if json.Unmarshal(v.Value, &h) != nil {
+			s.Damaged = true // nobody's
+		} else {
+			s.Job, s.Token = h.Job, h.Token
+		}
+		slots = append(slots, s)
+	}
+	return byIndex, slots
 }
 
 // note records a slot the attempt holds at a known revision.
@@ -377,7 +358,7 @@ func note(held *[]heldSlot, v etcdstore.Value) {
 const limitPoll = 2 * time.Second
 
 // takeRate takes one of kl's rate slots, on this worker's clock. The
-// attempt must start by startBy (see rateSlack); the slot is used until
+// attempt must start by startBy (see kernel.RateSlack); the slot is used until
 // until.
 func (w *Worker) takeRate(ctx context.Context, c *etcdstore.Claim, kl keyedLimit) (startBy, until time.Time, err error) {
 	prefix := kl.slots(w.q.tenant, "r")
@@ -387,39 +368,27 @@ func (w *Worker) takeRate(ctx context.Context, c *etcdstore.Claim, kl keyedLimit
 			return time.Time{}, time.Time{}, fmt.Errorf("limit %s: reading its rate slots: %w", kl.label(), err)
 		}
 		now := w.q.clock.Now()
-		used := map[int]etcdstore.Value{}
-		var soonest time.Time
+		var slots []kernel.RateSlot
 		for _, v := range vals {
 			i, err := strconv.Atoi(strings.TrimPrefix(v.Name, prefix))
-			if err != nil || i < 0 || i >= kl.Burst {
+			if err != nil || i < 0 {
 				continue
 			}
 			var r rateSlot
-			if json.Unmarshal(v.Value, &r) == nil && r.Until > now.UnixMilli() {
-				used[i] = v
-				if at := time.UnixMilli(r.Until); soonest.IsZero() || at.Before(soonest) {
-					soonest = at
-				}
-				continue
+			if json.Unmarshal(v.Value, &r) != nil {
+				r.Until = 0 // unreadable: free
 			}
-			used[i] = etcdstore.Value{Name: v.Name, Revision: v.Revision} // its time has come: free, at its revision
+			slots = append(slots, kernel.RateSlot{Index: i, Rev: v.Revision, Until: r.Until})
 		}
-		name, rev := "", int64(-1)
-		for i := 0; i < kl.Burst && rev < 0; i++ {
-			switch v, ok := used[i]; {
-			case !ok:
-				name, rev = prefix+strconv.Itoa(i), 0
-			case v.Value == nil:
-				name, rev = v.Name, v.Revision
-			}
-		}
-		if rev < 0 {
+		i, rev, soonest, ok := kernel.PickRate(slots, kl.Burst, now)
+		if !ok {
 			return time.Time{}, time.Time{}, &errLimited{label: kl.label() + rateSuffix, retry: soonest}
 		}
-		slack := rateSlack(kl.period())
+		name := prefix + strconv.Itoa(i)
+		slack := kernel.RateSlack(kl.period())
 		until := now.Add(kl.period() + slack)
 		val, _ := json.Marshal(rateSlot{Until: ceilMilli(until), Job: c.Key().ID})
-		_, ok, err := w.q.store.SetValue(ctx, name, val, rev, etcdstore.Retained())
+		_, ok, err = w.q.store.SetValue(ctx, name, val, rev, etcdstore.Retained())
 		switch {
 		case err != nil && errors.Is(err, etcdstore.ErrUnavailable):
 			// It may have landed: the slot counts as used (an outcome that

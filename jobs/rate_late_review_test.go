@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/kernel"
 )
 
 // Regression (explorer seed 1796417662002153091, L4): a rate slot is set
@@ -108,8 +109,8 @@ func TestRateSlackBounds(t *testing.T) {
 		{10 * time.Second, 500 * time.Millisecond},
 		{time.Hour, time.Second},
 	} {
-		if got := rateSlack(c.period); got != c.want {
-			t.Errorf("rateSlack(%v) = %v; want %v", c.period, got, c.want)
+		if got := kernel.RateSlack(c.period); got != c.want {
+			t.Errorf("kernel.RateSlack(%v) = %v; want %v", c.period, got, c.want)
 		}
 	}
 	k := Kind{Name: "pay", Limits: []Limit{{Name: "merchant", Key: ParamKey("merchant"), Rate: 1, Burst: 60}}, MaxBackoff: time.Second,

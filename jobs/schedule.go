@@ -13,6 +13,7 @@ import (
 
 	"github.com/idem-dev/idem/clock"
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/kernel"
 	"github.com/idem-dev/idem/shard"
 )
 
@@ -493,18 +494,14 @@ func (s *Scheduler) exclusive(ctx context.Context, sc *Schedule, cur cursorValue
 	for _, t := range submit {
 		nv := cur
 		nv.Last = t
-		why := ""
-		switch {
-		case !running:
+		fate, why := kernel.Overlap(running, sc.Overlap == OverlapBufferOne, !cur.Buffered.IsZero())
+		switch fate {
+		case kernel.OccurrenceRuns:
 			nv.Prev, nv.PrevAt = t, now
-		case sc.Overlap == OverlapBufferOne && cur.Buffered.IsZero():
+		case kernel.OccurrenceBuffered:
 			nv.Buffered = t
-		case sc.Overlap == OverlapBufferOne:
-			why = "an occurrence is buffered already while the previous one runs"
-		default:
-			why = "the previous occurrence still runs"
 		}
-		if why != "" {
+		if fate == kernel.OccurrenceSkipped {
 			// Said before the decision is written: a decision that may
 			// have landed is treated as having landed.
 			s.q.log.Warn("idem: schedule: skipped an occurrence: "+why, "schedule", sc.Name, "skipped", 1, "occurrence", t, "overlap", sc.Overlap.String())
@@ -617,11 +614,7 @@ func (s *Scheduler) prevRunning(ctx context.Context, sc *Schedule, cur cursorVal
 		// A buffered occurrence is decided when the one before it ends
 		// (PrevAt), maybe long after its own time: its job is absent
 		// until its scheduler submits it, not forgotten.
-		since := prev
-		if cur.PrevAt.After(since) {
-			since = cur.PrevAt
-		}
-		if !now.Before(since.Add(s.q.retention() - 2*sc.MaxSkew)) {
+		if kernel.MayBeForgotten(prev, cur.PrevAt, now, s.q.retention(), sc.MaxSkew) {
 			// It may have been forgotten: never submitted again, so never
 			// run twice; it may also never have run (its scheduler failed
 			// to submit it for as long): said once.
@@ -643,7 +636,7 @@ func (s *Scheduler) prevRunning(ctx context.Context, sc *Schedule, cur cursorVal
 	if err != nil {
 		return false, false, err
 	}
-	if (j.State == Scheduled || j.State == Queued) && j.Attempts == 0 && now.Before(prev.Add(sc.MaxSkew)) {
+	if kernel.NotStarted(j.State == Scheduled || j.State == Queued, j.Attempts, prev, now, sc.MaxSkew) {
 		return true, true, nil
 	}
 	return !j.State.Final(), false, nil
@@ -669,12 +662,12 @@ func (s *Scheduler) forget(ctx context.Context, sc *Schedule, id string, now tim
 		if err != nil {
 			return nil, false, err
 		}
-		if rec.Fence {
+		switch kernel.Forget(&kernel.Record{Fence: rec.Fence, Expires: rec.Expires}, now) {
+		case kernel.NoJob:
 			// A placeholder a failed claim left (no job): the job is
 			// gone; the fence stays, to refuse that claim's late writes.
 			return nil, false, nil
-		}
-		if now.Before(rec.Expires) {
+		case kernel.LiveJob:
 			j, err := FromRecord(rec, now)
 			return j, false, err
 		}
@@ -694,50 +687,13 @@ func (s *Scheduler) forget(ctx context.Context, sc *Schedule, id string, now tim
 }
 
 // plan returns the occurrences after from, up to now, to submit, the latest
-// occurrence up to now, and how many missed ones it skips.
+// occurrence up to now, and how many missed ones it skips, by the kernel's
+// rule (PlanRule).
 func (sc *Schedule) plan(from, now time.Time, retention time.Duration) (submit []time.Time, last time.Time, skipped int, latestSkipped time.Time) {
-	oldest := now.Add(-retention / 2)
-	if from.Before(oldest) {
-		// Older ones may be forgotten: never submitted again. The count
-		// goes on from the last one skipped (an occurrence at oldest
-		// itself is the next loop's).
-		for t := sc.spec.Next(from); !t.IsZero() && t.Before(oldest); t = sc.spec.Next(t) {
-			skipped++
-			latestSkipped, from = t, t
-			if skipped == 1_000_000 {
-				from = oldest // more than anyone counts: the rest uncounted
-				break
-			}
-		}
-	}
-	var missed []time.Time
-	for t := sc.spec.Next(from); !t.IsZero() && !t.After(now); t = sc.spec.Next(t) {
-		last = t
-		if t.Before(now.Add(-sc.Lateness - sc.MaxSkew)) {
-			missed = append(missed, t)
-			if len(missed) > sc.MaxCatchUp {
-				latestSkipped = missed[0]
-				missed = missed[1:]
-				skipped++
-			}
-			continue
-		}
-		submit = append(submit, t)
-	}
-	switch {
-	case len(missed) == 0:
-	case sc.CatchUp == CatchUpNone:
-		skipped += len(missed)
-		latestSkipped = missed[len(missed)-1]
-		missed = nil
-	case sc.CatchUp == CatchUpLatest:
-		skipped += len(missed) - 1
-		if len(missed) > 1 {
-			latestSkipped = missed[len(missed)-2]
-		}
-		missed = missed[len(missed)-1:]
-	}
-	return append(missed, submit...), last, skipped, latestSkipped
+	r := kernel.PlanRule{Next: sc.spec.Next, Retention: retention, Lateness: sc.Lateness, MaxSkew: sc.MaxSkew,
+		MaxCatchUp: sc.MaxCatchUp, CatchUp: kernel.CatchUp(sc.CatchUp)}
+	p := r.PlanFrom(from, now)
+	return p.Submit, p.Last, p.Skipped, p.LatestSkipped
 }
 
 func maxTime(ts ...time.Time) time.Time {

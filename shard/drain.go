@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/kernel"
 )
 
 // drainPage is how many records one read of a drain looks at.
@@ -72,7 +73,7 @@ func (s *Store) drainOne(ctx context.Context, name string, set Set) (bool, error
 		for _, rec := range recs {
 			switch {
 			case set.Placement.place(rec.Key) == name:
-			case !rec.Expires.IsZero() && now.After(rec.Expires.Add(s.skew)):
+			case kernel.Drainable(&kernel.Record{Expires: rec.Expires}, now, s.skew):
 				stale = append(stale, rec)
 			default:
 				return false, nil // a live record of a key placed elsewhere: not yet
