@@ -1,0 +1,5 @@
+//go:build !race
+
+package etcdmodel
+
+const raceOn = false

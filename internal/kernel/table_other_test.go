@@ -1,0 +1,349 @@
+package kernel
+
+import (
+	"testing"
+	"time"
+)
+
+// An enqueue, a hand-over, the reaper, and reads without a write.
+
+type enqCombo struct {
+	rec                 recKind // absent, moved, done, in flight (recFence: expired in flight)
+	fpOther             bool
+	expired             bool
+	existing, overMoved bool
+	value               uint8 // 0 none, 1 IfValue, 2 IfValueThen
+	valueMoved          bool  // the Txn was refused while the record was as expected: the value moved
+	epochs              bool
+}
+
+func enqCombos() []enqCombo {
+	var out []enqCombo
+	for _, r := range []recKind{recAbsent, recMoved, recDone, recInFlight} {
+		for flags := range 64 {
+			c := enqCombo{rec: r, fpOther: flags&1 != 0, expired: flags&2 != 0, existing: flags&4 != 0,
+				overMoved: flags&8 != 0, valueMoved: flags&16 != 0, epochs: flags&32 != 0}
+			if r == recAbsent && (c.fpOther || c.expired) {
+				continue
+			}
+			for v := range uint8(3) {
+				c.value = v
+				if v == 0 && c.valueMoved {
+					continue
+				}
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}
+
+func (c enqCombo) record() *Record {
+	if c.rec == recAbsent {
+		return nil
+	}
+	r := &Record{State: InFlight, Fingerprint: tFP, Revision: tRev, Token: tRev, Expires: tNow.Add(time.Hour)}
+	if c.fpOther {
+		r.Fingerprint = tFP2
+	}
+	if c.expired {
+		r.Expires = tNow.Add(-time.Second)
+	}
+	switch c.rec {
+	case recMoved:
+		r.State, r.MovedTo = Moved, "b"
+	case recDone:
+		r.State, r.Outcome = Done, &Outcome{}
+	}
+	return r
+}
+
+func (c enqCombo) live() bool { return c.rec != recAbsent && c.rec != recMoved && !c.expired }
+
+func decideEnqueue(c enqCombo) outcome {
+	req := EnqueueRequest{Key: tKey, Fingerprint: tFP, Attempt: tAtt, Data: []byte("params"), Existing: c.existing, OverMoved: c.overMoved}
+	if c.value > 0 {
+		req.Value, req.ValueRev = tKeys.Value("cursor"), 70
+	}
+	if c.value == 2 {
+		req.ValueTo = []byte("submitted")
+	}
+	v := View{Now: tNow}
+	if c.epochs {
+		v.Epoch, v.SetRev = tEpoch, tSet
+	}
+	m := NewEnqueue(Config{Keys: tKeys, Retention: tRet, Epochs: c.epochs}, req)
+	a := m.Next(v)
+	if a.Kind == ActRead {
+		m.Read(c.record())
+		a = m.Next(v)
+	} else if c.rec != recAbsent {
+		m.Sent(Reply{Delivery: Refused, Rev: tRead, Cur: c.record(), Epoch: v.Epoch, Set: SetValue{Rev: v.SetRev}})
+		a = m.Next(v)
+	}
+	var o outcome
+	if a.Kind == ActSend {
+		o.txn = a.Txn
+		if c.valueMoved {
+			// Refused with the record as this write expected it: only the
+			// value's compare can have failed.
+			m.Sent(Reply{Delivery: Refused, Rev: tRead + 1, Cur: c.record(), Epoch: v.Epoch, Set: SetValue{Rev: v.SetRev}})
+			m.Next(v)
+			o.extra = append(o.extra, "refused")
+		}
+	}
+	o.answer = m.Answer()
+	o.verdict = o.answer.Verdict
+	return o
+}
+
+func enqRules() []rule[enqCombo] {
+	verdict := func(v Verdict) func(*testing.T, enqCombo, outcome) {
+		return func(t *testing.T, c enqCombo, got outcome) {
+			if got.verdict != v || got.txn != nil {
+				t.Errorf("want %v without a write, got %+v", v, got)
+			}
+		}
+	}
+	write := func(create bool) func(*testing.T, enqCombo, outcome) {
+		return func(t *testing.T, c enqCombo, got outcome) {
+			if got.txn == nil {
+				t.Errorf("want a write, got %+v", got)
+				return
+			}
+			want := []Cmp{Modified(tKey, tRev)}
+			if create {
+				want[0] = Absent(tKey)
+			}
+			then := 1
+			if c.value > 0 {
+				want = append(want, Modified(tKeys.Value("cursor"), 70))
+				then = 2 // the value moves with the record
+			}
+			if c.epochs {
+				want = append(want, tKeys.Guards(tEpoch, tSet)...)
+			}
+			r := got.txn.Then[0].Record
+			switch {
+			case len(got.txn.If) != len(want) || len(got.txn.Then) != then:
+				t.Errorf("compares %v, then %v; want %v and %d ops", got.txn.If, got.txn.Then, want, then)
+			case r.Owner != "" || r.State != InFlight || string(r.Checkpoint) != "params" || r.Takeovers != 0:
+				t.Errorf("want an abandoned claim nobody held, its checkpoint the data: %+v", r)
+			case c.valueMoved && got.verdict != ValueChanged:
+				t.Errorf("refused with the record as expected: want ValueChanged, got %+v", got)
+			}
+			for i := range want {
+				if i < len(got.txn.If) && !sameCmp(got.txn.If[i], want[i]) {
+					t.Errorf("compare %d: %v, want %v", i, got.txn.If[i], want[i])
+				}
+			}
+		}
+	}
+	return []rule[enqCombo]{
+		{"`WithoutCreate` and no live record", func(c enqCombo) bool { return c.existing && !c.live() },
+			"not found: nothing written", verdict(NotFound)},
+		{"no record", func(c enqCombo) bool { return c.rec == recAbsent },
+			"enqueue: an in-flight record with no owner, its checkpoint the job's data (with `IfValue`: only while the value is at its revision, which the write moves); refused with the record as expected: `ErrValueChanged`",
+			write(true)},
+		{"its retention passed, or Moved and `ReplaceMoved`", func(c enqCombo) bool { return c.expired || c.rec == recMoved && c.overMoved },
+			"enqueue over it: a new job", write(false)},
+		{"Moved", func(c enqCombo) bool { return c.rec == recMoved }, "moved", verdict(IsMoved)},
+		{"another fingerprint", func(c enqCombo) bool { return c.fpOther }, "mismatch", verdict(Mismatch)},
+		{"a live record (in flight or done)", func(enqCombo) bool { return true },
+			"returned as it is: a key is enqueued once, whoever enqueues it", verdict(Found)},
+	}
+}
+
+func enqueueTable(t *testing.T) [][]string {
+	return table(t, "enqueue", "E", enqCombos(), enqRules(), decideEnqueue, func(c enqCombo, o outcome) string {
+		if o.txn == nil || c.epochs || c.value != 2 {
+			return ""
+		}
+		return short(o.txn)
+	})
+}
+
+type fwdCombo struct {
+	rec     recKind // absent, moved, done, in flight
+	movedTo string  // moved: to the same shard, or another
+	expired bool
+}
+
+func fwdCombos() []fwdCombo {
+	var out []fwdCombo
+	for _, r := range []recKind{recAbsent, recMoved, recDone, recInFlight} {
+		for _, exp := range []bool{false, true} {
+			for _, to := range []string{"b", "c"} {
+				if r == recAbsent && (exp || to == "c") || r != recMoved && to == "c" {
+					continue
+				}
+				out = append(out, fwdCombo{rec: r, movedTo: to, expired: exp})
+			}
+		}
+	}
+	return out
+}
+
+func decideForward(c fwdCombo) outcome {
+	m := NewForward(Config{Keys: tKeys, Retention: tRet, Epochs: true}, ForwardRequest{Key: tKey, To: "b"})
+	v := View{Now: tNow, Epoch: tEpoch, SetRev: tSet}
+	m.Next(v)
+	e := enqCombo{rec: c.rec, expired: c.expired}
+	r := e.record()
+	if r != nil && r.State == Moved {
+		r.MovedTo = c.movedTo
+	}
+	m.Read(r)
+	var o outcome
+	if a := m.Next(v); a.Kind == ActSend {
+		o.txn = a.Txn
+	}
+	o.answer = m.Answer()
+	o.verdict = o.answer.Verdict
+	return o
+}
+
+func fwdRules() []rule[fwdCombo] {
+	write := func(create bool) func(*testing.T, fwdCombo, outcome) {
+		return func(t *testing.T, c fwdCombo, got outcome) {
+			first := Modified(tKey, tRev)
+			if create {
+				first = Absent(tKey)
+			}
+			if got.txn == nil || !sameCmp(got.txn.If[0], first) || len(got.txn.If) != 3 ||
+				got.txn.Then[0].Record.State != Moved || got.txn.Then[0].Record.MovedTo != "b" || got.txn.Then[0].Record.Epoch != tEpoch {
+				t.Errorf("want a Moved record naming b with the shard's epoch, guarded, over %v; got %+v", first, got)
+			}
+		}
+	}
+	found := func(t *testing.T, c fwdCombo, got outcome) {
+		if got.verdict != Found || got.txn != nil {
+			t.Errorf("want the record returned, nothing written: %+v", got)
+		}
+	}
+	return []rule[fwdCombo]{
+		{"hand-over: no record", func(c fwdCombo) bool { return c.rec == recAbsent },
+			"write a Moved record naming the key's home: this shard refuses to claim it from then on", write(true)},
+		{"hand-over: its retention passed, or Moved to another shard (an older set's)",
+			func(c fwdCombo) bool { return c.expired || c.rec == recMoved && c.movedTo != "b" }, "replace it by a Moved record", write(false)},
+		{"hand-over: a live record here, or Moved to the home already", func(fwdCombo) bool { return true },
+			"returned: a live record keeps the key here (claimed only while it lives: `WithoutCreate`)", found},
+	}
+}
+
+func forwardTable(t *testing.T) [][]string {
+	return table(t, "forward", "F", fwdCombos(), fwdRules(), decideForward, func(c fwdCombo, o outcome) string { return short(o.txn) })
+}
+
+type reapCombo struct {
+	rec     recKind // absent, done, moved, in flight
+	mine    bool    // in flight: the reaped claim's owner and attempt
+	after   bool    // written after the claim's highest seen revision
+	ownerOK bool    // in flight, not mine: same attempt, another owner (or the reverse)
+}
+
+func reapCombos() []reapCombo {
+	var out []reapCombo
+	for _, r := range []recKind{recAbsent, recDone, recMoved, recInFlight} {
+		for flags := range 8 {
+			c := reapCombo{rec: r, mine: flags&1 != 0, after: flags&2 != 0, ownerOK: flags&4 != 0}
+			if r != recInFlight && (c.mine || c.ownerOK) || r == recAbsent && c.after || c.mine && c.ownerOK {
+				continue
+			}
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func (c reapCombo) record() *Record {
+	if c.rec == recAbsent {
+		return nil
+	}
+	r := &Record{State: InFlight, Owner: tOther, Attempt: tAtt2, Revision: tRev}
+	if c.after {
+		r.Revision = tRead + 1
+	}
+	switch {
+	case c.rec == recDone:
+		r.State = Done
+	case c.rec == recMoved:
+		r.State = Moved
+	case c.mine:
+		r.Owner, r.Attempt = tMe, tAtt
+	case c.ownerOK:
+		r.Attempt = tAtt // the attempt, under another owner: not the reaped claim's
+	}
+	return r
+}
+
+func reapRules() []rule[reapCombo] {
+	step := func(want Reaping) func(*testing.T, reapCombo, outcome) {
+		return func(t *testing.T, c reapCombo, got outcome) {
+			if s := Reap(c.record(), tMe, tAtt, tRead); s != want {
+				t.Errorf("want %v, got %v", want, s)
+			}
+		}
+	}
+	return []rule[reapCombo]{
+		{"reaper: in flight, the claim's own owner and attempt (the lost write landed)", func(c reapCombo) bool { return c.mine },
+			"abandon it: the next claimant anywhere takes it over at once", step(ReapAbandon)},
+		{"reaper: written after `seen` by another, or done, or Moved", func(c reapCombo) bool { return c.after || c.rec == recDone || c.rec == recMoved },
+			"nothing: no lost write can land on it, ever", step(ReapDone)},
+		{"reaper: absent, or a state the claim saw", func(reapCombo) bool { return true },
+			"fence it: claim it with the same attempt, written abandoned (absent: a Fence placeholder, free as absent); the lost write's compare can never hold after",
+			step(ReapFence)},
+	}
+}
+
+func reapTable(t *testing.T) [][]string {
+	return table(t, "reap", "P", reapCombos(), reapRules(), func(reapCombo) outcome { return outcome{} },
+		func(reapCombo, outcome) string { return "" })
+}
+
+type readCombo struct {
+	rec     recKind // absent, done, in flight
+	fpOther bool
+	expired bool
+}
+
+func readCombos() []readCombo {
+	var out []readCombo
+	for _, r := range []recKind{recAbsent, recFence, recDone, recInFlight} {
+		for flags := range 4 {
+			c := readCombo{rec: r, fpOther: flags&1 != 0, expired: flags&2 != 0}
+			if r == recAbsent && flags != 0 {
+				continue
+			}
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func readRules() []rule[readCombo] {
+	verdict := func(want Verdict) func(*testing.T, readCombo, outcome) {
+		return func(t *testing.T, c readCombo, got outcome) {
+			r := enqCombo{rec: c.rec, fpOther: c.fpOther, expired: c.expired}.record()
+			if c.rec == recFence {
+				r = &Record{State: InFlight, Fence: true, Fingerprint: tFP, Expires: tNow.Add(time.Hour)}
+			}
+			if v := ReadDone(r, tFP, tNow); v != want {
+				t.Errorf("want %v, got %v", want, v)
+			}
+		}
+	}
+	return []rule[readCombo]{
+		{"a read without a write (the replay cache, or a serializable read): done, retained, another fingerprint",
+			func(c readCombo) bool { return c.rec == recDone && !c.expired && c.fpOther }, "mismatch", verdict(Mismatch)},
+		{"a read without a write: done, retained", func(c readCombo) bool { return c.rec == recDone && !c.expired },
+			"replay it, no write", verdict(Replay)},
+		{"a read without a write: anything else (absent, expired, in flight, a fence)", func(readCombo) bool { return true },
+			"nothing: the claim's Txn decides", verdict(0)},
+	}
+}
+
+func readTable(t *testing.T) [][]string {
+	return table(t, "read", "D", readCombos(), readRules(), func(readCombo) outcome { return outcome{} },
+		func(readCombo, outcome) string { return "" })
+}
