@@ -169,10 +169,14 @@ func writeRules() []rule[writeCombo] {
 				}
 			}},
 		{"refused; this claim's in-flight record, saying what the write would put (a checkpoint or renewal whose reply was lost)",
-			func(c writeCombo) bool { return c.d == dRefused && c.found == foundSame && (c.kind == Checkpoint || c.kind == Renew) },
+			func(c writeCombo) bool {
+				return c.d == dRefused && c.found == foundSame && (c.kind == Checkpoint || c.kind == Renew)
+			},
 			"landed: the record is adopted", ends(Landed, false)},
 		{"refused; this claim's in-flight record, another write of it (an earlier one landed), on the last try",
-			func(c writeCombo) bool { return c.d == dRefused && (c.found == foundSame || c.found == foundOlder) && c.try == MaxTries-1 },
+			func(c writeCombo) bool {
+				return c.d == dRefused && (c.found == foundSame || c.found == foundOlder) && c.try == MaxTries-1
+			},
 			"`ErrUnavailable`: the record kept changing (adopted; the claim stays held)", ends(KeptChanging, false)},
 		{"refused; this claim's in-flight record, another write of it",
 			func(c writeCombo) bool { return c.d == dRefused && (c.found == foundSame || c.found == foundOlder) },
