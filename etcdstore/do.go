@@ -324,7 +324,7 @@ func (s *Store) reapOnce(ctx context.Context, k Key, fp Fingerprint, owner, atte
 		if a.Verdict == kernel.Won {
 			hold.won(storeRecord(k, a.Record), nil)
 		}
-		if step = kernel.ReapFenced(a); step == kernel.ReapDone && a.Verdict == kernel.Won {
+		if step = kernel.ReapFenced(a, owner, seen); step == kernel.ReapDone && a.Verdict == kernel.Won {
 			s.reaped.Add(1)
 			s.log.Info("idem: fenced a claim whose write had an unknown outcome", "key", k.Digest())
 		}

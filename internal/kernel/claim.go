@@ -342,7 +342,7 @@ func (m *Claim) Awaited(rec *Record, rev int64) {
 func (m *Claim) Sent(r Reply) Notes {
 	switch r.Delivery {
 	case Applied:
-		rec := m.sent
+		rec := new(*m.sent) // a copy: the record sent is shared with the Txn
 		rec.Revision, rec.Token = r.Rev, TokenOf(rec.Epoch, r.Rev)
 		m.end(Answer{Verdict: Won, Record: rec, Previous: m.taken, Wrote: true})
 		return Notes{}

@@ -160,7 +160,7 @@ func (m *Enqueue) readOnly(now time.Time) Action {
 func (m *Enqueue) Sent(r Reply) Notes {
 	switch r.Delivery {
 	case Applied:
-		rec := m.sent
+		rec := new(*m.sent) // a copy: the record sent is shared with the Txn
 		rec.Revision, rec.Token = r.Rev, TokenOf(rec.Epoch, r.Rev)
 		rec.Expires, rec.Created = Millis(rec.Expires), Millis(rec.Created)
 		m.end(Answer{Verdict: Landed, Record: rec})

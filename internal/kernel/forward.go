@@ -93,7 +93,7 @@ func (m *Forward) Read(rec *Record) { m.cur, m.phase = rec, fwdJudge }
 func (m *Forward) Sent(r Reply) Notes {
 	switch r.Delivery {
 	case Applied:
-		rec := m.sent
+		rec := new(*m.sent) // a copy: the record sent is shared with the Txn
 		rec.Revision, rec.Token = r.Rev, TokenOf(rec.Epoch, r.Rev)
 		m.end(Answer{Verdict: Landed, Record: rec})
 		return Notes{}

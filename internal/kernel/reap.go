@@ -32,18 +32,31 @@ func Reap(rec *Record, owner, attempt string, seen int64) Reaping {
 	return ReapFence
 }
 
-// ReapFenced judges how the reaper's fencing claim ended: won as a fence
+// ReapFenced judges how the reaper's fencing claim (for a claim of
+// owner's session that saw etcd up to seen) ended: won as a fence
 // (written abandoned), done; won as its own claim (the lost write had
-// landed meanwhile: recognised by its attempt), abandon it; done, held
-// elsewhere or another operation, done: the lost write cannot land.
-func ReapFenced(a Answer) Reaping {
+// landed meanwhile: recognised by its attempt), abandon it; done, another
+// operation or Moved, done: the lost write never wrote over such a record.
+// Held by a live owner, done, but for a record of owner's own session
+// written at or before seen: that record may be one the lost write
+// compared (it judged it an orphan of this process), and what makes it
+// live now is this process holding its attempt (running it, saving its
+// outcome, or reaping it), which ends; the reaper looks again later.
+// (Found by the model checker: two reapers of one process, the second
+// judging the first's claim held here and giving up, and its lost
+// takeover landing after as an orphan of a live session.)
+func ReapFenced(a Answer, owner string, seen int64) Reaping {
 	switch a.Verdict {
 	case Won:
 		if r := a.Record; r.State == InFlight && r.Owner == "" {
 			return ReapDone
 		}
 		return ReapAbandon
-	case Replay, Conflict, Mismatch, IsMoved:
+	case Conflict:
+		if r := a.Record; r != nil && (r.Owner != owner || r.Revision > seen) {
+			return ReapDone
+		}
+	case Replay, Mismatch, IsMoved:
 		return ReapDone
 	}
 	return ReapRetry

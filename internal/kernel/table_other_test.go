@@ -347,3 +347,72 @@ func readTable(t *testing.T) [][]string {
 	return table(t, "read", "D", readCombos(), readRules(), func(readCombo) outcome { return outcome{} },
 		func(readCombo, outcome) string { return "" })
 }
+
+// fenceCombo is how the reaper's fencing claim ended.
+type fenceCombo struct {
+	verdict Verdict
+	own     bool // Won: its own claim (the lost write landed); Conflict: a record of the reaper's session
+	after   bool // Conflict: written after seen
+	noRec   bool // Conflict: the record kept changing (none)
+}
+
+func fenceCombos() []fenceCombo {
+	var out []fenceCombo
+	for v := Won; v <= KeptChanging; v++ {
+		for flags := range 8 {
+			c := fenceCombo{verdict: v, own: flags&1 != 0, after: flags&2 != 0, noRec: flags&4 != 0}
+			if v != Conflict && (c.after || c.noRec) || v != Won && v != Conflict && c.own || c.noRec && (c.own || c.after) {
+				continue
+			}
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func (c fenceCombo) answer() Answer {
+	a := Answer{Verdict: c.verdict}
+	switch {
+	case c.verdict == Won && c.own:
+		a.Record = &Record{State: InFlight, Owner: tMe, Attempt: tAtt}
+	case c.verdict == Won:
+		a.Record = &Record{State: InFlight, Attempt: tAtt} // written abandoned: the fence
+	case c.verdict == Conflict && !c.noRec:
+		a.Record = &Record{State: InFlight, Owner: tOther, Attempt: tAtt2, Revision: tRev}
+		if c.own {
+			a.Record.Owner = tMe
+		}
+		if c.after {
+			a.Record.Revision = tRead + 1
+		}
+	}
+	return a
+}
+
+func fenceRules() []rule[fenceCombo] {
+	step := func(want Reaping) func(*testing.T, fenceCombo, outcome) {
+		return func(t *testing.T, c fenceCombo, got outcome) {
+			if s := ReapFenced(c.answer(), tMe, tRead); s != want {
+				t.Errorf("want %v, got %v", want, s)
+			}
+		}
+	}
+	return []rule[fenceCombo]{
+		{"reaper's fence: won, written abandoned", func(c fenceCombo) bool { return c.verdict == Won && !c.own },
+			"done: the lost write's compare can never hold", step(ReapDone)},
+		{"reaper's fence: won as the claim's own record (the lost write landed meanwhile)", func(c fenceCombo) bool { return c.verdict == Won },
+			"abandon it", step(ReapAbandon)},
+		{"reaper's fence: done, another fingerprint, or Moved", func(c fenceCombo) bool { return c.verdict == Replay || c.verdict == Mismatch || c.verdict == IsMoved },
+			"done: the lost write never wrote over such a record", step(ReapDone)},
+		{"reaper's fence: held by a live owner of another session, or written after `seen`",
+			func(c fenceCombo) bool { return c.verdict == Conflict && !c.noRec && (!c.own || c.after) },
+			"done", step(ReapDone)},
+		{"reaper's fence: otherwise (held here under its own session at a revision the lost write may have compared; etcd could not say)",
+			func(fenceCombo) bool { return true }, "look again later: what holds it here ends (found by the model checker)", step(ReapRetry)},
+	}
+}
+
+func fenceTable(t *testing.T) [][]string {
+	return table(t, "reap fence", "Q", fenceCombos(), fenceRules(), func(fenceCombo) outcome { return outcome{} },
+		func(fenceCombo, outcome) string { return "" })
+}

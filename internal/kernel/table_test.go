@@ -193,7 +193,7 @@ func TestDecisionTable(t *testing.T) {
 	doc.WriteString(markdown(head, append(enqueueTable(t), forwardTable(t)...)))
 	doc.WriteString("\n**The reaper**, for a claim of this process's session whose claim write had an unknown\n" +
 		"outcome (`seen` is the highest revision the claim saw), and **reads without a write**:\n\n")
-	doc.WriteString(markdown(head, append(reapTable(t), readTable(t)...)))
+	doc.WriteString(markdown(head, append(append(reapTable(t), fenceTable(t)...), readTable(t)...)))
 	if t.Failed() {
 		return
 	}

@@ -1,0 +1,305 @@
+package check
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/idem-dev/idem/internal/kernel"
+)
+
+// A client retries one key through its process, as a service calling
+// idem's Run does: claim; on a claim, two effects downstream (with a
+// recovery point between them in scopes that checkpoint), checking the
+// claim before each, then save the outcome; on a replay, done; on a
+// conflict or an error, claim again later (a few times).
+
+type cpc uint8
+
+const (
+	cIdle  cpc = iota // claims next (if it has tries left)
+	cClaim            // a claim machine runs
+	cHold             // holds a claim: its next step is due
+	cWrite            // a claim's write machine runs
+	cDone
+)
+
+type client struct {
+	key     int
+	pc      cpc
+	tries   int
+	attempt string
+	claim   *kernel.Claim
+	write   *kernel.Write
+	wkind   kernel.WriteKind
+	held    kernel.Held
+	step    int  // 0 effect 1, 1 checkpoint, 2 effect 2, 3 end
+	lost    bool // its process told it the claim ended (its session was lost)
+}
+
+func (c client) clone() client {
+	if c.claim != nil {
+		c.claim = c.claim.Clone()
+	}
+	if c.write != nil {
+		c.write = c.write.Clone()
+	}
+	return c
+}
+
+func (c client) appendState(b []byte) []byte {
+	b = appendInts(b, int64(c.key), int64(c.pc), int64(c.tries), int64(c.wkind), int64(c.step))
+	b = append(b, boolByte(c.lost))
+	b = appendStr(b, c.attempt)
+	if c.claim != nil {
+		b = c.claim.AppendState(append(b, 1))
+	}
+	if c.write != nil {
+		b = c.write.AppendState(append(b, 2))
+	}
+	if c.pc == cHold || c.pc == cWrite {
+		b = c.held.AppendState(b)
+	}
+	return b
+}
+
+// view is process p's view for a decision on key.
+func (x *explorer) view(w *world, p *proc, key int) kernel.View {
+	return kernel.View{Now: at(w.clockOf(p)), Epoch: p.epoch,
+		HeldHere: func(a string) bool { return p.holds(key, a) }}
+}
+
+func (x *explorer) cfg() kernel.Config {
+	return kernel.Config{Keys: keys, Retention: time.Duration(x.scope.Retention) * Step, Epochs: x.scope.Epochs}
+}
+
+// clientReady reports whether p's client has a step to take.
+func (x *explorer) clientReady(p *proc) bool {
+	c := &p.client
+	return c.pc != cDone && !(c.pc == cIdle && c.tries > x.scope.Retries)
+}
+
+// clientSends reports whether the client's next step sends a Txn (and so
+// may meet a fault).
+func (x *explorer) clientSends(w *world, p *proc) bool {
+	c := &p.client
+	switch c.pc {
+	case cIdle:
+		return true // a new claim's first step is its create
+	case cClaim:
+		return c.claim.Next(x.view(w, p, c.key)).Kind == kernel.ActSend
+	case cWrite:
+		return c.write.Next(x.view(w, p, c.key)).Kind == kernel.ActSend
+	case cHold:
+		return c.step == 1 || c.step == 3 || x.claimOver(w, p)
+	}
+	return false
+}
+
+// clientStep takes p's client's next step, the Txn it sends (if any)
+// meeting fate f.
+func (x *explorer) clientStep(w *world, p *proc, f fate) error {
+	c := &p.client
+	switch c.pc {
+	case cIdle:
+		c.tries++
+		c.attempt = fmt.Sprintf("a%d.%d", p.id, c.tries)
+		p.hold = append(p.hold, attemptRef{c.key, c.attempt})
+		c.claim = kernel.NewClaim(x.cfg(), kernel.ClaimRequest{Key: recordKey(c.key), Fingerprint: fingerprint(c.key),
+			Owner: p.owner(), Attempt: c.attempt, Deadline: time.Duration(x.scope.Deadline) * Step})
+		c.pc = cClaim
+		return x.claimStep(w, p, f)
+	case cClaim:
+		return x.claimStep(w, p, f)
+	case cHold:
+		return x.holdStep(w, p, f)
+	case cWrite:
+		return x.writeStep(w, p, f)
+	}
+	return nil
+}
+
+// claimStep drives the client's claim machine one action.
+func (x *explorer) claimStep(w *world, p *proc, f fate) error {
+	c := &p.client
+	wr := writer{proc: p.id, kind: wClaim, attempt: c.attempt, now: w.clockOf(p)}
+	if err := x.drive(w, p, c.key, c.claim, wr, f); err != nil {
+		return err
+	}
+	if c.claim.Next(x.view(w, p, c.key)).Kind != kernel.ActDone {
+		return nil
+	}
+	a := c.claim.Answer()
+	unc, seen := c.claim.Uncertain()
+	x.note("p%d's claim (attempt %s) answered %v %s (uncertain %v, seen %d)", p.id, c.attempt, a.Verdict, describe(a.Record), unc, seen)
+	c.claim = nil
+	// A claim lost while its Txn was on its way (its process noticed its
+	// session ended: a new owner now) is never handed out.
+	if a.Verdict == kernel.Won && a.Record.Owner == p.owner() {
+		c.held, c.pc, c.step, c.lost = kernel.HeldBy(recordKey(c.key), a.Record), cHold, 0, false
+		return x.granted(w, p, a)
+	}
+	p.release(c.key, c.attempt)
+	if unc && a.Verdict != kernel.Won {
+		p.bg = append(p.bg, &task{kind: tReap, key: c.key, attempt: c.attempt, owner: p.owner(), seen: seen})
+	}
+	if a.Verdict == kernel.Replay {
+		if err := x.replayed(w, c.key, a.Record); err != nil {
+			return err
+		}
+		c.pc = cDone
+		return nil
+	}
+	c.pc = cIdle
+	return nil
+}
+
+// claimOver reports whether the client's claim has ended as far as its
+// process knows: its session was lost, or its deadline or its record's
+// expiry passed by its clock. A client checks before each effect.
+func (x *explorer) claimOver(w *world, p *proc) bool {
+	c := &p.client
+	now := at(w.clockOf(p))
+	return c.lost || !c.held.Deadline.IsZero() && !now.Before(c.held.Deadline) || !now.Before(c.held.Expires)
+}
+
+// holdStep takes the next step of a held claim.
+func (x *explorer) holdStep(w *world, p *proc, f fate) error {
+	c := &p.client
+	if x.claimOver(w, p) {
+		return x.startWrite(w, p, kernel.WriteRequest{Kind: kernel.Abandon}, f) // the work's context ended: EndAbandon
+	}
+	switch c.step {
+	case 0, 2:
+		n := c.step/2 + 1
+		c.step++
+		if !x.scope.Checkpoint && c.step == 1 {
+			c.step = 3
+		}
+		return x.effect(w, p, n)
+	case 1:
+		return x.startWrite(w, p, kernel.WriteRequest{Kind: kernel.Checkpoint, Checkpoint: []byte("1")}, f)
+	}
+	return x.startWrite(w, p, kernel.WriteRequest{Kind: kernel.Complete, Outcome: outcomeOf(c.attempt)}, f)
+}
+
+func outcomeOf(attempt string) *kernel.Outcome { return &kernel.Outcome{Status: 201, Body: []byte("by " + attempt)} }
+
+func (x *explorer) startWrite(w *world, p *proc, req kernel.WriteRequest, f fate) error {
+	c := &p.client
+	c.write, c.wkind, c.pc = kernel.NewWrite(x.cfg(), c.held, req), req.Kind, cWrite
+	return x.writeStep(w, p, f)
+}
+
+// writeStep drives the client's write machine one action, and takes its
+// answer as Run does: a final write whose outcome is unknown is retried
+// in the background, the claim held meanwhile.
+func (x *explorer) writeStep(w *world, p *proc, f fate) error {
+	c := &p.client
+	wr := writer{proc: p.id, kind: wWrite, attempt: c.attempt, token: c.held.Token, now: w.clockOf(p)}
+	if err := x.drive(w, p, c.key, c.write, wr, f); err != nil {
+		return err
+	}
+	if c.write.Next(x.view(w, p, c.key)).Kind != kernel.ActDone {
+		return nil
+	}
+	a, ends, h := c.write.Answer(), c.write.Ends(), c.write.Held()
+	x.note("p%d's %v answered %v %s (ends %v)", p.id, c.wkind, a.Verdict, a.Why, ends)
+	req := kernel.WriteRequest{Kind: c.wkind}
+	if c.wkind == kernel.Complete {
+		req.Outcome = outcomeOf(c.attempt)
+	}
+	c.write, c.held = nil, h
+	if err := x.told(w, c.key, c.wkind, h, a); err != nil {
+		return err
+	}
+	switch {
+	case a.Verdict == kernel.Error && c.wkind.Final():
+		// Unknown: retried in the background; this process holds the key.
+		p.bg = append(p.bg, &task{kind: tFinal, key: c.key, attempt: c.attempt, held: h, req: req})
+		c.pc = cDone
+	case a.Verdict == kernel.Landed && !ends:
+		c.pc, c.step = cHold, c.step+1 // a checkpoint landed: the next effect
+	case a.Verdict == kernel.Error:
+		return x.startWrite(w, p, kernel.WriteRequest{Kind: kernel.Abandon}, fateDeliver) // a checkpoint failed: the work ends, abandoned
+	default:
+		p.release(c.key, c.attempt)
+		c.pc = cDone
+		if c.wkind == kernel.Abandon {
+			c.pc = cIdle // the client claims again (a takeover resumes it)
+		}
+	}
+	return nil
+}
+
+// machine is what drive needs of a kernel machine.
+type machine interface {
+	Next(kernel.View) kernel.Action
+}
+
+// drive performs a machine's next action on the model: a read, an owner
+// read, or a Txn that meets fate f.
+func (x *explorer) drive(w *world, p *proc, key int, m machine, wr writer, f fate) error {
+	a := m.Next(x.view(w, p, key))
+	switch a.Kind {
+	case kernel.ActRead:
+		rec, rev := x.read(w, recordKey(key))
+		switch m := m.(type) {
+		case *kernel.Claim:
+			m.Read(rec, rev)
+		case *kernel.Write:
+			m.Read(rec, nil)
+		}
+	case kernel.ActOwner:
+		_, alive := w.etcd.Get(keys.Owner(a.Owner))
+		m.(*kernel.Claim).Owner(alive, w.etcd.Rev(), nil)
+	case kernel.ActAwait:
+		return fmt.Errorf("model: a claim waits (WithWait is not modelled)")
+	case kernel.ActSend:
+		r, err := x.send(w, p, a.Txn, wr, f)
+		if err != nil {
+			return err
+		}
+		switch m := m.(type) {
+		case *kernel.Claim:
+			p.learn(m.Sent(r))
+		case *kernel.Write:
+			m.Sent(r)
+		}
+	}
+	return nil
+}
+
+// learn takes what a refused guarded write taught of the shard.
+func (p *proc) learn(n kernel.Notes) {
+	if n.NewEpoch {
+		p.epoch = n.Epoch
+	}
+}
+
+// lose is p noticing that its session ended: its claims are cancelled
+// (a client running one ends it, abandoned), the attempts it holds
+// forgotten but those whose outcome it holds, pending in the background
+// (and the one its client still runs), and it starts a new session.
+func (x *explorer) lose(w *world, p *proc) {
+	old := p.owner()
+	c := &p.client
+	if (c.pc == cHold || c.pc == cWrite) && c.held.Owner == old {
+		c.lost = true
+	}
+	p.hold = slices.DeleteFunc(p.hold, func(a attemptRef) bool {
+		running := (c.pc == cClaim || c.pc == cHold || c.pc == cWrite) && a == attemptRef{c.key, c.attempt}
+		pending := slices.ContainsFunc(p.bg, func(t *task) bool { return t.kind == tFinal && t.attempt == a.attempt })
+		return !running && !pending
+	})
+	p.inc++
+	x.newSession(w, p)
+}
+
+// newSession starts p's session (its incarnation's): a lease, and its
+// owner key on it.
+func (x *explorer) newSession(w *world, p *proc) {
+	p.noticed = false
+	p.sess = w.etcd.Grant(10)
+	_, _ = w.etcd.Txn(&kernel.Txn{Then: []kernel.Op{{Kind: kernel.Put, Key: keys.Owner(p.owner()), Value: []byte("x"), Lease: kernel.LeaseID, ID: p.sess}}})
+}

@@ -1,0 +1,300 @@
+package check
+
+import (
+	"fmt"
+	"strings"
+	"hash/maphash"
+	"slices"
+	"time"
+
+	"github.com/idem-dev/idem/internal/etcdmodel"
+	"github.com/idem-dev/idem/internal/kernel"
+)
+
+// Result is what an exploration found.
+type Result struct {
+	Scope     string
+	States    int           // distinct states explored
+	Terminal  int           // states where nothing more can happen
+	Complete  bool          // every reachable state was explored
+	Took      time.Duration // how long it took
+	Violation error         // the first invariant broken, with the path to it
+}
+
+func (r Result) String() string {
+	s := fmt.Sprintf("%s: %d distinct states (%d terminal) in %v", r.Scope, r.States, r.Terminal, r.Took.Round(time.Millisecond))
+	if !r.Complete {
+		s += ", stopped at its bound"
+	} else {
+		s += ", exhaustive"
+	}
+	return s
+}
+
+type explorer struct {
+	log    []string // while a violation's path is replayed: what each step did
+	scope  Scope
+	codec  *codec
+	seed   maphash.Seed
+	seen   map[uint64]struct{}
+	buf    []byte
+	result Result
+}
+
+// Explore explores every world of scope, depth first, until every
+// reachable state was seen, an invariant breaks, maxStates were explored
+// or the deadline passes.
+func Explore(scope Scope, maxStates int, deadline time.Time) Result {
+	x := &explorer{scope: scope, codec: newCodec(), seed: maphash.MakeSeed(), seen: map[uint64]struct{}{}}
+	x.result.Scope = scope.Name
+	start := time.Now()
+	w := x.initial()
+	x.visit(w)
+	type frame struct {
+		w     *world
+		moves []move
+		next  int
+		via   move
+	}
+	stack := []frame{{w: w, moves: x.moves(w)}}
+	for len(stack) > 0 {
+		top := &stack[len(stack)-1]
+		if top.next == len(top.moves) {
+			stack = stack[:len(stack)-1]
+			continue
+		}
+		if x.result.States >= maxStates || x.result.States%1024 == 0 && time.Now().After(deadline) {
+			x.result.Took = time.Since(start)
+			return x.result
+		}
+		m := top.moves[top.next]
+		top.next++
+		path := func() []move {
+			var ms []move
+			for _, f := range stack[1:] {
+				ms = append(ms, f.via)
+			}
+			return append(ms, m)
+		}
+		next, err := x.apply(top.w, m)
+		if err != nil {
+			x.result.Violation = fmt.Errorf("%s, after:\n%s", err, x.replay(path()))
+			x.result.Took = time.Since(start)
+			return x.result
+		}
+		if !x.visit(next) {
+			continue
+		}
+		ms := x.moves(next)
+		if len(ms) == 0 {
+			x.result.Terminal++
+			if err := x.terminal(next); err != nil {
+				x.result.Violation = fmt.Errorf("%s, after:\n%s", err, x.replay(path()))
+				x.result.Took = time.Since(start)
+				return x.result
+			}
+		}
+		stack = append(stack, frame{w: next, moves: ms, via: m})
+	}
+	x.result.Complete = true
+	x.result.Took = time.Since(start)
+	return x.result
+}
+
+// visit records w, and reports whether it is new.
+func (x *explorer) visit(w *world) bool {
+	x.buf = w.appendState(x.buf[:0])
+	h := maphash.Bytes(x.seed, x.buf)
+	if _, ok := x.seen[h]; ok {
+		return false
+	}
+	x.seen[h] = struct{}{}
+	x.result.States++
+	return true
+}
+
+// initial is a world's first state: every process with its session,
+// its client before its first claim.
+func (x *explorer) initial() *world {
+	w := &world{etcd: etcdmodel.New(), keys: make([]keyHist, x.scope.Keys)}
+	for i := range x.scope.Procs {
+		p := &proc{id: i, client: client{key: i % x.scope.Keys}}
+		if i < len(x.scope.Skew) {
+			p.skew = x.scope.Skew[i]
+		}
+		x.newSession(w, p)
+		w.procs = append(w.procs, p)
+	}
+	return w
+}
+
+// terminal checks a world where nothing more can happen (L): every key
+// is done, absent, or free by the rules, and a claim of a free key is
+// granted.
+func (x *explorer) terminal(w *world) error {
+	now := at(w.now)
+	for i := range x.scope.Keys {
+		rec, _ := x.read(w, recordKey(i))
+		if rec == nil || rec.State != kernel.InFlight || rec.Expired(now) {
+			continue
+		}
+		_, alive := w.etcd.Get(keys.Owner(rec.Owner))
+		free := rec.Owner == "" || !alive || rec.PastDeadline(now)
+		if !free {
+			return broke("L", "key %d stays in flight under live session %s (attempt %s) with nobody running it", i, rec.Owner, rec.Attempt)
+		}
+		if err := x.probe(w, i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// probe claims key i, free by the rules, from a new process, every Txn
+// delivered: it must be granted.
+func (x *explorer) probe(w *world, i int) error {
+	w = w.clone()
+	p := &proc{id: len(w.procs), client: client{key: i}}
+	x.newSession(w, p)
+	p.epoch = w.procs[0].epoch
+	m := kernel.NewClaim(x.cfg(), kernel.ClaimRequest{Key: recordKey(i), Fingerprint: fingerprint(i), Owner: p.owner(), Attempt: "probe"})
+	for range 20 {
+		a := m.Next(x.view(w, p, i))
+		if a.Kind == kernel.ActDone {
+			if v := m.Answer().Verdict; v != kernel.Won {
+				return broke("L", "the probe's claim of key %d, free by the rules, was answered %v", i, v)
+			}
+			return nil
+		}
+		if err := x.drive(w, p, i, m, writer{proc: p.id, kind: wClaim, attempt: "probe", now: w.now}, fateDeliver); err != nil {
+			return err
+		}
+	}
+	return broke("L", "the probe's claim of key %d did not end", i)
+}
+
+// envMoves are the sweeper's, the operator's and dead sessions' moves.
+func (x *explorer) envMoves(w *world) []move {
+	var out []move
+	if slices.ContainsFunc(w.dead, w.alive) {
+		out = append(out, move{kind: mExpireDead})
+	}
+	if x.scope.Sweep {
+		if w.sweep == nil {
+			for i, b := range w.buckets {
+				if b.until < w.now {
+					out = append(out, move{kind: mSweepList, idx: i})
+				}
+			}
+		} else {
+			out = append(out, move{kind: mSweepDelete})
+		}
+	}
+	if x.scope.Evict {
+		if w.evict == nil {
+			for i := range x.scope.Keys {
+				if rec, _ := x.read(w, recordKey(i)); rec != nil && kernel.Forget(rec, at(w.now)) == kernel.EvictJob {
+					out = append(out, move{kind: mEvictRead, idx: i})
+				}
+			}
+		} else {
+			out = append(out, move{kind: mEvictDo})
+		}
+	}
+	return out
+}
+
+// envApply applies the sweeper's, the operator's and dead sessions' moves.
+func (x *explorer) envApply(w *world, m move) error {
+	switch m.kind {
+	case mExpireDead:
+		for _, l := range w.dead {
+			_ = w.etcd.Expire(l)
+		}
+		w.dead = nil
+	case mSweepList:
+		b := w.buckets[m.idx]
+		ks, _ := w.etcd.Keys(b.lease)
+		w.sweep = &sweepState{lease: b.lease, keys: ks}
+	case mSweepDelete:
+		s := w.sweep
+		w.sweep = nil
+		if _, err := x.apply1(w, kernel.SweepChunk(s.keys, s.lease), writer{kind: wSweep, now: w.now}); err != nil {
+			return err
+		}
+		_ = w.etcd.Expire(s.lease) // revoked once emptied
+		w.buckets = slices.DeleteFunc(w.buckets, func(b bucket) bool { return b.lease == s.lease })
+	case mEvictRead:
+		rec, _ := x.read(w, recordKey(m.idx))
+		w.evict = &evictState{key: m.idx, rev: rec.Revision}
+	case mEvictDo:
+		e := w.evict
+		w.evict = nil
+		_, err := x.apply1(w, kernel.EvictIf(recordKey(e.key), e.rev), writer{kind: wEvict, now: w.now})
+		return err
+	}
+	return nil
+}
+
+type sweepState struct {
+	lease int64
+	keys  []string
+}
+
+type evictState struct {
+	key int
+	rev int64
+}
+
+// replay runs path again from the first state, and writes each move with
+// what it did and the records after it.
+func (x *explorer) replay(path []move) string {
+	var b strings.Builder
+	w := x.initial()
+	for i, m := range path {
+		x.log = []string{}
+		next, err := x.apply(w, m)
+		fmt.Fprintf(&b, "  %3d. %s\n", i+1, m)
+		for _, l := range x.log {
+			fmt.Fprintf(&b, "         %s\n", l)
+		}
+		if err != nil {
+			fmt.Fprintf(&b, "         => %v\n", err)
+			break
+		}
+		w = next
+		for k := range x.scope.Keys {
+			rec, _ := x.read(w, recordKey(k))
+			fmt.Fprintf(&b, "         key %d: %s\n", k, describe(rec))
+		}
+	}
+	x.log = nil
+	return b.String()
+}
+
+// note adds a line to the replayed step's log.
+func (x *explorer) note(format string, args ...any) {
+	if x.log != nil {
+		x.log = append(x.log, fmt.Sprintf(format, args...))
+	}
+}
+
+func describe(r *kernel.Record) string {
+	if r == nil {
+		return "absent"
+	}
+	s := fmt.Sprintf("%v token=%d rev=%d owner=%q attempt=%q expires=%s", r.State, r.Token, r.Revision, r.Owner, r.Attempt, r.Expires.Sub(epoch0))
+	if !r.Deadline.IsZero() {
+		s += fmt.Sprintf(" deadline=%s", r.Deadline.Sub(epoch0))
+	}
+	if len(r.Checkpoint) > 0 {
+		s += fmt.Sprintf(" checkpoint=%q", r.Checkpoint)
+	}
+	if r.Fence {
+		s += " FENCE"
+	}
+	if r.Outcome != nil {
+		s += fmt.Sprintf(" outcome=%q", r.Outcome.Body)
+	}
+	return s
+}
