@@ -183,4 +183,3 @@ func appendErrs(b []byte, errs ...error) []byte {
 	}
 	return b
 }
-

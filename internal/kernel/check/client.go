@@ -183,7 +183,9 @@ func (x *explorer) holdStep(w *world, p *proc, f fate) error {
 	return x.startWrite(w, p, kernel.WriteRequest{Kind: kernel.Complete, Outcome: outcomeOf(c.attempt)}, f)
 }
 
-func outcomeOf(attempt string) *kernel.Outcome { return &kernel.Outcome{Status: 201, Body: []byte("by " + attempt)} }
+func outcomeOf(attempt string) *kernel.Outcome {
+	return &kernel.Outcome{Status: 201, Body: []byte("by " + attempt)}
+}
 
 func (x *explorer) startWrite(w *world, p *proc, req kernel.WriteRequest, f fate) error {
 	c := &p.client

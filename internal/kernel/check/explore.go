@@ -2,9 +2,9 @@ package check
 
 import (
 	"fmt"
-	"strings"
 	"hash/maphash"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/idem-dev/idem/internal/etcdmodel"
