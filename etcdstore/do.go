@@ -259,9 +259,10 @@ func (s *Store) finishLater(c *Claim, op string, finish func(context.Context) er
 // claim saw, which a lost write may have compared) it fences the key: it
 // claims it again with the same attempt id, writing the record abandoned.
 // That write is conditioned on that very state, so once it lands the lost
-// one can never land after it (etcd revisions only grow: the one residue
-// is a record deleted later, on which a lost create could still land). A
-// record held by another live owner, done or moved needs nothing. While
+// one can never land after it (etcd revisions only grow). A record past
+// its retention is fenced too (the sweeper may delete it next, and a lost
+// create land on the empty key); the fence lives a retention. A record
+// held by another live owner, done or moved needs nothing. While
 // it works it holds the attempt id in this process, so a retry with the
 // same attempt id waits for it instead of racing it.
 //
@@ -311,7 +312,7 @@ func (s *Store) reapOnce(ctx context.Context, k Key, fp Fingerprint, owner, atte
 	if err != nil {
 		return false
 	}
-	step := kernel.Reap(kernelRecord(rec), owner, attempt, seen)
+	step := kernel.Reap(kernelRecord(rec), owner, attempt, seen, s.now())
 	if step == kernel.ReapAbandon {
 		hold.won(rec, nil) // the lost write landed
 	}

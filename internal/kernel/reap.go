@@ -1,5 +1,7 @@
 package kernel
 
+import "time"
+
 // Reaping is what a process's reaper does about a claim of its session
 // whose claim write had an unknown outcome: that write may have landed, or
 // may still land, as an in-flight record under a live session that nobody
@@ -14,19 +16,22 @@ const (
 	ReapRetry                      // etcd could not say: try again later
 )
 
-// Reap judges the record the reaper read (nil: absent): its own claim (the
-// lost write landed) is abandoned, so the next claimant anywhere takes the
-// key over at once. A record written after seen (the highest revision the
-// claim saw etcd at), not its own, needs nothing: no lost write can land on
-// it, ever; nor does one that is done or moved. Otherwise (absent, or a
-// state the claim saw, which a lost write may have compared) the key is
-// fenced: that write is conditioned on that very state, so once it lands
-// the lost one never can (etcd revisions only grow).
-func Reap(rec *Record, owner, attempt string, seen int64) Reaping {
+// Reap judges the record the reaper read at now (nil: absent): its own
+// claim (the lost write landed) is abandoned, so the next claimant anywhere
+// takes the key over at once. A record written after seen (the highest
+// revision the claim saw etcd at), not its own, needs nothing: no lost
+// write can land on it; nor does one that is done or moved. Otherwise
+// (absent, or a state the claim saw, which a lost write may have compared)
+// the key is fenced: that write is conditioned on that very state, so once
+// the fence lands the lost one never can (etcd revisions only grow). A
+// record past its retention is fenced too, whoever wrote it: the sweeper
+// or an EvictIf may delete it next, and a lost create would then land on
+// the empty key (found by the model checker); the fence lives a retention.
+func Reap(rec *Record, owner, attempt string, seen int64, now time.Time) Reaping {
 	switch {
 	case rec != nil && rec.State == InFlight && rec.Owner == owner && SameAttempt(rec.Attempt, attempt):
 		return ReapAbandon
-	case rec != nil && (rec.Revision > seen || rec.State != InFlight):
+	case rec != nil && (rec.Revision > seen || rec.State != InFlight) && !rec.Expired(now):
 		return ReapDone
 	}
 	return ReapFence

@@ -240,14 +240,15 @@ type reapCombo struct {
 	mine    bool    // in flight: the reaped claim's owner and attempt
 	after   bool    // written after the claim's highest seen revision
 	ownerOK bool    // in flight, not mine: same attempt, another owner (or the reverse)
+	expired bool    // past its retention at the reaper's clock
 }
 
 func reapCombos() []reapCombo {
 	var out []reapCombo
 	for _, r := range []recKind{recAbsent, recDone, recMoved, recInFlight} {
-		for flags := range 8 {
-			c := reapCombo{rec: r, mine: flags&1 != 0, after: flags&2 != 0, ownerOK: flags&4 != 0}
-			if r != recInFlight && (c.mine || c.ownerOK) || r == recAbsent && c.after || c.mine && c.ownerOK {
+		for flags := range 16 {
+			c := reapCombo{rec: r, mine: flags&1 != 0, after: flags&2 != 0, ownerOK: flags&4 != 0, expired: flags&8 != 0}
+			if r != recInFlight && (c.mine || c.ownerOK) || r == recAbsent && (c.after || c.expired) || c.mine && c.ownerOK {
 				continue
 			}
 			out = append(out, c)
@@ -260,7 +261,10 @@ func (c reapCombo) record() *Record {
 	if c.rec == recAbsent {
 		return nil
 	}
-	r := &Record{State: InFlight, Owner: tOther, Attempt: tAtt2, Revision: tRev}
+	r := &Record{State: InFlight, Owner: tOther, Attempt: tAtt2, Revision: tRev, Expires: tNow.Add(time.Hour)}
+	if c.expired {
+		r.Expires = tNow.Add(-time.Second)
+	}
 	if c.after {
 		r.Revision = tRead + 1
 	}
@@ -280,7 +284,7 @@ func (c reapCombo) record() *Record {
 func reapRules() []rule[reapCombo] {
 	step := func(want Reaping) func(*testing.T, reapCombo, outcome) {
 		return func(t *testing.T, c reapCombo, got outcome) {
-			if s := Reap(c.record(), tMe, tAtt, tRead); s != want {
+			if s := Reap(c.record(), tMe, tAtt, tRead, tNow); s != want {
 				t.Errorf("want %v, got %v", want, s)
 			}
 		}
@@ -288,10 +292,11 @@ func reapRules() []rule[reapCombo] {
 	return []rule[reapCombo]{
 		{"reaper: in flight, the claim's own owner and attempt (the lost write landed)", func(c reapCombo) bool { return c.mine },
 			"abandon it: the next claimant anywhere takes it over at once", step(ReapAbandon)},
-		{"reaper: written after `seen` by another, or done, or Moved", func(c reapCombo) bool { return c.after || c.rec == recDone || c.rec == recMoved },
-			"nothing: no lost write can land on it, ever", step(ReapDone)},
-		{"reaper: absent, or a state the claim saw", func(reapCombo) bool { return true },
-			"fence it: claim it with the same attempt, written abandoned (absent: a Fence placeholder, free as absent); the lost write's compare can never hold after",
+		{"reaper: written after `seen` by another, or done, or Moved, and retained", func(c reapCombo) bool {
+			return (c.after || c.rec == recDone || c.rec == recMoved) && !c.expired
+		}, "nothing: no lost write can land on it while it is there", step(ReapDone)},
+		{"reaper: absent, a state the claim saw, or past its retention (the sweeper or EvictIf may delete it next)", func(reapCombo) bool { return true },
+			"fence it: claim it with the same attempt, written abandoned (absent or expired: a Fence placeholder, free as absent, live a retention); the lost write's compare can never hold after",
 			step(ReapFence)},
 	}
 }

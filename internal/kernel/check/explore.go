@@ -219,8 +219,8 @@ func (x *explorer) envApply(w *world, m move) error {
 	case mSweepDelete:
 		s := w.sweep
 		w.sweep = nil
-		if _, err := x.apply1(w, kernel.SweepChunk(s.keys, s.lease), writer{kind: wSweep, now: w.now}); err != nil {
-			return err
+		if _, err := x.apply1(w, kernel.SweepChunk(s.keys, s.lease), writer{kind: wSweep, now: w.now}); only(err) != nil {
+			return only(err)
 		}
 		_ = w.etcd.Expire(s.lease) // revoked once emptied
 		w.buckets = slices.DeleteFunc(w.buckets, func(b bucket) bool { return b.lease == s.lease })
@@ -231,7 +231,7 @@ func (x *explorer) envApply(w *world, m move) error {
 		e := w.evict
 		w.evict = nil
 		_, err := x.apply1(w, kernel.EvictIf(recordKey(e.key), e.rev), writer{kind: wEvict, now: w.now})
-		return err
+		return only(err)
 	}
 	return nil
 }

@@ -64,19 +64,29 @@ func (x *explorer) granted(w *world, p *proc, a kernel.Answer) error {
 	return nil
 }
 
-// holding is the claims p holds: its client's, and those whose final
-// write it retries (it holds their outcome).
+// holding is the claims p holds: its client's, while it may still act or
+// saves its outcome, and those whose outcome it saves in the background.
+// A claim being abandoned is given up: its holder acts no more.
 func (p *proc) holding() []kernel.Held {
 	var out []kernel.Held
-	if c := p.client; c.pc == cHold || c.pc == cWrite {
+	if c := p.client; c.pc == cHold || c.pc == cWrite && c.wkind != kernel.Abandon {
 		out = append(out, c.held)
 	}
 	for _, t := range p.bg {
-		if t.kind == tFinal {
+		if t.kind == tFinal && t.req.Kind == kernel.Complete {
 			out = append(out, t.held)
 		}
 	}
 	return out
+}
+
+// only returns err if it is an invariant broken: etcd refusing a Txn
+// (a lease gone, say) is no violation.
+func only(err error) error {
+	if v, ok := err.(violation); ok {
+		return v
+	}
+	return nil
 }
 
 // effect applies step n of p's client's claim at the sink (I2).

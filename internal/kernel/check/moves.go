@@ -163,12 +163,14 @@ func (x *explorer) apply(w *world, m move) (*world, error) {
 		h := w.net[m.idx]
 		w.net = slices.Delete(w.net, m.idx, m.idx+1)
 		_, err := x.apply1(w, h.txn, h.writer)
-		return w, err
+		return w, only(err)
 	case mDrop:
 		w.net = slices.Delete(w.net, m.idx, m.idx+1)
 	case mTick:
 		w.used.ticks++
 		w.now++
+		// The network forgets what it held too long: it never lands.
+		w.net = slices.DeleteFunc(w.net, func(h held) bool { return w.now > h.sent+MaxDelay })
 	case mRaise:
 		w.used.raises++
 		x.raise(w)
@@ -211,21 +213,19 @@ func (x *explorer) send(w *world, p *proc, t *kernel.Txn, wr writer, f fate) (ke
 	switch f {
 	case fateDeliver:
 		resp, err := x.apply1(w, l, wr)
-		if v, ok := err.(violation); ok {
+		if v := only(err); v != nil {
 			return kernel.Reply{}, v
 		}
 		r := x.reply(l, resp, err)
 		x.note("answered %v (rev %d, cur %s)", [...]string{"applied", "refused", "full", "failed"}[r.Delivery], r.Rev, describe(r.Cur))
 		return r, nil
 	case fateLost:
-		if _, err := x.apply1(w, l, wr); err != nil {
-			if v, ok := err.(violation); ok {
-				return kernel.Reply{}, v
-			}
+		if _, err := x.apply1(w, l, wr); only(err) != nil {
+			return kernel.Reply{}, only(err)
 		}
 		return lost, nil
 	case fateHeld, fateGiveUp:
-		w.net = append(w.net, held{txn: l, writer: wr})
+		w.net = append(w.net, held{sent: w.now, txn: l, writer: wr})
 		lost.Retry = f == fateHeld
 		return lost, nil
 	}

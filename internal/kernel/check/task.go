@@ -108,7 +108,7 @@ func (x *explorer) reapStep(w *world, p *proc, t *task, f fate) (bool, error) {
 	switch t.phase {
 	case 0:
 		rec, _ := x.read(w, recordKey(t.key))
-		switch kernel.Reap(rec, t.owner, t.attempt, t.seen) {
+		switch kernel.Reap(rec, t.owner, t.attempt, t.seen, at(w.clockOf(p))) {
 		case kernel.ReapDone:
 			return true, nil
 		case kernel.ReapAbandon:

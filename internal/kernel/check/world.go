@@ -33,6 +33,12 @@ type Scope struct {
 	Evict               bool // an operator (a drain, a schedule) deletes records past their retention with EvictIf
 }
 
+// MaxDelay bounds how long a Txn that left its process may take to land:
+// etcd applies a request within its election timeouts or never, and a
+// second is more than that in the model's worlds, whose retentions are
+// longer.
+const MaxDelay = 1
+
 // Step is the unit of time: a scope's deadlines, retention and ticks are
 // counted in it.
 const Step = time.Second
@@ -73,6 +79,7 @@ type bucket struct {
 
 // held is a Txn held in the network: it may land later, or never.
 type held struct {
+	sent   int64       // when it was sent (seconds): a Txn lands within MaxDelay, or never
 	txn    *kernel.Txn // lowered
 	from   string      // the process and operation that sent it, for the trace
 	writer writer
@@ -184,6 +191,7 @@ func (w *world) appendState(b []byte) []byte {
 	}
 	b = binary.AppendUvarint(b, uint64(len(w.net)))
 	for _, h := range w.net {
+		b = binary.AppendVarint(b, h.sent)
 		b = h.txn.AppendState(b)
 		b = h.writer.appendState(b)
 	}
