@@ -271,18 +271,44 @@ func (s *Store) finishLater(c *Claim, op string, finish func(context.Context) er
 // process, which then runs it: reaping it from here would hand the key to a
 // second owner while the first still runs. Such a claim is left to its
 // deadline.
-func (s *Store) reap(k Key, fp Fingerprint, owner, attempt string, seen int64) {
-	if owner == deadlineOwner {
+func (s *Store) reap(l lostClaim) {
+	if l.owner == deadlineOwner {
 		return
 	}
-	s.bg.start("reap "+k.String(), 50*time.Millisecond, func(ctx context.Context) bool {
-		return s.reapOnce(ctx, k, fp, owner, attempt, seen)
+	l.until = s.now().Add(s.landWindow())
+	s.bg.start("reap "+l.key.String(), 50*time.Millisecond, func(ctx context.Context) bool {
+		return s.reapOnce(ctx, l)
 	})
+}
+
+// lostClaim is a claim whose claim write had an unknown outcome, as the
+// reaper needs it: its key, fingerprint, owner and attempt, the highest
+// revision it saw, and until when its lost writes may land.
+type lostClaim struct {
+	key            Key
+	fp             Fingerprint
+	owner, attempt string
+	seen           int64
+	until          time.Time
+}
+
+// landWindow is how long after it was sent a write may still be applied by
+// etcd, for the reaper: twice the request timeout (a request that left is
+// applied within its timeouts and an election, or never), or a minute
+// without one. A write etcd applies later than that is beyond what the
+// reaper guards against, but for a key it fenced: a fence lives a
+// retention.
+func (s *Store) landWindow() time.Duration {
+	if s.timeout <= 0 {
+		return time.Minute
+	}
+	return 2 * s.timeout
 }
 
 // reapOnce makes one attempt; it reports whether there is nothing left to
 // do.
-func (s *Store) reapOnce(ctx context.Context, k Key, fp Fingerprint, owner, attempt string, seen int64) bool {
+func (s *Store) reapOnce(ctx context.Context, l lostClaim) bool {
+	k, fp, owner, attempt, seen := l.key, l.fp, l.owner, l.attempt, l.seen
 	sess, err := s.session()
 	switch {
 	case errors.Is(err, ErrClosed):
@@ -312,7 +338,7 @@ func (s *Store) reapOnce(ctx context.Context, k Key, fp Fingerprint, owner, atte
 	if err != nil {
 		return false
 	}
-	step := kernel.Reap(kernelRecord(rec), owner, attempt, seen, s.now())
+	step := kernel.Reap(kernelRecord(rec), owner, attempt, seen, s.now(), l.until)
 	if step == kernel.ReapAbandon {
 		hold.won(rec, nil) // the lost write landed
 	}
@@ -325,7 +351,7 @@ func (s *Store) reapOnce(ctx context.Context, k Key, fp Fingerprint, owner, atte
 		if a.Verdict == kernel.Won {
 			hold.won(storeRecord(k, a.Record), nil)
 		}
-		if step = kernel.ReapFenced(a, owner, seen); step == kernel.ReapDone && a.Verdict == kernel.Won {
+		if step = kernel.ReapFenced(a, owner, seen, l.until); step == kernel.ReapDone && a.Verdict == kernel.Won {
 			s.reaped.Add(1)
 			s.log.Info("idem: fenced a claim whose write had an unknown outcome", "key", k.Digest())
 		}

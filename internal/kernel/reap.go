@@ -16,52 +16,60 @@ const (
 	ReapRetry                      // etcd could not say: try again later
 )
 
-// Reap judges the record the reaper read at now (nil: absent): its own
-// claim (the lost write landed) is abandoned, so the next claimant anywhere
-// takes the key over at once. A record written after seen (the highest
-// revision the claim saw etcd at), not its own, needs nothing: no lost
-// write can land on it; nor does one that is done or moved. Otherwise
-// (absent, or a state the claim saw, which a lost write may have compared)
-// the key is fenced: that write is conditioned on that very state, so once
-// the fence lands the lost one never can (etcd revisions only grow). A
-// record past its retention is fenced too, whoever wrote it: the sweeper
-// or an EvictIf may delete it next, and a lost create would then land on
-// the empty key (found by the model checker); the fence lives a retention.
-func Reap(rec *Record, owner, attempt string, seen int64, now time.Time) Reaping {
+// Reap judges the record the reaper read at now (nil: absent); until is
+// when the last of the claim's lost writes may still land (its last send
+// and the longest a request takes to be applied). Its own claim (the lost
+// write landed) is abandoned, so the next claimant anywhere takes the key
+// over at once. A record written after seen (the highest revision the
+// claim saw etcd at) that is not its own, or one done or moved, keeps any
+// lost write from landing while it is there: done, if it is there until
+// then (retained past until); if it may be deleted before (the sweeper
+// and EvictIf delete expired records), the reaper looks again once it has
+// expired. Otherwise (absent, expired, or a state the claim saw, which a
+// lost write may have compared) the key is fenced: the fence is
+// conditioned on that very state, so once it lands the lost write never
+// can (revisions only grow), and it lives a retention. (The model checker
+// found a lost create landing on a key whose record the reaper had taken
+// as a guard, deleted as expired in between.)
+func Reap(rec *Record, owner, attempt string, seen int64, now, until time.Time) Reaping {
 	switch {
 	case rec != nil && rec.State == InFlight && rec.Owner == owner && SameAttempt(rec.Attempt, attempt):
 		return ReapAbandon
-	case rec != nil && (rec.Revision > seen || rec.State != InFlight) && !rec.Expired(now):
+	case rec == nil || rec.Expired(now) || rec.State == InFlight && rec.Revision <= seen:
+		return ReapFence
+	case !rec.Expired(until):
 		return ReapDone
 	}
-	return ReapFence
+	return ReapRetry
 }
 
 // ReapFenced judges how the reaper's fencing claim (for a claim of
-// owner's session that saw etcd up to seen) ended: won as a fence
-// (written abandoned), done; won as its own claim (the lost write had
-// landed meanwhile: recognised by its attempt), abandon it; done, another
-// operation or Moved, done: the lost write never wrote over such a record.
-// Held by a live owner, done, but for a record of owner's own session
-// written at or before seen: that record may be one the lost write
-// compared (it judged it an orphan of this process), and what makes it
-// live now is this process holding its attempt (running it, saving its
-// outcome, or reaping it), which ends; the reaper looks again later.
-// (Found by the model checker: two reapers of one process, the second
-// judging the first's claim held here and giving up, and its lost
-// takeover landing after as an orphan of a live session.)
-func ReapFenced(a Answer, owner string, seen int64) Reaping {
+// owner's session that saw etcd up to seen, whose lost writes may land
+// until then) ended: won as a fence (written abandoned), done; won as its
+// own claim (the lost write had landed meanwhile: recognised by its
+// attempt), abandon it. Refused by a record that keeps the lost write out
+// (done, another operation, Moved, or held by a live owner), done if that
+// record is there until then, as Reap says. But a conflict with a record
+// of owner's own session written at or before seen proves nothing: the
+// lost write may have compared it (it judged it an orphan of this
+// process), and what makes it live now is this process holding its
+// attempt (running it, saving its outcome, or reaping it), which ends; the
+// reaper looks again later. (Found by the model checker: two reapers of
+// one process, the second judging the first's claim held here and giving
+// up, and its lost takeover landing after as an orphan of a live session.)
+func ReapFenced(a Answer, owner string, seen int64, until time.Time) Reaping {
 	switch a.Verdict {
 	case Won:
 		if r := a.Record; r.State == InFlight && r.Owner == "" {
 			return ReapDone
 		}
 		return ReapAbandon
-	case Conflict:
-		if r := a.Record; r != nil && (r.Owner != owner || r.Revision > seen) {
-			return ReapDone
+	case Conflict, Replay, Mismatch, IsMoved:
+		r := a.Record
+		switch {
+		case r == nil, a.Verdict == Conflict && r.Owner == owner && r.Revision <= seen, r.Expired(until):
+			return ReapRetry
 		}
-	case Replay, Mismatch, IsMoved:
 		return ReapDone
 	}
 	return ReapRetry

@@ -241,14 +241,15 @@ type reapCombo struct {
 	after   bool    // written after the claim's highest seen revision
 	ownerOK bool    // in flight, not mine: same attempt, another owner (or the reverse)
 	expired bool    // past its retention at the reaper's clock
+	soon    bool    // retained now, expired before the claim's lost writes can no longer land
 }
 
 func reapCombos() []reapCombo {
 	var out []reapCombo
 	for _, r := range []recKind{recAbsent, recDone, recMoved, recInFlight} {
-		for flags := range 16 {
-			c := reapCombo{rec: r, mine: flags&1 != 0, after: flags&2 != 0, ownerOK: flags&4 != 0, expired: flags&8 != 0}
-			if r != recInFlight && (c.mine || c.ownerOK) || r == recAbsent && (c.after || c.expired) || c.mine && c.ownerOK {
+		for flags := range 32 {
+			c := reapCombo{rec: r, mine: flags&1 != 0, after: flags&2 != 0, ownerOK: flags&4 != 0, expired: flags&8 != 0, soon: flags&16 != 0}
+			if r != recInFlight && (c.mine || c.ownerOK) || r == recAbsent && (c.after || c.expired || c.soon) || c.mine && c.ownerOK || c.expired && c.soon {
 				continue
 			}
 			out = append(out, c)
@@ -264,6 +265,9 @@ func (c reapCombo) record() *Record {
 	r := &Record{State: InFlight, Owner: tOther, Attempt: tAtt2, Revision: tRev, Expires: tNow.Add(time.Hour)}
 	if c.expired {
 		r.Expires = tNow.Add(-time.Second)
+	}
+	if c.soon {
+		r.Expires = tNow.Add(time.Second)
 	}
 	if c.after {
 		r.Revision = tRead + 1
@@ -284,7 +288,7 @@ func (c reapCombo) record() *Record {
 func reapRules() []rule[reapCombo] {
 	step := func(want Reaping) func(*testing.T, reapCombo, outcome) {
 		return func(t *testing.T, c reapCombo, got outcome) {
-			if s := Reap(c.record(), tMe, tAtt, tRead, tNow); s != want {
+			if s := Reap(c.record(), tMe, tAtt, tRead, tNow, tNow.Add(10*time.Second)); s != want {
 				t.Errorf("want %v, got %v", want, s)
 			}
 		}
@@ -292,12 +296,14 @@ func reapRules() []rule[reapCombo] {
 	return []rule[reapCombo]{
 		{"reaper: in flight, the claim's own owner and attempt (the lost write landed)", func(c reapCombo) bool { return c.mine },
 			"abandon it: the next claimant anywhere takes it over at once", step(ReapAbandon)},
-		{"reaper: written after `seen` by another, or done, or Moved, and retained", func(c reapCombo) bool {
-			return (c.after || c.rec == recDone || c.rec == recMoved) && !c.expired
-		}, "nothing: no lost write can land on it while it is there", step(ReapDone)},
-		{"reaper: absent, a state the claim saw, or past its retention (the sweeper or EvictIf may delete it next)", func(reapCombo) bool { return true },
-			"fence it: claim it with the same attempt, written abandoned (absent or expired: a Fence placeholder, free as absent, live a retention); the lost write's compare can never hold after",
+		{"reaper: absent, past its retention, or in flight at a revision the claim saw", func(c reapCombo) bool {
+			return c.rec == recAbsent || c.expired || c.rec == recInFlight && !c.after
+		}, "fence it: claim it with the same attempt, written abandoned (absent or expired: a Fence placeholder, free as absent, live a retention); the lost write's compare can never hold after",
 			step(ReapFence)},
+		{"reaper: written after `seen` by another, or done, or Moved, and retained until the lost writes can no longer land (twice the request timeout)",
+			func(c reapCombo) bool { return !c.soon }, "nothing: no lost write can land while it is there", step(ReapDone)},
+		{"reaper: such a record that expires before then (the sweeper or EvictIf may delete it first)", func(reapCombo) bool { return true },
+			"look again later (once it expired: fence it)", step(ReapRetry)},
 	}
 }
 
@@ -355,6 +361,7 @@ func readTable(t *testing.T) [][]string {
 
 // fenceCombo is how the reaper's fencing claim ended.
 type fenceCombo struct {
+	soon    bool // the record refusing the fence expires before the lost writes can no longer land
 	verdict Verdict
 	own     bool // Won: its own claim (the lost write landed); Conflict: a record of the reaper's session
 	after   bool // Conflict: written after seen
@@ -364,9 +371,10 @@ type fenceCombo struct {
 func fenceCombos() []fenceCombo {
 	var out []fenceCombo
 	for v := Won; v <= KeptChanging; v++ {
-		for flags := range 8 {
-			c := fenceCombo{verdict: v, own: flags&1 != 0, after: flags&2 != 0, noRec: flags&4 != 0}
-			if v != Conflict && (c.after || c.noRec) || v != Won && v != Conflict && c.own || c.noRec && (c.own || c.after) {
+		for flags := range 16 {
+			c := fenceCombo{verdict: v, own: flags&1 != 0, after: flags&2 != 0, noRec: flags&4 != 0, soon: flags&8 != 0}
+			if v != Conflict && (c.after || c.noRec) || v != Won && v != Conflict && c.own || c.noRec && (c.own || c.after || c.soon) ||
+				c.soon && v != Conflict && v != Replay && v != Mismatch && v != IsMoved {
 				continue
 			}
 			out = append(out, c)
@@ -382,8 +390,16 @@ func (c fenceCombo) answer() Answer {
 		a.Record = &Record{State: InFlight, Owner: tMe, Attempt: tAtt}
 	case c.verdict == Won:
 		a.Record = &Record{State: InFlight, Attempt: tAtt} // written abandoned: the fence
+	case c.verdict == Replay || c.verdict == Mismatch || c.verdict == IsMoved:
+		a.Record = &Record{State: Done, Revision: tRev, Expires: tNow.Add(time.Hour)}
+		if c.soon {
+			a.Record.Expires = tNow.Add(time.Second)
+		}
 	case c.verdict == Conflict && !c.noRec:
-		a.Record = &Record{State: InFlight, Owner: tOther, Attempt: tAtt2, Revision: tRev}
+		a.Record = &Record{State: InFlight, Owner: tOther, Attempt: tAtt2, Revision: tRev, Expires: tNow.Add(time.Hour)}
+		if c.soon {
+			a.Record.Expires = tNow.Add(time.Second)
+		}
 		if c.own {
 			a.Record.Owner = tMe
 		}
@@ -397,7 +413,7 @@ func (c fenceCombo) answer() Answer {
 func fenceRules() []rule[fenceCombo] {
 	step := func(want Reaping) func(*testing.T, fenceCombo, outcome) {
 		return func(t *testing.T, c fenceCombo, got outcome) {
-			if s := ReapFenced(c.answer(), tMe, tRead); s != want {
+			if s := ReapFenced(c.answer(), tMe, tRead, tNow.Add(10*time.Second)); s != want {
 				t.Errorf("want %v, got %v", want, s)
 			}
 		}
@@ -407,12 +423,15 @@ func fenceRules() []rule[fenceCombo] {
 			"done: the lost write's compare can never hold", step(ReapDone)},
 		{"reaper's fence: won as the claim's own record (the lost write landed meanwhile)", func(c fenceCombo) bool { return c.verdict == Won },
 			"abandon it", step(ReapAbandon)},
-		{"reaper's fence: done, another fingerprint, or Moved", func(c fenceCombo) bool { return c.verdict == Replay || c.verdict == Mismatch || c.verdict == IsMoved },
+		{"reaper's fence: done, another fingerprint, or Moved, retained until the lost writes can no longer land",
+			func(c fenceCombo) bool {
+				return (c.verdict == Replay || c.verdict == Mismatch || c.verdict == IsMoved) && !c.soon
+			},
 			"done: the lost write never wrote over such a record", step(ReapDone)},
-		{"reaper's fence: held by a live owner of another session, or written after `seen`",
-			func(c fenceCombo) bool { return c.verdict == Conflict && !c.noRec && (!c.own || c.after) },
+		{"reaper's fence: held by a live owner of another session, or written after `seen`, retained until then",
+			func(c fenceCombo) bool { return c.verdict == Conflict && !c.noRec && (!c.own || c.after) && !c.soon },
 			"done", step(ReapDone)},
-		{"reaper's fence: otherwise (held here under its own session at a revision the lost write may have compared; etcd could not say)",
+		{"reaper's fence: otherwise (held here under its own session at a revision the lost write may have compared; a record that may be deleted first; etcd could not say)",
 			func(fenceCombo) bool { return true }, "look again later: what holds it here ends (found by the model checker)", step(ReapRetry)},
 	}
 }

@@ -141,7 +141,8 @@ func (x *explorer) claimStep(w *world, p *proc, f fate) error {
 	}
 	p.release(c.key, c.attempt)
 	if unc && a.Verdict != kernel.Won {
-		p.bg = append(p.bg, &task{kind: tReap, key: c.key, attempt: c.attempt, owner: p.owner(), seen: seen})
+		p.bg = append(p.bg, &task{kind: tReap, key: c.key, attempt: c.attempt, owner: p.owner(), seen: seen,
+			until: w.clockOf(p) + MaxDelay + 1})
 	}
 	if a.Verdict == kernel.Replay {
 		if err := x.replayed(w, c.key, a.Record); err != nil {

@@ -22,6 +22,7 @@ type task struct {
 	attempt string
 	owner   string // reap: the session the lost write was made under
 	seen    int64  // reap: the highest revision the claim saw
+	until   int64  // reap: until when (seconds, its clock) the claim's lost writes may land
 	phase   uint8  // reap: 0 read, 1 fencing claim, 2 abandon
 	claim   *kernel.Claim
 	write   *kernel.Write
@@ -41,7 +42,7 @@ func (t *task) clone() *task {
 }
 
 func (t *task) appendState(b []byte) []byte {
-	b = appendInts(b, int64(t.kind), int64(t.key), t.seen, int64(t.phase), int64(t.req.Kind))
+	b = appendInts(b, int64(t.kind), int64(t.key), t.seen, t.until, int64(t.phase), int64(t.req.Kind))
 	b = appendStr(appendStr(b, t.attempt), t.owner)
 	b = t.held.AppendState(b)
 	if t.claim != nil {
@@ -108,7 +109,9 @@ func (x *explorer) reapStep(w *world, p *proc, t *task, f fate) (bool, error) {
 	switch t.phase {
 	case 0:
 		rec, _ := x.read(w, recordKey(t.key))
-		switch kernel.Reap(rec, t.owner, t.attempt, t.seen, at(w.clockOf(p))) {
+		switch kernel.Reap(rec, t.owner, t.attempt, t.seen, at(w.clockOf(p)), at(t.until)) {
+		case kernel.ReapRetry:
+			return false, nil
 		case kernel.ReapDone:
 			return true, nil
 		case kernel.ReapAbandon:
@@ -131,7 +134,7 @@ func (x *explorer) reapStep(w *world, p *proc, t *task, f fate) (bool, error) {
 		}
 		a := t.claim.Answer()
 		t.claim = nil
-		switch kernel.ReapFenced(a, t.owner, t.seen) {
+		switch kernel.ReapFenced(a, t.owner, t.seen, at(t.until)) {
 		case kernel.ReapAbandon:
 			t.held, t.phase = kernel.HeldBy(recordKey(t.key), a.Record), 2
 			t.write = kernel.NewWrite(x.cfg(), t.held, kernel.WriteRequest{Kind: kernel.Abandon})
