@@ -22,9 +22,11 @@ const (
 	cHold             // holds a claim: its next step is due
 	cWrite            // a claim's write machine runs
 	cDone
+	cHung // stopped for good while it holds a claim: its worker is stuck
 )
 
 type client struct {
+	id      int
 	key     int
 	pc      cpc
 	tries   int
@@ -35,6 +37,7 @@ type client struct {
 	held    kernel.Held
 	step    int  // 0 effect 1, 1 checkpoint, 2 effect 2, 3 end
 	lost    bool // its process told it the claim ended (its session was lost)
+	maybe   bool // a try of its current operation may have landed (the model knows)
 }
 
 func (c client) clone() client {
@@ -48,8 +51,8 @@ func (c client) clone() client {
 }
 
 func (c client) appendState(b []byte) []byte {
-	b = appendInts(b, int64(c.key), int64(c.pc), int64(c.tries), int64(c.wkind), int64(c.step))
-	b = append(b, boolByte(c.lost))
+	b = appendInts(b, int64(c.id), int64(c.key), int64(c.pc), int64(c.tries), int64(c.wkind), int64(c.step))
+	b = append(b, boolByte(c.lost), boolByte(c.maybe))
 	b = appendStr(b, c.attempt)
 	if c.claim != nil {
 		b = c.claim.AppendState(append(b, 1))
@@ -73,71 +76,100 @@ func (x *explorer) cfg() kernel.Config {
 	return kernel.Config{Keys: keys, Retention: time.Duration(x.scope.Retention) * Step, Epochs: x.scope.Epochs}
 }
 
-// clientReady reports whether p's client has a step to take.
-func (x *explorer) clientReady(p *proc) bool {
-	c := &p.client
-	return c.pc != cDone && !(c.pc == cIdle && c.tries > x.scope.Retries)
+// clientReady reports whether client c has a step to take.
+func (x *explorer) clientReady(c *client) bool {
+	return c.pc != cDone && c.pc != cHung && !(c.pc == cIdle && c.tries > x.scope.Retries)
 }
 
 // clientSends reports whether the client's next step sends a Txn (and so
 // may meet a fault).
-func (x *explorer) clientSends(w *world, p *proc) bool {
-	c := &p.client
+func (x *explorer) clientSends(w *world, p *proc, c *client) bool {
 	switch c.pc {
 	case cIdle:
-		return true // a new claim's first step is its create
+		// A new claim's first step is its create, after a read that may
+		// replay instead.
+		rec, _ := x.read(w, recordKey(c.key))
+		return !x.scope.ReadFirst || kernel.ReadDone(rec, fingerprint(c.key), at(w.clockOf(p))) == 0
 	case cClaim:
-		return c.claim.Next(x.view(w, p, c.key)).Kind == kernel.ActSend
+		return peek(c.claim, x.view(w, p, c.key)) == kernel.ActSend
 	case cWrite:
-		return c.write.Next(x.view(w, p, c.key)).Kind == kernel.ActSend
+		return peek(c.write, x.view(w, p, c.key)) == kernel.ActSend
 	case cHold:
-		return c.step == 1 || c.step == 3 || x.claimOver(w, p)
+		return c.step == 1 || c.step == 3 || x.claimOver(w, p, c)
 	}
 	return false
 }
 
-// clientStep takes p's client's next step, the Txn it sends (if any)
+// clientStep takes client c's next step, the Txn it sends (if any)
 // meeting fate f.
-func (x *explorer) clientStep(w *world, p *proc, f fate) error {
-	c := &p.client
+func (x *explorer) clientStep(w *world, p *proc, c *client, f fate) error {
 	switch c.pc {
 	case cIdle:
 		c.tries++
-		c.attempt = fmt.Sprintf("a%d.%d", p.id, c.tries)
+		// Random attempt ids of one client share a long prefix.
+		c.attempt = fmt.Sprintf("attempt-00000000-p%d.c%d.%d", p.id, c.id, c.tries)
+		if x.scope.ReadFirst {
+			if done, err := x.readFirst(w, p, c); done || err != nil {
+				return err
+			}
+		}
 		p.hold = append(p.hold, attemptRef{c.key, c.attempt})
+		c.maybe = false
 		c.claim = kernel.NewClaim(x.cfg(), kernel.ClaimRequest{Key: recordKey(c.key), Fingerprint: fingerprint(c.key),
 			Owner: p.owner(), Attempt: c.attempt, Deadline: time.Duration(x.scope.Deadline) * Step})
 		c.pc = cClaim
-		return x.claimStep(w, p, f)
+		return x.claimStep(w, p, c, f)
 	case cClaim:
-		return x.claimStep(w, p, f)
+		return x.claimStep(w, p, c, f)
 	case cHold:
-		return x.holdStep(w, p, f)
+		return x.holdStep(w, p, c, f)
 	case cWrite:
-		return x.writeStep(w, p, f)
+		return x.writeStep(w, p, c, f)
 	}
 	return nil
 }
 
+// readFirst looks for the key's done record without a write, as a claim
+// that reads first does (a serializable read, or the replay cache): the
+// kernel's ReadDone says whether to replay it. It reports whether the
+// client is done.
+func (x *explorer) readFirst(w *world, p *proc, c *client) (bool, error) {
+	rec, _ := x.read(w, recordKey(c.key))
+	switch kernel.ReadDone(rec, fingerprint(c.key), at(w.clockOf(p))) {
+	case kernel.Replay:
+		c.pc = cDone
+		return true, x.replayed(w, p, c.key, rec)
+	case kernel.Mismatch:
+		c.pc = cDone
+		return true, nil
+	}
+	return false, nil
+}
+
 // claimStep drives the client's claim machine one action.
-func (x *explorer) claimStep(w *world, p *proc, f fate) error {
-	c := &p.client
-	wr := writer{proc: p.id, kind: wClaim, attempt: c.attempt, now: w.clockOf(p)}
+func (x *explorer) claimStep(w *world, p *proc, c *client, f fate) error {
+	wr := writer{proc: p.id, owner: p.owner(), kind: wClaim, attempt: c.attempt, now: w.clockOf(p)}
 	if err := x.drive(w, p, c.key, c.claim, wr, f); err != nil {
 		return err
 	}
-	if c.claim.Next(x.view(w, p, c.key)).Kind != kernel.ActDone {
+	c.maybe = c.maybe || f == fateLost || f == fateHeld || f == fateGiveUp
+	if !done(c.claim, x.view(w, p, c.key)) {
 		return nil
 	}
 	a := c.claim.Answer()
 	unc, seen := c.claim.Uncertain()
-	x.note("p%d's claim (attempt %s) answered %v %s (uncertain %v, seen %d)", p.id, c.attempt, a.Verdict, describe(a.Record), unc, seen)
+	if err := notSent(a, c.maybe); err != nil {
+		return err
+	}
+	if x.log != nil {
+		x.note("p%d's claim (attempt %s) answered %v %s (uncertain %v, seen %d)", p.id, c.attempt, a.Verdict, describe(a.Record), unc, seen)
+	}
 	c.claim = nil
 	// A claim lost while its Txn was on its way (its process noticed its
 	// session ended: a new owner now) is never handed out.
 	if a.Verdict == kernel.Won && a.Record.Owner == p.owner() {
 		c.held, c.pc, c.step, c.lost = kernel.HeldBy(recordKey(c.key), a.Record), cHold, 0, false
-		return x.granted(w, p, a)
+		return x.granted(w, p, c, a)
 	}
 	p.release(c.key, c.attempt)
 	if unc && a.Verdict != kernel.Won {
@@ -145,7 +177,7 @@ func (x *explorer) claimStep(w *world, p *proc, f fate) error {
 			until: w.clockOf(p) + MaxDelay + 1})
 	}
 	if a.Verdict == kernel.Replay {
-		if err := x.replayed(w, c.key, a.Record); err != nil {
+		if err := x.replayed(w, p, c.key, a.Record); err != nil {
 			return err
 		}
 		c.pc = cDone
@@ -158,17 +190,15 @@ func (x *explorer) claimStep(w *world, p *proc, f fate) error {
 // claimOver reports whether the client's claim has ended as far as its
 // process knows: its session was lost, or its deadline or its record's
 // expiry passed by its clock. A client checks before each effect.
-func (x *explorer) claimOver(w *world, p *proc) bool {
-	c := &p.client
+func (x *explorer) claimOver(w *world, p *proc, c *client) bool {
 	now := at(w.clockOf(p))
 	return c.lost || !c.held.Deadline.IsZero() && !now.Before(c.held.Deadline) || !now.Before(c.held.Expires)
 }
 
 // holdStep takes the next step of a held claim.
-func (x *explorer) holdStep(w *world, p *proc, f fate) error {
-	c := &p.client
-	if x.claimOver(w, p) {
-		return x.startWrite(w, p, kernel.WriteRequest{Kind: kernel.Abandon}, f) // the work's context ended: EndAbandon
+func (x *explorer) holdStep(w *world, p *proc, c *client, f fate) error {
+	if x.claimOver(w, p, c) {
+		return x.startWrite(w, p, c, kernel.WriteRequest{Kind: kernel.Abandon}, f) // the work's context ended: EndAbandon
 	}
 	switch c.step {
 	case 0, 2:
@@ -177,37 +207,41 @@ func (x *explorer) holdStep(w *world, p *proc, f fate) error {
 		if !x.scope.Checkpoint && c.step == 1 {
 			c.step = 3
 		}
-		return x.effect(w, p, n)
+		return x.effect(w, p, c, n)
 	case 1:
-		return x.startWrite(w, p, kernel.WriteRequest{Kind: kernel.Checkpoint, Checkpoint: []byte("1")}, f)
+		return x.startWrite(w, p, c, kernel.WriteRequest{Kind: kernel.Checkpoint, Checkpoint: []byte("1")}, f)
 	}
-	return x.startWrite(w, p, kernel.WriteRequest{Kind: kernel.Complete, Outcome: outcomeOf(c.attempt)}, f)
+	return x.startWrite(w, p, c, kernel.WriteRequest{Kind: kernel.Complete, Outcome: outcomeOf(c.attempt)}, f)
 }
 
 func outcomeOf(attempt string) *kernel.Outcome {
 	return &kernel.Outcome{Status: 201, Body: []byte("by " + attempt)}
 }
 
-func (x *explorer) startWrite(w *world, p *proc, req kernel.WriteRequest, f fate) error {
-	c := &p.client
-	c.write, c.wkind, c.pc = kernel.NewWrite(x.cfg(), c.held, req), req.Kind, cWrite
-	return x.writeStep(w, p, f)
+func (x *explorer) startWrite(w *world, p *proc, c *client, req kernel.WriteRequest, f fate) error {
+	c.write, c.wkind, c.pc, c.maybe = kernel.NewWrite(x.cfg(), c.held, req), req.Kind, cWrite, false
+	return x.writeStep(w, p, c, f)
 }
 
 // writeStep drives the client's write machine one action, and takes its
 // answer as Run does: a final write whose outcome is unknown is retried
 // in the background, the claim held meanwhile.
-func (x *explorer) writeStep(w *world, p *proc, f fate) error {
-	c := &p.client
-	wr := writer{proc: p.id, kind: wWrite, attempt: c.attempt, token: c.held.Token, now: w.clockOf(p)}
+func (x *explorer) writeStep(w *world, p *proc, c *client, f fate) error {
+	wr := writer{proc: p.id, owner: p.owner(), kind: wWrite, attempt: c.attempt, token: c.held.Token, now: w.clockOf(p)}
 	if err := x.drive(w, p, c.key, c.write, wr, f); err != nil {
 		return err
 	}
-	if c.write.Next(x.view(w, p, c.key)).Kind != kernel.ActDone {
+	c.maybe = c.maybe || f == fateLost || f == fateHeld || f == fateGiveUp
+	if !done(c.write, x.view(w, p, c.key)) {
 		return nil
 	}
 	a, ends, h := c.write.Answer(), c.write.Ends(), c.write.Held()
-	x.note("p%d's %v answered %v %s (ends %v)", p.id, c.wkind, a.Verdict, a.Why, ends)
+	if err := notSent(a, c.maybe); err != nil {
+		return err
+	}
+	if x.log != nil {
+		x.note("p%d's %v answered %v %s (ends %v)", p.id, c.wkind, a.Verdict, a.Why, ends)
+	}
 	req := kernel.WriteRequest{Kind: c.wkind}
 	if c.wkind == kernel.Complete {
 		req.Outcome = outcomeOf(c.attempt)
@@ -224,7 +258,7 @@ func (x *explorer) writeStep(w *world, p *proc, f fate) error {
 	case a.Verdict == kernel.Landed && !ends:
 		c.pc, c.step = cHold, c.step+1 // a checkpoint landed: the next effect
 	case a.Verdict == kernel.Error:
-		return x.startWrite(w, p, kernel.WriteRequest{Kind: kernel.Abandon}, fateDeliver) // a checkpoint failed: the work ends, abandoned
+		return x.startWrite(w, p, c, kernel.WriteRequest{Kind: kernel.Abandon}, fateDeliver) // a checkpoint failed: the work ends, abandoned
 	default:
 		p.release(c.key, c.attempt)
 		c.pc = cDone
@@ -238,6 +272,27 @@ func (x *explorer) writeStep(w *world, p *proc, f fate) error {
 // machine is what drive needs of a kernel machine.
 type machine interface {
 	Next(kernel.View) kernel.Action
+}
+
+// peek returns the kind of m's next action, decided on a copy: the machine
+// itself decides when its step is taken, at that step's time.
+func peek(m machine, v kernel.View) kernel.ActionKind {
+	switch m := m.(type) {
+	case *kernel.Claim:
+		return m.Clone().Next(v).Kind
+	case *kernel.Write:
+		return m.Clone().Next(v).Kind
+	}
+	panic("check: a machine that cannot be copied")
+}
+
+// done reports whether m has its answer now (deciding it, if so).
+func done(m machine, v kernel.View) bool {
+	if peek(m, v) != kernel.ActDone {
+		return false
+	}
+	m.Next(v)
+	return true
 }
 
 // drive performs a machine's next action on the model: a read, an owner
@@ -286,12 +341,15 @@ func (p *proc) learn(n kernel.Notes) {
 // (and the one its client still runs), and it starts a new session.
 func (x *explorer) lose(w *world, p *proc) {
 	old := p.owner()
-	c := &p.client
-	if (c.pc == cHold || c.pc == cWrite) && c.held.Owner == old {
-		c.lost = true
+	for i := range p.clients {
+		if c := &p.clients[i]; (c.pc == cHold || c.pc == cWrite) && c.held.Owner == old {
+			c.lost = true
+		}
 	}
 	p.hold = slices.DeleteFunc(p.hold, func(a attemptRef) bool {
-		running := (c.pc == cClaim || c.pc == cHold || c.pc == cWrite) && a == attemptRef{c.key, c.attempt}
+		running := slices.ContainsFunc(p.clients, func(c client) bool {
+			return (c.pc == cClaim || c.pc == cHold || c.pc == cWrite) && a == attemptRef{c.key, c.attempt}
+		})
 		pending := slices.ContainsFunc(p.bg, func(t *task) bool { return t.kind == tFinal && t.attempt == a.attempt })
 		return !running && !pending
 	})
@@ -303,6 +361,7 @@ func (x *explorer) lose(w *world, p *proc) {
 // owner key on it.
 func (x *explorer) newSession(w *world, p *proc) {
 	p.noticed = false
+	p.ownerID = fmt.Sprintf("p%d.%d", p.id, p.inc)
 	p.sess = w.etcd.Grant(10)
 	_, _ = w.etcd.Txn(&kernel.Txn{Then: []kernel.Op{{Kind: kernel.Put, Key: keys.Owner(p.owner()), Value: []byte("x"), Lease: kernel.LeaseID, ID: p.sess}}})
 }

@@ -20,6 +20,18 @@ type codec struct{ recs map[string]*kernel.Record }
 func newCodec() *codec { return &codec{recs: map[string]*kernel.Record{}} }
 
 func (c *codec) encode(r *kernel.Record) []byte {
+	if o := r.Outcome; o != nil && len(o.Header) > 0 {
+		// As etcdstore's codec: a header name with no values is not kept.
+		n := *r
+		oc := *o
+		oc.Header = map[string][]string{}
+		for k, vs := range o.Header {
+			if len(vs) > 0 {
+				oc.Header[k] = vs
+			}
+		}
+		n.Outcome, r = &oc, &n
+	}
 	v := r.AppendState([]byte{'R'})
 	if _, ok := c.recs[string(v)]; !ok {
 		c.recs[string(v)] = r

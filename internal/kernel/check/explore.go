@@ -49,17 +49,30 @@ func Explore(scope Scope, maxStates int, deadline time.Time) Result {
 	x.result.Scope = scope.Name
 	start := time.Now()
 	w := x.initial()
-	x.visit(w)
+	h, _ := x.visit(w)
 	type frame struct {
 		w     *world
+		hash  uint64
 		moves []move
 		next  int
+		loops int // moves that changed nothing
 		via   move
 	}
-	stack := []frame{{w: w, moves: x.moves(w)}}
+	stack := []frame{{w: w, hash: h, moves: x.moves(w)}}
 	for len(stack) > 0 {
 		top := &stack[len(stack)-1]
 		if top.next == len(top.moves) {
+			if top.loops == len(top.moves) && top.loops > 0 {
+				// Only background work that changes nothing is left, and
+				// time cannot pass: it never ends (L).
+				var ms []move
+				for _, f := range stack[1:] {
+					ms = append(ms, f.via)
+				}
+				x.result.Violation = fmt.Errorf("L: background work retries forever, changing nothing, after:\n%s", x.replay(ms))
+				x.result.Took = time.Since(start)
+				return x.result
+			}
 			stack = stack[:len(stack)-1]
 			continue
 		}
@@ -82,7 +95,11 @@ func Explore(scope Scope, maxStates int, deadline time.Time) Result {
 			x.result.Took = time.Since(start)
 			return x.result
 		}
-		if !x.visit(next) {
+		h, fresh := x.visit(next)
+		if h == top.hash {
+			top.loops++
+		}
+		if !fresh {
 			continue
 		}
 		ms := x.moves(next)
@@ -94,23 +111,23 @@ func Explore(scope Scope, maxStates int, deadline time.Time) Result {
 				return x.result
 			}
 		}
-		stack = append(stack, frame{w: next, moves: ms, via: m})
+		stack = append(stack, frame{w: next, hash: h, moves: ms, via: m})
 	}
 	x.result.Complete = true
 	x.result.Took = time.Since(start)
 	return x.result
 }
 
-// visit records w, and reports whether it is new.
-func (x *explorer) visit(w *world) bool {
+// visit records w, and returns its hash and whether it is new.
+func (x *explorer) visit(w *world) (uint64, bool) {
 	x.buf = w.appendState(x.buf[:0])
 	h := maphash.Bytes(x.seed, x.buf)
 	if _, ok := x.seen[h]; ok {
-		return false
+		return h, false
 	}
 	x.seen[h] = struct{}{}
 	x.result.States++
-	return true
+	return h, true
 }
 
 // initial is a world's first state: every process with its session,
@@ -118,7 +135,10 @@ func (x *explorer) visit(w *world) bool {
 func (x *explorer) initial() *world {
 	w := &world{etcd: etcdmodel.New(), keys: make([]keyHist, x.scope.Keys)}
 	for i := range x.scope.Procs {
-		p := &proc{id: i, client: client{key: i % x.scope.Keys}}
+		p := &proc{id: i}
+		for j := range max(1, x.scope.Clients) {
+			p.clients = append(p.clients, client{id: j, key: (i + j) % x.scope.Keys})
+		}
 		if i < len(x.scope.Skew) {
 			p.skew = x.scope.Skew[i]
 		}
@@ -135,11 +155,20 @@ func (x *explorer) terminal(w *world) error {
 	now := at(w.now)
 	for i := range x.scope.Keys {
 		rec, _ := x.read(w, recordKey(i))
-		if rec == nil || rec.State != kernel.InFlight || rec.Expired(now) {
+		if rec == nil || rec.Expired(now) {
+			if err := x.probe(w, i); err != nil {
+				return err
+			}
+			continue
+		}
+		if rec.State != kernel.InFlight {
 			continue
 		}
 		_, alive := w.etcd.Get(keys.Owner(rec.Owner))
 		free := rec.Owner == "" || !alive || rec.PastDeadline(now)
+		if !free && w.hung(i, rec.Attempt) {
+			continue // its worker is stuck: held, as it should be
+		}
 		if !free {
 			return broke("L", "key %d stays in flight under live session %s (attempt %s) with nobody running it", i, rec.Owner, rec.Attempt)
 		}
@@ -150,13 +179,25 @@ func (x *explorer) terminal(w *world) error {
 	return nil
 }
 
+// hung reports whether a stuck client holds key i's attempt.
+func (w *world) hung(key int, attempt string) bool {
+	for _, p := range w.procs {
+		for _, c := range p.clients {
+			if c.pc == cHung && c.key == key && c.held.Attempt == attempt {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // probe claims key i, free by the rules, from a new process, every Txn
 // delivered: it must be granted.
 func (x *explorer) probe(w *world, i int) error {
 	w = w.clone()
-	p := &proc{id: len(w.procs), client: client{key: i}}
+	p := &proc{id: len(w.procs)}
 	x.newSession(w, p)
-	p.epoch = w.procs[0].epoch
+	p.epoch = w.epoch()
 	m := kernel.NewClaim(x.cfg(), kernel.ClaimRequest{Key: recordKey(i), Fingerprint: fingerprint(i), Owner: p.owner(), Attempt: "probe"})
 	for range 20 {
 		a := m.Next(x.view(w, p, i))
@@ -166,7 +207,7 @@ func (x *explorer) probe(w *world, i int) error {
 			}
 			return nil
 		}
-		if err := x.drive(w, p, i, m, writer{proc: p.id, kind: wClaim, attempt: "probe", now: w.now}, fateDeliver); err != nil {
+		if err := x.drive(w, p, i, m, writer{proc: p.id, owner: p.owner(), kind: wClaim, attempt: "probe", now: w.now}, fateDeliver); err != nil {
 			return err
 		}
 	}
@@ -182,7 +223,10 @@ func (x *explorer) envMoves(w *world) []move {
 	if x.scope.Sweep {
 		if w.sweep == nil {
 			for i, b := range w.buckets {
-				if b.until < w.now {
+				// A bucket's records expire by its end: the sweep is due a
+				// retention after it began (no margin in the model).
+				ret := time.Duration(x.scope.Retention) * Step
+				if kernel.BucketDue(at(b.until).Add(-ret), ret, 0, at(w.now)) {
 					out = append(out, move{kind: mSweepList, idx: i})
 				}
 			}

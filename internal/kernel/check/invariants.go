@@ -2,8 +2,10 @@ package check
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/idem-dev/idem/internal/kernel"
 )
@@ -30,7 +32,12 @@ import (
 //	    token at least the highest before it;
 //	W   a record is written only by the claim that holds it: a claim's
 //	    write (checkpoint, complete, abandon, release) lands only on a
-//	    record of its own token;
+//	    record of its own token, never brings back a record past its
+//	    expiry (others took it for forgotten), and a claim is written
+//	    only under a session that lives;
+//	I16 "not sent" is the truth: an operation that fails saying its last
+//	    try was not sent (and not that an earlier one may have landed) had
+//	    no try that may have landed;
 //	I14 the reaper never abandons a claim a client holds with its right;
 //	L   liveness, where nothing more can happen: every key is done,
 //	    absent, or free to claim by the rules, and a claim of a key the
@@ -45,9 +52,8 @@ func broke(name, format string, args ...any) violation {
 	return violation{name, fmt.Sprintf(format, args...)}
 }
 
-// granted checks a claim won by p's client (I1).
-func (x *explorer) granted(w *world, p *proc, a kernel.Answer) error {
-	c := &p.client
+// granted checks a claim won by client c of p (I1).
+func (x *explorer) granted(w *world, p *proc, c *client, a kernel.Answer) error {
 	now := at(w.clockOf(p))
 	for _, q := range w.procs {
 		for _, h := range q.holding() {
@@ -69,8 +75,10 @@ func (x *explorer) granted(w *world, p *proc, a kernel.Answer) error {
 // A claim being abandoned is given up: its holder acts no more.
 func (p *proc) holding() []kernel.Held {
 	var out []kernel.Held
-	if c := p.client; c.pc == cHold || c.pc == cWrite && c.wkind != kernel.Abandon {
-		out = append(out, c.held)
+	for _, c := range p.clients {
+		if c.pc == cHold || c.pc == cHung || c.pc == cWrite && c.wkind != kernel.Abandon {
+			out = append(out, c.held)
+		}
 	}
 	for _, t := range p.bg {
 		if t.kind == tFinal && t.req.Kind == kernel.Complete {
@@ -89,9 +97,8 @@ func only(err error) error {
 	return nil
 }
 
-// effect applies step n of p's client's claim at the sink (I2).
-func (x *explorer) effect(w *world, p *proc, n int) error {
-	c := &p.client
+// effect applies step n of client c's claim at the sink (I2).
+func (x *explorer) effect(w *world, p *proc, c *client, n int) error {
 	e := effect{key: c.key, step: n, token: c.held.Token, takeovers: c.held.Takeovers, created: c.held.Created.UnixNano()}
 	for _, o := range w.sink {
 		if o.key == e.key && e.token < o.token {
@@ -108,9 +115,13 @@ func (x *explorer) effect(w *world, p *proc, n int) error {
 	return nil
 }
 
-// replayed checks a replay (I3).
-func (x *explorer) replayed(w *world, key int, rec *kernel.Record) error {
+// replayed checks a replay (I3): it is the saved outcome of a record that
+// a linearizable read would return now, retained by the reader's clock.
+func (x *explorer) replayed(w *world, p *proc, key int, rec *kernel.Record) error {
 	k := &w.keys[key]
+	if rec.Expired(at(w.clockOf(p))) {
+		return broke("I3", "key %d replayed from a record past its retention (expired %v)", key, rec.Expires.Sub(epoch0))
+	}
 	if k.savedFor == rec.Created.UnixNano() && !bytes.Equal(k.saved, rec.Outcome.Body) {
 		return broke("I3", "key %d replayed %q, its saved outcome is %q", key, rec.Outcome.Body, k.saved)
 	}
@@ -178,7 +189,12 @@ func (x *explorer) write1(w *world, key int, b, a *kernel.Record, wr writer) err
 	k := &w.keys[key]
 	now := at(wr.now)
 	claimWrite := wr.kind == wWrite || wr.kind == wFinal || wr.kind == wReap && wr.token != 0
+	_, sessionLive := w.etcd.Get(keys.Owner(wr.owner))
 	switch {
+	case wr.kind == wClaim && a != nil && a.Owner != "" && a.Owner != kernel.DeadlineOwner && !sessionLive:
+		return broke("W", "a claim (attempt %s) was written under session %s, which has ended", wr.attempt, a.Owner)
+	case claimWrite && a != nil && a.State == kernel.InFlight && b != nil && b.State == kernel.InFlight && b.Expired(now):
+		return broke("W", "a write of the claim with token %d brought its record back past its expiry (%v, now %v)", wr.token, b.Expires.Sub(epoch0), now.Sub(epoch0))
 	case claimWrite && (b == nil || b.Token != wr.token || b.State == kernel.InFlight && !kernel.SameAttempt(b.Attempt, wr.attempt)):
 		return broke("W", "a write of the claim with token %d (attempt %s) landed on %v", wr.token, wr.attempt, b)
 	case a == nil && (wr.kind == wSweep || wr.kind == wEvict) && now.Before(b.Expires):
@@ -204,4 +220,18 @@ func (x *explorer) write1(w *world, key int, b, a *kernel.Record, wr writer) err
 		k.checkpoint, k.ckptFor = string(a.Checkpoint), a.Created.UnixNano()
 	}
 	return nil
+}
+
+// notSent checks an operation's answer against what the model knows of
+// its tries (I16): a failure that says its last try was not sent, without
+// saying an earlier one may have landed, comes from an operation none of
+// whose tries may have landed.
+func notSent(a kernel.Answer, maybe bool) error {
+	if a.Verdict != kernel.Error || !errors.Is(a.Err, errNotSent) || !maybe {
+		return nil
+	}
+	if a.EarlierMayHaveLanded && strings.HasPrefix(a.Err.Error(), "an earlier try may have landed") {
+		return nil
+	}
+	return broke("I16", "an operation failed with %q (earlier may have landed: %v), but a try of it may have landed", a.Err, a.EarlierMayHaveLanded)
 }

@@ -16,7 +16,7 @@ const (
 	fateDeliver fate = iota // applied (or refused), and its answer comes back
 	fateLost                // applied, and its answer lost
 	fateHeld                // held in the network (it may land later, or never); the try fails
-	fateNotSent             // it never left the process (its context ended in the queue)
+	fateNotSent             // it never left the process: its caller's context ended in the queue
 	fateGiveUp              // held in the network, and the caller's context ends: no retry
 )
 
@@ -39,6 +39,8 @@ const (
 	mSweepDelete
 	mEvictRead
 	mEvictDo
+	mHang
+	mWait
 )
 
 // move is one transition of a world.
@@ -52,7 +54,7 @@ func (m move) String() string {
 	f := fateNames[m.fate]
 	switch m.kind {
 	case mClient:
-		return fmt.Sprintf("p%d client step%s", m.proc, f)
+		return fmt.Sprintf("p%d client %d step%s", m.proc, m.idx, f)
 	case mTask:
 		return fmt.Sprintf("p%d background task %d step%s", m.proc, m.idx, f)
 	case mNotice:
@@ -79,6 +81,10 @@ func (m move) String() string {
 		return fmt.Sprintf("an operator reads key %d past its retention", m.idx)
 	case mEvictDo:
 		return "the operator deletes it if still as read (EvictIf)"
+	case mHang:
+		return fmt.Sprintf("p%d client %d hangs, its claim held (a stuck handler)", m.proc, m.idx)
+	case mWait:
+		return "a second passes while only background work waits"
 	}
 	return "?"
 }
@@ -97,8 +103,13 @@ func (x *explorer) moves(w *world) []move {
 		}
 	}
 	for i, p := range w.procs {
-		if x.clientReady(p) {
-			withFates(move{kind: mClient, proc: i}, x.clientSends(w, p))
+		for j := range p.clients {
+			if c := &p.clients[j]; x.clientReady(c) {
+				withFates(move{kind: mClient, proc: i, idx: j}, x.clientSends(w, p, c))
+				if c.pc == cHold && w.used.hangs < x.scope.Hangs {
+					out = append(out, move{kind: mHang, proc: i, idx: j})
+				}
+			}
 		}
 		for j, t := range p.bg {
 			withFates(move{kind: mTask, proc: i, idx: j}, x.taskSends(w, p, t))
@@ -118,6 +129,10 @@ func (x *explorer) moves(w *world) []move {
 	}
 	if w.used.ticks < x.scope.Ticks {
 		out = append(out, move{kind: mTick})
+	} else if len(out) > 0 && w.now < int64(x.scope.Ticks+MaxDelay+2) && !slices.ContainsFunc(out, func(m move) bool { return m.kind != mTask }) {
+		// Only background work is left, waiting: time passes for it, as
+		// its backoff does, up to the landing window past the last tick.
+		out = append(out, move{kind: mWait})
 	}
 	if x.scope.Epochs && w.used.raises < x.scope.Raises {
 		out = append(out, move{kind: mRaise})
@@ -139,12 +154,12 @@ func (x *explorer) apply(w *world, m move) (*world, error) {
 		w.used.faults++
 	}
 	p := (*proc)(nil)
-	if m.kind <= mExpireDead {
-		p = w.procs[m.proc]
+	if m.kind <= mExpireDead || m.kind == mHang {
+		p = w.own(m.proc)
 	}
 	switch m.kind {
 	case mClient:
-		return w, x.clientStep(w, p, m.fate)
+		return w, x.clientStep(w, p, &p.clients[m.idx], m.fate)
 	case mTask:
 		done, err := x.taskStep(w, p, p.bg[m.idx], m.fate)
 		if done {
@@ -166,6 +181,12 @@ func (x *explorer) apply(w *world, m move) (*world, error) {
 		return w, only(err)
 	case mDrop:
 		w.net = slices.Delete(w.net, m.idx, m.idx+1)
+	case mHang:
+		w.used.hangs++
+		p.clients[m.idx].pc = cHung
+	case mWait:
+		w.now++
+		w.net = slices.DeleteFunc(w.net, func(h held) bool { return w.now > h.sent+MaxDelay })
 	case mTick:
 		w.used.ticks++
 		w.now++
@@ -173,7 +194,7 @@ func (x *explorer) apply(w *world, m move) (*world, error) {
 		w.net = slices.DeleteFunc(w.net, func(h held) bool { return w.now > h.sent+MaxDelay })
 	case mRaise:
 		w.used.raises++
-		x.raise(w)
+		x.raise(w, w.own(0))
 	default:
 		return w, x.envApply(w, m)
 	}
@@ -188,27 +209,39 @@ func (x *explorer) crash(w *world, p *proc) {
 		w.dead = append(w.dead, p.sess)
 	}
 	p.bg, p.hold = nil, nil
-	c := &p.client
-	if c.pc != cDone {
-		c.pc, c.claim, c.write, c.lost = cIdle, nil, nil, false
+	for i := range p.clients {
+		if c := &p.clients[i]; c.pc != cDone {
+			c.pc, c.claim, c.write, c.lost = cIdle, nil, nil, false
+		}
 	}
 	p.inc++
 	x.newSession(w, p)
+	p.epoch = w.epoch() // a store reads its shard's epoch when it starts
 }
 
-// raise moves the shard epoch up by one, as RaiseEpoch does.
-func (x *explorer) raise(w *world) {
+// raise moves the shard epoch up by one, as p's RaiseEpoch does (a key
+// moving to this shard): p believes in the new epoch from then on.
+func (x *explorer) raise(w *world, p *proc) {
+	e := w.epoch()
+	_, _ = x.apply1(w, keys.RaiseEpoch(e, e+1), writer{kind: wRaise})
+	p.epoch = e + 1
+}
+
+// epoch is the shard epoch etcd holds.
+func (w *world) epoch() int64 {
 	e := int64(0)
 	if kv, ok := w.etcd.Get(keys.Epoch()); ok {
 		e, _ = kernel.ParseEpoch(kv.Value)
 	}
-	_, _ = x.apply1(w, keys.RaiseEpoch(e, e+1), writer{kind: wRaise})
+	return e
 }
 
 // send sends p's Txn t, as fate f says.
 func (x *explorer) send(w *world, p *proc, t *kernel.Txn, wr writer, f fate) (kernel.Reply, error) {
 	l := x.lower(w, p, t)
-	x.note("p%d sends %s%s", p.id, t, fateNames[f])
+	if x.log != nil {
+		x.note("p%d sends %s%s", p.id, t, fateNames[f])
+	}
 	lost := kernel.Reply{Delivery: kernel.Failed, MayHaveLanded: true, Retry: true, Err: errLost}
 	switch f {
 	case fateDeliver:
@@ -217,7 +250,9 @@ func (x *explorer) send(w *world, p *proc, t *kernel.Txn, wr writer, f fate) (ke
 			return kernel.Reply{}, v
 		}
 		r := x.reply(l, resp, err)
-		x.note("answered %v (rev %d, cur %s)", [...]string{"applied", "refused", "full", "failed"}[r.Delivery], r.Rev, describe(r.Cur))
+		if x.log != nil {
+			x.note("answered %v (rev %d, cur %s)", [...]string{"applied", "refused", "full", "failed"}[r.Delivery], r.Rev, describe(r.Cur))
+		}
 		return r, nil
 	case fateLost:
 		if _, err := x.apply1(w, l, wr); only(err) != nil {
@@ -229,7 +264,9 @@ func (x *explorer) send(w *world, p *proc, t *kernel.Txn, wr writer, f fate) (ke
 		lost.Retry = f == fateHeld
 		return lost, nil
 	}
-	return kernel.Reply{Delivery: kernel.Failed, NotSent: true, Retry: true, Err: errNotSent}, nil
+	// Never sent: the caller's context ended while it waited in the queue,
+	// so it is not tried again either.
+	return kernel.Reply{Delivery: kernel.Failed, NotSent: true, Err: errNotSent}, nil
 }
 
 // apply1 runs a lowered Txn on etcd and checks what it wrote.

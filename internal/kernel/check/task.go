@@ -58,9 +58,9 @@ func (t *task) appendState(b []byte) []byte {
 func (x *explorer) taskSends(w *world, p *proc, t *task) bool {
 	switch {
 	case t.claim != nil:
-		return t.claim.Next(x.view(w, p, t.key)).Kind == kernel.ActSend
+		return peek(t.claim, x.view(w, p, t.key)) == kernel.ActSend
 	case t.write != nil:
-		return t.write.Next(x.view(w, p, t.key)).Kind == kernel.ActSend
+		return peek(t.write, x.view(w, p, t.key)) == kernel.ActSend
 	}
 	return t.kind == tFinal
 }
@@ -80,11 +80,11 @@ func (x *explorer) finalStep(w *world, p *proc, t *task, f fate) (bool, error) {
 	if t.write == nil {
 		t.write = kernel.NewWrite(x.cfg(), t.held, t.req)
 	}
-	wr := writer{proc: p.id, kind: wFinal, attempt: t.attempt, token: t.held.Token, now: w.clockOf(p)}
+	wr := writer{proc: p.id, owner: p.owner(), kind: wFinal, attempt: t.attempt, token: t.held.Token, now: w.clockOf(p)}
 	if err := x.drive(w, p, t.key, t.write, wr, f); err != nil {
 		return false, err
 	}
-	if t.write.Next(x.view(w, p, t.key)).Kind != kernel.ActDone {
+	if !done(t.write, x.view(w, p, t.key)) {
 		return false, nil
 	}
 	a, h := t.write.Answer(), t.write.Held()
@@ -125,11 +125,11 @@ func (x *explorer) reapStep(w *world, p *proc, t *task, f fate) (bool, error) {
 		p.hold = append(p.hold, attemptRef{t.key, t.attempt})
 		return false, nil
 	case 1:
-		wr := writer{proc: p.id, kind: wReap, attempt: t.attempt, now: w.clockOf(p)}
+		wr := writer{proc: p.id, owner: p.owner(), kind: wReap, attempt: t.attempt, now: w.clockOf(p)}
 		if err := x.drive(w, p, t.key, t.claim, wr, f); err != nil {
 			return false, err
 		}
-		if t.claim.Next(x.view(w, p, t.key)).Kind != kernel.ActDone {
+		if !done(t.claim, x.view(w, p, t.key)) {
 			return false, nil
 		}
 		a := t.claim.Answer()
@@ -145,14 +145,14 @@ func (x *explorer) reapStep(w *world, p *proc, t *task, f fate) (bool, error) {
 			return false, nil
 		}
 	case 2:
-		wr := writer{proc: p.id, kind: wReap, attempt: t.attempt, token: t.held.Token, now: w.clockOf(p)}
+		wr := writer{proc: p.id, owner: p.owner(), kind: wReap, attempt: t.attempt, token: t.held.Token, now: w.clockOf(p)}
 		if err := x.abandonsHeld(w, p, t); err != nil {
 			return false, err
 		}
 		if err := x.drive(w, p, t.key, t.write, wr, f); err != nil {
 			return false, err
 		}
-		if t.write.Next(x.view(w, p, t.key)).Kind != kernel.ActDone {
+		if !done(t.write, x.view(w, p, t.key)) {
 			return false, nil
 		}
 		if t.write.Answer().Verdict == kernel.Error {

@@ -2,7 +2,6 @@ package check
 
 import (
 	"encoding/binary"
-	"fmt"
 	"slices"
 	"time"
 
@@ -31,6 +30,9 @@ type Scope struct {
 	Raises              int  // epoch raises
 	Sweep               bool // a sweeper deletes records of expired retention buckets
 	Evict               bool // an operator (a drain, a schedule) deletes records past their retention with EvictIf
+	Clients             int  // clients per process (default 1), on keys in turn
+	Hangs               int  // clients that stop for good while they hold a claim (a stuck handler)
+	ReadFirst           bool // clients look for a done record without a write before they claim
 }
 
 // MaxDelay bounds how long a Txn that left its process may take to land:
@@ -49,7 +51,9 @@ const prefix = "/idem/"
 
 var keys = kernel.Keys{Prefix: prefix}
 
-func recordKey(i int) string { return keys.Record("t", fmt.Sprint("k", i)) }
+var recordKeys = [...]string{keys.Record("t", "k0"), keys.Record("t", "k1"), keys.Record("t", "k2")}
+
+func recordKey(i int) string { return recordKeys[i] }
 
 func fingerprint(i int) [32]byte { return [32]byte{byte(i + 1)} }
 
@@ -70,7 +74,7 @@ type world struct {
 }
 
 // budget counts the faults a world has suffered.
-type budget struct{ faults, crashes, expiries, ticks, raises int }
+type budget struct{ faults, crashes, expiries, ticks, raises, hangs int }
 
 type bucket struct {
 	until int64 // seconds
@@ -89,6 +93,7 @@ type held struct {
 // that land.
 type writer struct {
 	proc    int
+	owner   string // the writer's session
 	kind    wkind
 	attempt string
 	token   int64
@@ -130,12 +135,13 @@ type keyHist struct {
 // background writes, and the attempts it holds.
 type proc struct {
 	id      int
-	inc     int   // incarnation: a new session (after a crash or a lost session) is a new owner
-	sess    int64 // its session's lease
-	noticed bool  // it noticed its session is gone, and starts a new one
+	inc     int    // incarnation: a new session (after a crash or a lost session) is a new owner
+	ownerID string // its session's owner id: p<id>.<inc>
+	sess    int64  // its session's lease
+	noticed bool   // it noticed its session is gone, and starts a new one
 	skew    int64
 	epoch   int64 // the shard epoch it believes in
-	client  client
+	clients []client
 	bg      []*task
 	hold    []attemptRef // attempts it runs, or holds the outcome of
 }
@@ -145,7 +151,7 @@ type attemptRef struct {
 	attempt string
 }
 
-func (p *proc) owner() string { return fmt.Sprintf("p%d.%d", p.id, p.inc) }
+func (p *proc) owner() string { return p.ownerID }
 
 func (p *proc) holds(key int, attempt string) bool {
 	return slices.Contains(p.hold, attemptRef{key, attempt})
@@ -168,18 +174,26 @@ func (w *world) clone() *world {
 	for i := range c.keys {
 		c.keys[i].toldLost = slices.Clone(w.keys[i].toldLost)
 	}
-	c.procs = make([]*proc, len(w.procs))
-	for i, p := range w.procs {
-		q := *p
-		q.client = p.client.clone()
-		q.hold = slices.Clone(p.hold)
-		q.bg = make([]*task, len(p.bg))
-		for j, t := range p.bg {
-			q.bg[j] = t.clone()
-		}
-		c.procs[i] = &q
-	}
+	c.procs = slices.Clone(w.procs) // shared until one is changed: see own
 	return &c
+}
+
+// own makes w's process i its own copy, to change it: worlds share the
+// processes a move did not touch.
+func (w *world) own(i int) *proc {
+	p := w.procs[i]
+	q := *p
+	q.hold = slices.Clone(p.hold)
+	q.clients = make([]client, len(p.clients))
+	for j, c := range p.clients {
+		q.clients[j] = c.clone()
+	}
+	q.bg = make([]*task, len(p.bg))
+	for j, t := range p.bg {
+		q.bg[j] = t.clone()
+	}
+	w.procs[i] = &q
+	return &q
 }
 
 // appendState writes the world canonically.
@@ -204,7 +218,7 @@ func (w *world) appendState(b []byte) []byte {
 		b = appendInts(b, k.toldLost...)
 		b = appendStr(appendStr(b, string(k.saved)), k.checkpoint)
 	}
-	b = appendInts(b, int64(w.used.faults), int64(w.used.crashes), int64(w.used.expiries), int64(w.used.ticks), int64(w.used.raises))
+	b = appendInts(b, int64(w.used.faults), int64(w.used.crashes), int64(w.used.expiries), int64(w.used.ticks), int64(w.used.raises), int64(w.used.hangs))
 	b = appendInts(b, int64(len(w.dead)))
 	b = appendInts(b, w.dead...)
 	if s := w.sweep; s != nil {
@@ -229,7 +243,9 @@ func (p *proc) appendState(b []byte) []byte {
 	for _, a := range p.hold {
 		b = appendStr(binary.AppendVarint(b, int64(a.key)), a.attempt)
 	}
-	b = p.client.appendState(b)
+	for _, c := range p.clients {
+		b = c.appendState(b)
+	}
 	b = binary.AppendUvarint(b, uint64(len(p.bg)))
 	for _, t := range p.bg {
 		b = t.appendState(b)
@@ -239,7 +255,7 @@ func (p *proc) appendState(b []byte) []byte {
 
 func (wr writer) appendState(b []byte) []byte {
 	b = appendInts(b, int64(wr.proc), int64(wr.kind), wr.token, wr.now)
-	return appendStr(b, wr.attempt)
+	return appendStr(appendStr(b, wr.attempt), wr.owner)
 }
 
 func appendInts(b []byte, ns ...int64) []byte {

@@ -1,0 +1,6 @@
+//go:build race
+
+package check
+
+// raceOn: the race detector slows exploration several times over.
+const raceOn = true
