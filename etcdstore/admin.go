@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idem-dev/idem/clock"
@@ -266,33 +267,10 @@ const MaxListLimit = 1000
 // last. Records that cannot be decoded are skipped and counted in the error
 // (which wraps ErrCorrupt) after the page.
 func (a *Admin) List(ctx context.Context, tenant string, o ListOptions) ([]*Record, error) {
-	prefix := a.ks.records()
-	if tenant != "" {
-		if err := ValidateTenant(tenant); err != nil {
-			return nil, fmt.Errorf("list: %w", err)
-		}
-		prefix = a.ks.tenant(tenant)
+	start, end, err := a.listRange(tenant, &o)
+	if err != nil {
+		return nil, fmt.Errorf("list: %w", err)
 	}
-	switch {
-	case o.Limit == 0:
-		o.Limit = 100
-	case o.Limit < 0 || o.Limit > MaxListLimit:
-		return nil, fmt.Errorf("list: %w: limit %d must be between 1 and %d", ErrInvalidArgument, o.Limit, MaxListLimit)
-	}
-	if o.State != "" && o.State != InFlight && o.State != Done {
-		return nil, fmt.Errorf("list: %w: state %q must be %q or %q", ErrInvalidArgument, o.State, InFlight, Done)
-	}
-	start := prefix
-	if o.After != nil {
-		if err := o.After.Validate(); err != nil {
-			return nil, fmt.Errorf("list: after: %w", err)
-		}
-		if tenant != "" && o.After.tenant() != tenant {
-			return nil, fmt.Errorf("list: %w: after key of tenant %q while listing %q", ErrInvalidArgument, o.After.tenant(), tenant)
-		}
-		start = a.ks.record(*o.After) + "\x00"
-	}
-	end := clientv3.GetPrefixRangeEnd(prefix)
 	var out []*Record
 	corrupt := 0
 	for len(out) < o.Limit {
@@ -306,12 +284,7 @@ func (a *Admin) List(ctx context.Context, tenant string, o ListOptions) ([]*Reco
 		}
 		now := a.now()
 		for _, kv := range resp.Kvs {
-			k, ok := a.ks.parseRecord(string(kv.Key))
-			if !ok {
-				corrupt++
-				continue
-			}
-			rec, err := a.decode(ctx, k, kv)
+			rec, err := a.listed(ctx, kv)
 			switch {
 			case err != nil && !errors.Is(err, ErrCorrupt):
 				// Not the record's fault (a dictionary that could not be
@@ -324,8 +297,7 @@ func (a *Admin) List(ctx context.Context, tenant string, o ListOptions) ([]*Reco
 			if !o.Expired && rec.expired(now.Add(-o.Skew)) || o.State != "" && rec.State != o.State || o.Live && rec.State == Moved {
 				continue
 			}
-			out = append(out, rec)
-			if len(out) == o.Limit {
+			if out = append(out, rec); len(out) == o.Limit {
 				break
 			}
 		}
@@ -338,6 +310,48 @@ func (a *Admin) List(ctx context.Context, tenant string, o ListOptions) ([]*Reco
 		return out, fmt.Errorf("list %q: %w: %d records could not be read", tenant, ErrCorrupt, corrupt)
 	}
 	return out, nil
+}
+
+// listRange checks a List's options (filling the default limit) and
+// returns the range of keys it lists.
+func (a *Admin) listRange(tenant string, o *ListOptions) (start, end string, err error) {
+	prefix := a.ks.records()
+	if tenant != "" {
+		if err := ValidateTenant(tenant); err != nil {
+			return "", "", err
+		}
+		prefix = a.ks.tenant(tenant)
+	}
+	switch {
+	case o.Limit == 0:
+		o.Limit = 100
+	case o.Limit < 0 || o.Limit > MaxListLimit:
+		return "", "", fmt.Errorf("%w: limit %d must be between 1 and %d", ErrInvalidArgument, o.Limit, MaxListLimit)
+	}
+	if o.State != "" && o.State != InFlight && o.State != Done {
+		return "", "", fmt.Errorf("%w: state %q must be %q or %q", ErrInvalidArgument, o.State, InFlight, Done)
+	}
+	start = prefix
+	if o.After != nil {
+		if err := o.After.Validate(); err != nil {
+			return "", "", fmt.Errorf("after: %w", err)
+		}
+		if tenant != "" && o.After.tenant() != tenant {
+			return "", "", fmt.Errorf("%w: after key of tenant %q while listing %q", ErrInvalidArgument, o.After.tenant(), tenant)
+		}
+		start = a.ks.record(*o.After) + "\x00"
+	}
+	return start, clientv3.GetPrefixRangeEnd(prefix), nil
+}
+
+// listed decodes a record a List read (ErrCorrupt: its key is not a
+// record's, or it does not decode).
+func (a *Admin) listed(ctx context.Context, kv *mvccpb.KeyValue) (*Record, error) {
+	k, ok := a.ks.parseRecord(string(kv.Key))
+	if !ok {
+		return nil, fmt.Errorf("%w: key %q", ErrCorrupt, kv.Key)
+	}
+	return a.decode(ctx, k, kv)
 }
 
 // Stats counts what the store holds.

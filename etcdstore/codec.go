@@ -334,99 +334,127 @@ func decode(k Key, kv *mvccpb.KeyValue) (*Record, error) {
 }
 
 func (r *Record) decodeV2(m []byte) error {
-	var err error
 	fp := false
+	for len(m) > 0 {
+		num, v, b, rest, err := nextField(m)
+		if err != nil {
+			return err
+		}
+		m = rest
+		fp = fp || num == fFP
+		if err := r.setField(num, v, b); err != nil {
+			return err
+		}
+	}
+	if !fp {
+		return fmt.Errorf("no fingerprint")
+	}
+	return nil
+}
+
+// nextField reads the field at the start of m: its number, and its value
+// (a varint, or bytes); a field of another wire type is skipped.
+func nextField(m []byte) (protowire.Number, uint64, []byte, []byte, error) {
+	num, typ, n := protowire.ConsumeTag(m)
+	if n < 0 {
+		return 0, 0, nil, nil, protowire.ParseError(n)
+	}
+	m = m[n:]
+	var v uint64
+	var b []byte
+	switch typ {
+	case protowire.VarintType:
+		v, n = protowire.ConsumeVarint(m)
+	case protowire.BytesType:
+		b, n = protowire.ConsumeBytes(m)
+	default:
+		n = protowire.ConsumeFieldValue(num, typ, m)
+	}
+	if n < 0 {
+		return 0, 0, nil, nil, protowire.ParseError(n)
+	}
+	return num, v, b, m[n:], nil
+}
+
+// setField sets the record's field num to its value. Unknown fields are
+// skipped: a later version may add some.
+func (r *Record) setField(num protowire.Number, v uint64, b []byte) (err error) {
+	switch num {
+	case fState:
+		return r.setState(v)
+	case fFP:
+		if len(b) != len(r.Fingerprint) {
+			return fmt.Errorf("fingerprint of %d bytes", len(b))
+		}
+		copy(r.Fingerprint[:], b)
+	case fOwner:
+		r.Owner = string(b)
+	case fAttempt:
+		r.Attempt = string(b)
+	case fToken:
+		r.Token = fencing.Token(v)
+	case fCreated:
+		r.Created, err = fromMillis(v)
+	case fExpires:
+		r.Expires, err = fromMillis(v)
+	case fDeadline:
+		r.Deadline, err = fromMillis(v)
+	case fCheckpoint:
+		r.Checkpoint = b
+	case fTakeovers:
+		r.Takeovers = int(v)
+	case fMovedTo:
+		r.MovedTo = string(b)
+	case fEpoch:
+		if v >= 1<<(63-EpochShift) {
+			return fmt.Errorf("epoch %d", v)
+		}
+		r.Epoch = int64(v)
+	case fFence:
+		r.Fence = v == 1
+	default:
+		return r.setOutcomeField(num, v, b)
+	}
+	return err
+}
+
+func (r *Record) setState(v uint64) error {
+	switch v {
+	case 1:
+		r.State = InFlight
+	case 2:
+		r.State = Done
+	case 3:
+		r.State = Moved
+	default:
+		return fmt.Errorf("state %d", v)
+	}
+	return nil
+}
+
+// setOutcomeField sets a field of the record's outcome.
+func (r *Record) setOutcomeField(num protowire.Number, v uint64, b []byte) error {
 	outcome := func() *Outcome {
 		if r.Outcome == nil {
 			r.Outcome = &Outcome{}
 		}
 		return r.Outcome
 	}
-	for len(m) > 0 {
-		num, typ, n := protowire.ConsumeTag(m)
-		if n < 0 {
-			return protowire.ParseError(n)
-		}
-		m = m[n:]
-		var v uint64
-		var b []byte
-		switch typ {
-		case protowire.VarintType:
-			v, n = protowire.ConsumeVarint(m)
-		case protowire.BytesType:
-			b, n = protowire.ConsumeBytes(m)
-		default:
-			n = protowire.ConsumeFieldValue(num, typ, m)
-		}
-		if n < 0 {
-			return protowire.ParseError(n)
-		}
-		m = m[n:]
-		switch num {
-		case fState:
-			switch v {
-			case 1:
-				r.State = InFlight
-			case 2:
-				r.State = Done
-			case 3:
-				r.State = Moved
-			default:
-				return fmt.Errorf("state %d", v)
-			}
-		case fFP:
-			if len(b) != len(r.Fingerprint) {
-				return fmt.Errorf("fingerprint of %d bytes", len(b))
-			}
-			copy(r.Fingerprint[:], b)
-			fp = true
-		case fOwner:
-			r.Owner = string(b)
-		case fAttempt:
-			r.Attempt = string(b)
-		case fToken:
-			r.Token = fencing.Token(v)
-		case fCreated:
-			r.Created, err = fromMillis(v)
-		case fExpires:
-			r.Expires, err = fromMillis(v)
-		case fDeadline:
-			r.Deadline, err = fromMillis(v)
-		case fCheckpoint:
-			r.Checkpoint = b
-		case fTakeovers:
-			r.Takeovers = int(v)
-		case fStatus:
-			outcome().Status = int(v)
-		case fHeader:
-			name, value, err := decodeHeader(b)
-			if err != nil {
-				return err
-			}
-			o := outcome()
-			if o.Header == nil {
-				o.Header = make(map[string][]string)
-			}
-			o.Header[name] = append(o.Header[name], value)
-		case fErr:
-			outcome().Err = string(b)
-		case fMovedTo:
-			r.MovedTo = string(b)
-		case fEpoch:
-			if v >= 1<<(63-EpochShift) {
-				return fmt.Errorf("epoch %d", v)
-			}
-			r.Epoch = int64(v)
-		case fFence:
-			r.Fence = v == 1
-		}
-		// Unknown fields are skipped: a later version may add some.
+	switch num {
+	case fStatus:
+		outcome().Status = int(v)
+	case fHeader:
+		name, value, err := decodeHeader(b)
 		if err != nil {
 			return err
 		}
-	}
-	if !fp {
-		return fmt.Errorf("no fingerprint")
+		o := outcome()
+		if o.Header == nil {
+			o.Header = make(map[string][]string)
+		}
+		o.Header[name] = append(o.Header[name], value)
+	case fErr:
+		outcome().Err = string(b)
 	}
 	return nil
 }

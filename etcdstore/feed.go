@@ -146,82 +146,94 @@ func (f *Feed) read(ctx context.Context, o FollowOptions) error {
 	s := f.s
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	var rev int64
-	get := func(key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
-		var resp *clientv3.GetResponse
-		err := s.retry(ctx, func(ctx context.Context) (err error) {
-			if rev != 0 {
-				opts = append(opts, clientv3.WithRev(rev))
-			}
-			resp, err = s.client.Get(ctx, key, opts...)
+	r := &snapshot{s: s, tenant: f.tenant}
+	if o.Sessions {
+		err := r.scan(ctx, s.ks.owners(), func(kv *mvccpb.KeyValue) {
+			f.owners = append(f.owners, strings.TrimPrefix(string(kv.Key), s.ks.owners()))
+		}, clientv3.WithKeysOnly())
+		if err != nil {
 			return err
+		}
+	}
+	for _, p := range o.Values {
+		err := r.scan(ctx, s.ks.values()+p, func(kv *mvccpb.KeyValue) {
+			f.values = append(f.values, Value{Name: strings.TrimPrefix(string(kv.Key), s.ks.values()), Value: kv.Value, Revision: kv.ModRevision})
 		})
 		if err != nil {
-			return nil, unavailable("follow", Key{Tenant: f.tenant}, err)
+			return err
 		}
-		if rev == 0 {
-			rev = resp.Header.Revision
-		}
-		return resp, nil
 	}
-	if o.Sessions {
-		resp, err := get(s.ks.owners(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	now := s.now()
+	keep := func(kv *mvccpb.KeyValue) {
+		if rec, err := s.decodeKV(ctx, kv); err == nil && !rec.expired(now) {
+			f.records = append(f.records, rec)
+		}
+	}
+	var err error
+	if o.ID != "" {
+		err = r.read(ctx, s.ks.record(Key{Tenant: f.tenant, ID: o.ID}), keep)
+	} else {
+		err = r.scan(ctx, s.ks.tenant(f.tenant), keep)
+	}
+	f.rev = r.rev
+	return err
+}
+
+// snapshot reads a feed's first state, every read at the revision of the
+// first.
+type snapshot struct {
+	s      *Store
+	tenant string
+	rev    int64 // 0 until the first read
+}
+
+// get is one read of the snapshot.
+func (r *snapshot) get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	var resp *clientv3.GetResponse
+	err := r.s.retry(ctx, func(ctx context.Context) (err error) {
+		if r.rev != 0 {
+			opts = append(opts, clientv3.WithRev(r.rev))
+		}
+		resp, err = r.s.client.Get(ctx, key, opts...)
+		return err
+	})
+	if err != nil {
+		return nil, unavailable("follow", Key{Tenant: r.tenant}, err)
+	}
+	if r.rev == 0 {
+		r.rev = resp.Header.Revision
+	}
+	return resp, nil
+}
+
+// read calls each with key, if it exists.
+func (r *snapshot) read(ctx context.Context, key string, each func(*mvccpb.KeyValue)) error {
+	resp, err := r.get(ctx, key)
+	if err != nil {
+		return err
+	}
+	for _, kv := range resp.Kvs {
+		each(kv)
+	}
+	return nil
+}
+
+// scan calls each with every key under prefix, in pages.
+func (r *snapshot) scan(ctx context.Context, prefix string, each func(*mvccpb.KeyValue), opts ...clientv3.OpOption) error {
+	end := clientv3.GetPrefixRangeEnd(prefix)
+	for from := prefix; ; {
+		resp, err := r.get(ctx, from, append([]clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(500)}, opts...)...)
 		if err != nil {
 			return err
 		}
 		for _, kv := range resp.Kvs {
-			f.owners = append(f.owners, strings.TrimPrefix(string(kv.Key), s.ks.owners()))
+			each(kv)
 		}
-	}
-	for _, p := range o.Values {
-		prefix := s.ks.values() + p
-		end := clientv3.GetPrefixRangeEnd(prefix)
-		for from := prefix; ; {
-			resp, err := get(from, clientv3.WithRange(end), clientv3.WithLimit(500))
-			if err != nil {
-				return err
-			}
-			for _, kv := range resp.Kvs {
-				f.values = append(f.values, Value{Name: strings.TrimPrefix(string(kv.Key), s.ks.values()), Value: kv.Value, Revision: kv.ModRevision})
-			}
-			if !resp.More || len(resp.Kvs) == 0 {
-				break
-			}
-			from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
-		}
-	}
-	now := s.now()
-	keep := func(kvs []*mvccpb.KeyValue) {
-		for _, kv := range kvs {
-			if rec, err := s.decodeKV(ctx, kv); err == nil && !rec.expired(now) {
-				f.records = append(f.records, rec)
-			}
-		}
-	}
-	if o.ID != "" {
-		resp, err := get(s.ks.record(Key{Tenant: f.tenant, ID: o.ID}))
-		if err != nil {
-			return err
-		}
-		keep(resp.Kvs)
-		f.rev = rev
-		return nil
-	}
-	prefix := s.ks.tenant(f.tenant)
-	end := clientv3.GetPrefixRangeEnd(prefix)
-	for from := prefix; ; {
-		resp, err := get(from, clientv3.WithRange(end), clientv3.WithLimit(500))
-		if err != nil {
-			return err
-		}
-		keep(resp.Kvs)
 		if !resp.More || len(resp.Kvs) == 0 {
-			break
+			return nil
 		}
 		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}
-	f.rev = rev
-	return nil
 }
 
 // Records returns the records the feed started from.

@@ -181,6 +181,17 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 		sess:       sess,
 		running:    make(map[runKey]*Claim),
 	}
+	if err := s.start(ctx, client, c, b); err != nil {
+		sess.CloseContext(ctx)
+		return nil, fmt.Errorf("new store: %w", err)
+	}
+	return s, nil
+}
+
+// start builds the store's parts (the sender, dictionaries, sweeper and
+// cache) and starts its background work.
+func (s *Store) start(ctx context.Context, client *clientv3.Client, c config, b *lease.Buckets) error {
+	ks := s.ks
 	s.life, s.stop = context.WithCancel(context.Background())
 	s.bg = newBackground(c.clock, c.log)
 	b.Request = s.try
@@ -190,8 +201,7 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 		Prefix: ks.dictionaries(), Refresh: c.dictRefresh, Lease: func(ctx context.Context) (clientv3.LeaseID, error) { return b.For(ctx, s.clock.Now()) }})
 	if s.epochs {
 		if _, err := s.loadEpoch(ctx); err != nil {
-			sess.CloseContext(ctx)
-			return nil, fmt.Errorf("new store: %w", err)
+			return err
 		}
 	}
 	if c.format == recordV3 {
@@ -200,6 +210,7 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 		}
 		s.work.Go(s.clock, s.life, "dictionary follower", s.dicts.Follow)
 	}
+	sess := s.sess
 	s.work.Go(s.clock, s.life, "session supervisor", func(ctx context.Context) { s.superviseSession(ctx, sess) })
 	if !c.noSweep {
 		s.sweep = sweep.New(sweep.Config{Client: client, Clock: c.clock, Send: s.kv, Try: s.try,
@@ -214,7 +225,7 @@ func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, 
 			IsDone: isDone, Applied: testHookCacheApplied})
 		s.work.Go(s.clock, s.life, "cache feed", s.cache.Run)
 	}
-	return s, nil
+	return nil
 }
 
 // testHookCacheApplied, when set by a test before New, is called after the

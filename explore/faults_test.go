@@ -124,6 +124,7 @@ func (w *world) inject(p *process) grpc.UnaryClientInterceptor {
 		invoke := func() error {
 			err := invoker(ctx, method, req, reply, cc, opts...)
 			if err == nil {
+				w.noteDeletes(a, req, reply) // before revisions: its revision is the real one
 				w.revisions(req, reply)
 			}
 			w.observeCall(p, method, req, reply, err)

@@ -156,6 +156,7 @@ func (s *sink) apply(key string, step int, token int64, who string) bool {
 // version is one write of a record, from etcd's history.
 type version struct {
 	rev     int64
+	ekey    string // its etcd key
 	deleted bool
 	rec     *etcdstore.Record
 	shard   string // in a shard world, where it was written
@@ -201,7 +202,7 @@ func (w *world) history(ctx context.Context) (map[string][]version, error) {
 			}
 			id = jobKey(id)
 		}
-		v := version{rev: ev.Kv.ModRevision, deleted: ev.Type == mvccpb.DELETE, shard: shardName}
+		v := version{rev: ev.Kv.ModRevision, ekey: k, deleted: ev.Type == mvccpb.DELETE, shard: shardName}
 		if !v.deleted {
 			rec, err := w.decodeRecord(ev.Kv)
 			if err != nil {
@@ -304,6 +305,12 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 			if v.deleted {
 				if prev != nil {
 					deleted = &version{rev: v.rev, rec: prev.rec}
+					// 18. Every delete by its rule.
+					if !restored(v.rev) && !rolledBack[key] {
+						if why := w.checkDelete(key, v.ekey, v.rev, prev.rec, w.maxSkew()); why != "" {
+							fail("%s", why)
+						}
+					}
 				}
 				prev = nil
 				continue
@@ -346,6 +353,10 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 					fail("%s: token went back: claim at revision %d has token %d, after token %d", key, v.rev, r.Token, high)
 				}
 				w.claimPaths(prev, v)
+			} else if !rolledBack[key] && (prev == nil || prev.rec.Token != r.Token || prev.rec.Fence) {
+				// 19. A claim's later write (a checkpoint, a renewal, an
+				// abandon, a complete) lands only on its own record.
+				fail("%s: a write of the claim with token %d landed at revision %d on %s", key, r.Token, v.rev, describeVersion(prev))
 			}
 			high = max(high, int64(r.Token))
 			deleted = nil
@@ -825,4 +836,22 @@ func describe(r *etcdstore.Record) string {
 		return fmt.Sprintf("done %q (token %d)", r.Outcome.Body, r.Token)
 	}
 	return fmt.Sprintf("in flight (token %d, owner %q)", r.Token, r.Owner)
+}
+
+// describeVersion names the version a write replaced.
+func describeVersion(v *version) string {
+	if v == nil {
+		return "no record"
+	}
+	return fmt.Sprintf("the record of token %d (%s)", v.rec.Token, describe(v.rec))
+}
+
+// maxSkew is the largest clock skew of the world's processes ahead of true
+// time (at least the 3 s the schedule worlds allow).
+func (w *world) maxSkew() time.Duration {
+	m := 3 * time.Second
+	for _, sk := range w.cfg.skew {
+		m = max(m, sk)
+	}
+	return m
 }

@@ -135,6 +135,7 @@ type world struct {
 	slotPlan map[int]int // the shard file each process slot runs with
 
 	shardDecoders map[string]*etcdstore.Admin // per shard, for the history
+	deletes       map[string]deleter          // who deleted a record: by "revision key" (invariant 18)
 }
 
 // process is one idem process incarnation: an etcd client with the fault

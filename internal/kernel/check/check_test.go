@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -32,12 +33,13 @@ func TestModelCheck(t *testing.T) {
 		}
 	}
 	results := make([]Result, len(run))
+	var stop atomic.Bool // the first violation stops every exploration
 	next := make(chan int)
 	var wg sync.WaitGroup
 	for range runtime.GOMAXPROCS(0) {
 		wg.Go(func() {
 			for i := range next {
-				results[i] = Explore(run[i], states, deadline)
+				results[i] = ExploreUntil(run[i], states, deadline, &stop)
 			}
 		})
 	}

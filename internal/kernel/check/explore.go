@@ -5,6 +5,7 @@ import (
 	"hash/maphash"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/idem-dev/idem/internal/etcdmodel"
@@ -32,6 +33,7 @@ func (r Result) String() string {
 }
 
 type explorer struct {
+	stop   *atomic.Bool
 	log    []string // while a violation's path is replayed: what each step did
 	scope  Scope
 	codec  *codec
@@ -45,55 +47,70 @@ type explorer struct {
 // reachable state was seen, an invariant breaks, maxStates were explored
 // or the deadline passes.
 func Explore(scope Scope, maxStates int, deadline time.Time) Result {
-	x := &explorer{scope: scope, codec: newCodec(), seed: maphash.MakeSeed(), seen: map[uint64]struct{}{}}
+	return ExploreUntil(scope, maxStates, deadline, nil)
+}
+
+// ExploreUntil is Explore that also stops once stop is set (another
+// exploration found a violation, say), and sets it when it finds one.
+func ExploreUntil(scope Scope, maxStates int, deadline time.Time, stop *atomic.Bool) Result {
+	if stop == nil {
+		stop = new(atomic.Bool)
+	}
+	x := &explorer{scope: scope, codec: newCodec(), seed: maphash.MakeSeed(), seen: map[uint64]struct{}{}, stop: stop}
 	x.result.Scope = scope.Name
 	start := time.Now()
+	err := x.dfs(maxStates, deadline)
+	x.result.Took = time.Since(start)
+	x.result.Violation = err
+	if err != nil {
+		stop.Store(true)
+	}
+	return x.result
+}
+
+// frame is a state on the depth-first path, and the moves left to try.
+type frame struct {
+	w     *world
+	hash  uint64
+	moves []move
+	next  int
+	loops int // moves that changed nothing
+	via   move
+}
+
+// dfs explores depth first from the first state; it returns the first
+// invariant broken, with the path to it (nil: none), and marks the result
+// complete when every reachable state was seen.
+func (x *explorer) dfs(maxStates int, deadline time.Time) error {
 	w := x.initial()
 	h, _ := x.visit(w)
-	type frame struct {
-		w     *world
-		hash  uint64
-		moves []move
-		next  int
-		loops int // moves that changed nothing
-		via   move
-	}
 	stack := []frame{{w: w, hash: h, moves: x.moves(w)}}
+	path := func(m ...move) []move {
+		var ms []move
+		for _, f := range stack[1:] {
+			ms = append(ms, f.via)
+		}
+		return append(ms, m...)
+	}
 	for len(stack) > 0 {
 		top := &stack[len(stack)-1]
 		if top.next == len(top.moves) {
 			if top.loops == len(top.moves) && top.loops > 0 {
 				// Only background work that changes nothing is left, and
 				// time cannot pass: it never ends (L).
-				var ms []move
-				for _, f := range stack[1:] {
-					ms = append(ms, f.via)
-				}
-				x.result.Violation = fmt.Errorf("L: background work retries forever, changing nothing, after:\n%s", x.replay(ms))
-				x.result.Took = time.Since(start)
-				return x.result
+				return fmt.Errorf("L: background work retries forever, changing nothing, after:\n%s", x.replay(path()))
 			}
 			stack = stack[:len(stack)-1]
 			continue
 		}
-		if x.result.States >= maxStates || x.result.States%1024 == 0 && time.Now().After(deadline) {
-			x.result.Took = time.Since(start)
-			return x.result
+		if x.result.States >= maxStates || x.result.States%1024 == 0 && (time.Now().After(deadline) || x.stop.Load()) {
+			return nil
 		}
 		m := top.moves[top.next]
 		top.next++
-		path := func() []move {
-			var ms []move
-			for _, f := range stack[1:] {
-				ms = append(ms, f.via)
-			}
-			return append(ms, m)
-		}
 		next, err := x.apply(top.w, m)
 		if err != nil {
-			x.result.Violation = fmt.Errorf("%s, after:\n%s", err, x.replay(path()))
-			x.result.Took = time.Since(start)
-			return x.result
+			return fmt.Errorf("%s, after:\n%s", err, x.replay(path(m)))
 		}
 		h, fresh := x.visit(next)
 		if h == top.hash {
@@ -106,16 +123,13 @@ func Explore(scope Scope, maxStates int, deadline time.Time) Result {
 		if len(ms) == 0 {
 			x.result.Terminal++
 			if err := x.terminal(next); err != nil {
-				x.result.Violation = fmt.Errorf("%s, after:\n%s", err, x.replay(path()))
-				x.result.Took = time.Since(start)
-				return x.result
+				return fmt.Errorf("%s, after:\n%s", err, x.replay(path(m)))
 			}
 		}
 		stack = append(stack, frame{w: next, hash: h, moves: ms, via: m})
 	}
 	x.result.Complete = true
-	x.result.Took = time.Since(start)
-	return x.result
+	return nil
 }
 
 // visit records w, and returns its hash and whether it is new.
