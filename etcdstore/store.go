@@ -382,13 +382,17 @@ func (s *Store) Close() error {
 	running := s.running
 	s.running = make(map[runKey]*Claim)
 	s.mu.Unlock()
+	began := s.now()
+	s.log.Info("idem: store closing", "claims", len(running), "pending_final_writes", s.bg.Pending())
 	for _, c := range running {
 		c.cancel(ErrClosed)
 	}
-	if left := s.bg.close(ctx, s.endTimeout); left > 0 {
+	left := s.bg.close(ctx, s.endTimeout)
+	if left > 0 {
 		s.log.Error("idem: closing with final writes that etcd has not acknowledged; their keys will be taken over",
 			"writes", left, "waited", s.endTimeout.String())
 	}
+	defer func() { s.log.Info("idem: store closed", "left", left, "took", s.now().Sub(began).String()) }()
 	s.mu.Lock()
 	sess := s.sess
 	s.sess = nil

@@ -76,12 +76,15 @@ const (
 	evNotSent                    // a claim failed with ErrNotSent: it never left the process
 	evProbe                      // liveness: a key free by the rules was claimed, or refused
 	evWriteNotSent               // a claim's write (checkpoint, complete, abandon) failed with ErrNotSent
+	evCloseStart                 // a store began to close (it logged so)
+	evCloseLoses                 // a closing store gave a final write up (it logged so)
 )
 
 var kindNames = map[evKind]string{evGrant: "grant", evHoldEnd: "hold-end", evEffect: "effect", evResult: "result",
 	evSessionEnd: "session-end", evCrash: "crash", evClose: "close", evTaskStart: "task", evTaskDone: "task-done", evClock: "clock",
 	evEpoch: "epoch", evSnapshot: "snapshot", evRestore: "restore", evUnreadable: "unreadable", evNotSaved: "not-saved",
-	evSessionLost: "session-lost", evReaped: "reaped", evNotSent: "not-sent", evProbe: "probe", evWriteNotSent: "write-not-sent"}
+	evSessionLost: "session-lost", evReaped: "reaped", evNotSent: "not-sent", evProbe: "probe", evWriteNotSent: "write-not-sent",
+	evCloseStart: "close-start", evCloseLoses: "close-loses"}
 
 type event struct {
 	seq  int
@@ -698,6 +701,24 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 				if p == proc {
 					fail("%s revoked its session at %d, %v into its close, with a final write still pending: %s", proc, e.seq, e.at.Sub(at), task)
 				}
+			}
+		}
+	}
+
+	// 20. A graceful close flushes: a store gives a pending final write up
+	// (its outcome lost, its key taken over later) only once it has
+	// waited its bound (WithEndTimeout) for it.
+	closing := map[string]time.Time{} // process -> when its store began to close
+	for _, e := range w.events {
+		switch e.kind {
+		case evCloseStart:
+			if _, ok := closing[e.proc]; !ok {
+				closing[e.proc] = e.at
+			}
+		case evCloseLoses:
+			if began, ok := closing[e.proc]; !ok || e.at.Sub(began) < etcdstore.DefaultEndTimeout {
+				fail("%s gave a final write up at %d (%s), %v into its close, before its bound %v", e.proc, e.seq, e.body,
+					e.at.Sub(began), etcdstore.DefaultEndTimeout)
 			}
 		}
 	}

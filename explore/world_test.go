@@ -429,6 +429,19 @@ func (l *ledgerLog) Handle(_ context.Context, r slog.Record) error {
 		l.w.ledger.hit("path:occurrence decided but not submitted, submitted by a later tick")
 	case strings.HasPrefix(msg, "idem session lost"):
 		l.w.log(event{kind: evSessionLost, proc: l.p.name, owner: owner})
+	case msg == "store closing":
+		l.w.log(event{kind: evCloseStart, proc: l.p.name})
+	case msg == "store closed", msg == "gave up a final write at close; the key will be taken over":
+		left := int64(1) // a final write given up
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "left" {
+				left = a.Value.Int64()
+			}
+			return true
+		})
+		if left > 0 {
+			l.w.log(event{kind: evCloseLoses, proc: l.p.name, key: l.w.keyOfDigest(key), body: msg})
+		}
 	case msg == "abandoned a claim whose write had an unknown outcome":
 		l.w.log(event{kind: evReaped, proc: l.p.name, key: l.w.keyOfDigest(key), token: token})
 	case msg == "shard drained":

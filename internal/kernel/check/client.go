@@ -69,7 +69,7 @@ func (c client) appendState(b []byte) []byte {
 // view is process p's view for a decision on key.
 func (x *explorer) view(w *world, p *proc, key int) kernel.View {
 	return kernel.View{Now: at(w.clockOf(p)), Epoch: p.epoch,
-		HeldHere: func(a string) bool { return p.holds(key, a) }}
+		HeldHere: func(a string) bool { return p.holds(key, a, w.clockOf(p)) }}
 }
 
 func (x *explorer) cfg() kernel.Config {
@@ -113,7 +113,7 @@ func (x *explorer) clientStep(w *world, p *proc, c *client, f fate) error {
 				return err
 			}
 		}
-		p.hold = append(p.hold, attemptRef{c.key, c.attempt})
+		p.hold = append(p.hold, attemptRef{key: c.key, attempt: c.attempt})
 		c.maybe = false
 		c.claim = kernel.NewClaim(x.cfg(), kernel.ClaimRequest{Key: recordKey(c.key), Fingerprint: fingerprint(c.key),
 			Owner: p.owner(), Attempt: c.attempt, Deadline: time.Duration(x.scope.Deadline) * Step})
@@ -169,7 +169,8 @@ func (x *explorer) claimStep(w *world, p *proc, c *client, f fate) error {
 	// session ended: a new owner now) is never handed out.
 	if a.Verdict == kernel.Won && a.Record.Owner == p.owner() {
 		c.held, c.pc, c.step, c.lost = kernel.HeldBy(recordKey(c.key), a.Record), cHold, 0, false
-		return x.granted(w, p, c, a)
+		p.holdUntil(c.key, c.attempt, c.held)
+		return x.granted(w, p, recordKey(c.key), c.attempt, a)
 	}
 	p.release(c.key, c.attempt)
 	if unc && a.Verdict != kernel.Won {
@@ -214,8 +215,10 @@ func (x *explorer) holdStep(w *world, p *proc, c *client, f fate) error {
 	return x.startWrite(w, p, c, kernel.WriteRequest{Kind: kernel.Complete, Outcome: outcomeOf(c.attempt)}, f)
 }
 
+// outcomeOf is the outcome a client saves: with a header of no values, as
+// an HTTP response may carry, which a record does not keep.
 func outcomeOf(attempt string) *kernel.Outcome {
-	return &kernel.Outcome{Status: 201, Body: []byte("by " + attempt)}
+	return &kernel.Outcome{Status: 201, Header: map[string][]string{"Location": {}}, Body: []byte("by " + attempt)}
 }
 
 func (x *explorer) startWrite(w *world, p *proc, c *client, req kernel.WriteRequest, f fate) error {
@@ -348,7 +351,7 @@ func (x *explorer) lose(w *world, p *proc) {
 	}
 	p.hold = slices.DeleteFunc(p.hold, func(a attemptRef) bool {
 		running := slices.ContainsFunc(p.clients, func(c client) bool {
-			return (c.pc == cClaim || c.pc == cHold || c.pc == cWrite) && a == attemptRef{c.key, c.attempt}
+			return (c.pc == cClaim || c.pc == cHold || c.pc == cWrite) && a.key == c.key && a.attempt == c.attempt
 		})
 		pending := slices.ContainsFunc(p.bg, func(t *task) bool { return t.kind == tFinal && t.attempt == a.attempt })
 		return !running && !pending

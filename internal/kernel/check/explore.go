@@ -205,27 +205,39 @@ func (w *world) hung(key int, attempt string) bool {
 	return false
 }
 
-// probe claims key i, free by the rules, from a new process, every Txn
-// delivered: it must be granted.
+// probe claims key i, free by the rules (or absent), through each of the
+// world's processes as it stands (its session, its view of the shard's
+// epoch, the attempts it holds), every Txn delivered: each must be granted
+// (and given up at once, for the next). A process that cannot claim a free
+// key is stuck, whatever a new one could do.
 func (x *explorer) probe(w *world, i int) error {
-	w = w.clone()
-	p := &proc{id: len(w.procs)}
-	x.newSession(w, p)
-	p.epoch = w.epoch()
-	m := kernel.NewClaim(x.cfg(), kernel.ClaimRequest{Key: recordKey(i), Fingerprint: fingerprint(i), Owner: p.owner(), Attempt: "probe"})
-	for range 20 {
-		a := m.Next(x.view(w, p, i))
-		if a.Kind == kernel.ActDone {
-			if v := m.Answer().Verdict; v != kernel.Won {
-				return broke("L", "the probe's claim of key %d, free by the rules, was answered %v", i, v)
-			}
-			return nil
-		}
-		if err := x.drive(w, p, i, m, writer{proc: p.id, owner: p.owner(), kind: wClaim, attempt: "probe", now: w.now}, fateDeliver); err != nil {
+	for _, p := range w.procs {
+		if err := x.probeVia(w.clone(), p.id, i); err != nil {
 			return err
 		}
 	}
-	return broke("L", "the probe's claim of key %d did not end", i)
+	return nil
+}
+
+func (x *explorer) probeVia(w *world, id, i int) error {
+	p := w.own(id)
+	if !w.alive(p.sess) {
+		return nil // its session is gone: it starts a new one first
+	}
+	m := kernel.NewClaim(x.cfg(), kernel.ClaimRequest{Key: recordKey(i), Fingerprint: fingerprint(i), Owner: p.owner(), Attempt: "probe"})
+	for range 3 * kernel.MaxRounds {
+		a := m.Next(x.view(w, p, i))
+		if a.Kind == kernel.ActDone {
+			if v := m.Answer().Verdict; v != kernel.Won {
+				return broke("L", "p%d's probe claim of key %d, free by the rules, was answered %v", p.id, i, v)
+			}
+			return nil
+		}
+		if err := x.drive(w, p, i, m, writer{proc: p.id, owner: p.owner(), kind: wClaim, attempt: "probe", now: w.clockOf(p)}, fateDeliver); err != nil {
+			return err
+		}
+	}
+	return broke("L", "p%d's probe claim of key %d did not end", p.id, i)
 }
 
 // envMoves are the sweeper's, the operator's and dead sessions' moves.

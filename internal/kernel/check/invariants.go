@@ -52,18 +52,23 @@ func broke(name, format string, args ...any) violation {
 	return violation{name, fmt.Sprintf(format, args...)}
 }
 
-// granted checks a claim won by client c of p (I1).
-func (x *explorer) granted(w *world, p *proc, c *client, a kernel.Answer) error {
+// granted checks a claim won by p (I1): the claim whose record it
+// replaced, if any, no longer has its right by p's clock (its session
+// ended in etcd, or its deadline or its record's expiry passed).
+func (x *explorer) granted(w *world, p *proc, key, attempt string, a kernel.Answer) error {
+	if a.Previous == nil {
+		return nil // a new claim, or one recognised: nobody held the record it wrote over
+	}
 	now := at(w.clockOf(p))
 	for _, q := range w.procs {
 		for _, h := range q.holding() {
-			if h.Key != recordKey(c.key) || h.Attempt == c.attempt {
+			if h.Key != key || h.Token != a.Previous.Token || h.Attempt == attempt {
 				continue
 			}
 			_, alive := w.etcd.Get(keys.Owner(h.Owner))
 			if alive && (h.Deadline.IsZero() || now.Before(h.Deadline)) && now.Before(h.Expires) {
-				return broke("I1", "p%d's claim (attempt %s, token %d) was granted while p%d's claim (attempt %s, token %d) still had its right",
-					p.id, c.attempt, a.Record.Token, q.id, h.Attempt, h.Token)
+				return broke("I1", "p%d's claim (attempt %s, token %d) took the key over while p%d's claim (attempt %s, token %d) still had its right",
+					p.id, attempt, a.Record.Token, q.id, h.Attempt, h.Token)
 			}
 		}
 	}

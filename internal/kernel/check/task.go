@@ -122,7 +122,7 @@ func (x *explorer) reapStep(w *world, p *proc, t *task, f fate) (bool, error) {
 			t.claim = kernel.NewClaim(x.cfg(), kernel.ClaimRequest{Key: recordKey(t.key), Fingerprint: fingerprint(t.key),
 				Owner: t.owner, Attempt: t.attempt, Fence: true})
 		}
-		p.hold = append(p.hold, attemptRef{t.key, t.attempt})
+		p.hold = append(p.hold, attemptRef{key: t.key, attempt: t.attempt})
 		return false, nil
 	case 1:
 		wr := writer{proc: p.id, owner: p.owner(), kind: wReap, attempt: t.attempt, now: w.clockOf(p)}
@@ -134,6 +134,11 @@ func (x *explorer) reapStep(w *world, p *proc, t *task, f fate) (bool, error) {
 		}
 		a := t.claim.Answer()
 		t.claim = nil
+		if a.Verdict == kernel.Won {
+			if err := x.granted(w, p, recordKey(t.key), t.attempt, a); err != nil {
+				return false, err // the fence took a claim over
+			}
+		}
 		switch kernel.ReapFenced(a, t.owner, t.seen, at(t.until)) {
 		case kernel.ReapAbandon:
 			t.held, t.phase = kernel.HeldBy(recordKey(t.key), a.Record), 2

@@ -149,16 +149,39 @@ type proc struct {
 type attemptRef struct {
 	key     int
 	attempt string
+	// until is when the process stops holding it (seconds, its clock; 0:
+	// never): the claim's deadline, or its record's expiry, whichever is
+	// first, as the store's timer unregisters it then, unless its final
+	// write is pending (the process holds its outcome).
+	until int64
 }
 
-func (p *proc) owner() string { return p.ownerID }
+// holds reports whether p holds attempt of key at its clock now.
+func (p *proc) holds(key int, attempt string, now int64) bool {
+	i := slices.IndexFunc(p.hold, func(a attemptRef) bool { return a.key == key && a.attempt == attempt })
+	if i < 0 {
+		return false
+	}
+	pending := slices.ContainsFunc(p.bg, func(t *task) bool { return t.kind == tFinal && t.attempt == attempt })
+	return p.hold[i].until == 0 || now < p.hold[i].until || pending
+}
 
-func (p *proc) holds(key int, attempt string) bool {
-	return slices.Contains(p.hold, attemptRef{key, attempt})
+// holdUntil notes when p stops holding attempt of key: the claim it won
+// holds until its deadline or its record's expiry.
+func (p *proc) holdUntil(key int, attempt string, h kernel.Held) {
+	end := h.Expires
+	if !h.Deadline.IsZero() && h.Deadline.Before(end) {
+		end = h.Deadline
+	}
+	for i := range p.hold {
+		if p.hold[i].key == key && p.hold[i].attempt == attempt {
+			p.hold[i].until = int64((end.Sub(epoch0) + Step - 1) / Step)
+		}
+	}
 }
 
 func (p *proc) release(key int, attempt string) {
-	p.hold = slices.DeleteFunc(p.hold, func(a attemptRef) bool { return a == attemptRef{key, attempt} })
+	p.hold = slices.DeleteFunc(p.hold, func(a attemptRef) bool { return a.key == key && a.attempt == attempt })
 }
 
 // clone copies the world; kernel machines, records and Txns are cloned
@@ -242,6 +265,7 @@ func (p *proc) appendState(b []byte) []byte {
 	b = binary.AppendUvarint(b, uint64(len(p.hold)))
 	for _, a := range p.hold {
 		b = appendStr(binary.AppendVarint(b, int64(a.key)), a.attempt)
+		b = binary.AppendVarint(b, a.until)
 	}
 	for _, c := range p.clients {
 		b = c.appendState(b)
@@ -281,3 +305,5 @@ func at(t int64) time.Time { return epoch0.Add(time.Duration(t) * Step) }
 
 // clockOf is process p's clock, in seconds.
 func (w *world) clockOf(p *proc) int64 { return w.now + p.skew }
+
+func (p *proc) owner() string { return p.ownerID }
