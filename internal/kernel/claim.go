@@ -306,7 +306,11 @@ func (m *Claim) record(now time.Time) *Record {
 }
 
 // Read feeds the record the caller read (nil: absent) at revision rev.
+// The claim has seen etcd at rev: its later writes may compare what it
+// read (a reaper of the claim must know; found by the model checker,
+// a takeover on a key's old shard, WithoutCreate, read first).
 func (m *Claim) Read(rec *Record, rev int64) {
+	m.seen = max(m.seen, rev)
 	if m.phase == claimFull {
 		m.cur, m.phase = rec, claimFullJudge
 		return
@@ -334,6 +338,7 @@ func (m *Claim) Owner(alive bool, rev int64, err error) {
 
 // Awaited feeds the record as it changed (nil: gone), read at rev.
 func (m *Claim) Awaited(rec *Record, rev int64) {
+	m.seen = max(m.seen, rev)
 	m.cur, m.seenRev, m.phase = rec, rev, claimJudge
 }
 

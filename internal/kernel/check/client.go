@@ -22,11 +22,15 @@ const (
 	cHold             // holds a claim: its next step is due
 	cWrite            // a claim's write machine runs
 	cDone
-	cHung // stopped for good while it holds a claim: its worker is stuck
+	cHung  // stopped for good while it holds a claim: its worker is stuck
+	cRoute // on a shard set: its key is handed over to its new shard first
 )
 
 type client struct {
 	id      int
+	cl      int // the cluster of its current claim (a shard set's)
+	fwd     *kernel.Forward
+	above   int64 // the epoch the key's new shard must be above
 	key     int
 	pc      cpc
 	tries   int
@@ -47,11 +51,17 @@ func (c client) clone() client {
 	if c.write != nil {
 		c.write = c.write.Clone()
 	}
+	if c.fwd != nil {
+		c.fwd = c.fwd.Clone()
+	}
 	return c
 }
 
 func (c client) appendState(b []byte) []byte {
-	b = appendInts(b, int64(c.id), int64(c.key), int64(c.pc), int64(c.tries), int64(c.wkind), int64(c.step))
+	b = appendInts(b, int64(c.id), int64(c.cl), c.above, int64(c.key), int64(c.pc), int64(c.tries), int64(c.wkind), int64(c.step))
+	if c.fwd != nil {
+		b = c.fwd.AppendState(append(b, 3))
+	}
 	b = append(b, boolByte(c.lost), boolByte(c.maybe))
 	b = appendStr(b, c.attempt)
 	if c.claim != nil {
@@ -66,14 +76,14 @@ func (c client) appendState(b []byte) []byte {
 	return b
 }
 
-// view is process p's view for a decision on key.
-func (x *explorer) view(w *world, p *proc, key int) kernel.View {
-	return kernel.View{Now: at(w.clockOf(p)), Epoch: p.epoch,
+// view is process p's view for a decision on key, on cluster cl.
+func (x *explorer) view(w *world, p *proc, cl, key int) kernel.View {
+	return kernel.View{Now: at(w.clockOf(p)), Epoch: p.epoch[cl], SetRev: p.setRev[cl],
 		HeldHere: func(a string) bool { return p.holds(key, a, w.clockOf(p)) }}
 }
 
 func (x *explorer) cfg() kernel.Config {
-	return kernel.Config{Keys: keys, Retention: time.Duration(x.scope.Retention) * Step, Epochs: x.scope.Epochs}
+	return kernel.Config{Keys: keys, Retention: time.Duration(x.scope.Retention) * Step, Epochs: x.scope.Epochs || x.scope.Shards}
 }
 
 // clientReady reports whether client c has a step to take.
@@ -88,12 +98,14 @@ func (x *explorer) clientSends(w *world, p *proc, c *client) bool {
 	case cIdle:
 		// A new claim's first step is its create, after a read that may
 		// replay instead.
-		rec, _ := x.read(w, recordKey(c.key))
+		rec, _ := x.read(w, 0, recordKey(c.key))
 		return !x.scope.ReadFirst || kernel.ReadDone(rec, fingerprint(c.key), at(w.clockOf(p))) == 0
 	case cClaim:
-		return peek(c.claim, x.view(w, p, c.key)) == kernel.ActSend
+		return peek(c.claim, x.view(w, p, c.cl, c.key)) == kernel.ActSend
 	case cWrite:
-		return peek(c.write, x.view(w, p, c.key)) == kernel.ActSend
+		return peek(c.write, x.view(w, p, c.cl, c.key)) == kernel.ActSend
+	case cRoute:
+		return c.fwd != nil && peek(c.fwd, x.view(w, p, 0, c.key)) == kernel.ActSend
 	case cHold:
 		return c.step == 1 || c.step == 3 || x.claimOver(w, p, c)
 	}
@@ -113,12 +125,13 @@ func (x *explorer) clientStep(w *world, p *proc, c *client, f fate) error {
 				return err
 			}
 		}
-		p.hold = append(p.hold, attemptRef{key: c.key, attempt: c.attempt})
-		c.maybe = false
-		c.claim = kernel.NewClaim(x.cfg(), kernel.ClaimRequest{Key: recordKey(c.key), Fingerprint: fingerprint(c.key),
-			Owner: p.owner(), Attempt: c.attempt, Deadline: time.Duration(x.scope.Deadline) * Step})
-		c.pc = cClaim
+		if x.scope.Shards {
+			return x.route(w, p, c, f)
+		}
+		x.startClaim(p, c, 0, false)
 		return x.claimStep(w, p, c, f)
+	case cRoute:
+		return x.routeStep(w, p, c, f)
 	case cClaim:
 		return x.claimStep(w, p, c, f)
 	case cHold:
@@ -129,12 +142,23 @@ func (x *explorer) clientStep(w *world, p *proc, c *client, f fate) error {
 	return nil
 }
 
+// startClaim begins the client's claim on cluster cl (existing: only a
+// live record there, WithoutCreate; else on a shard set, a Moved record
+// there is replaced, ReplaceMoved).
+func (x *explorer) startClaim(p *proc, c *client, cl int, existing bool) {
+	p.hold = append(p.hold, attemptRef{key: c.key, attempt: c.attempt})
+	c.maybe, c.cl, c.pc = false, cl, cClaim
+	c.claim = kernel.NewClaim(x.cfg(), kernel.ClaimRequest{Key: recordKey(c.key), Fingerprint: fingerprint(c.key),
+		Owner: p.owner(), Attempt: c.attempt, Deadline: time.Duration(x.scope.Deadline) * Step,
+		Existing: existing, OverMoved: x.scope.Shards && !existing && cl == 1, SetRev: p.setRev[cl]})
+}
+
 // readFirst looks for the key's done record without a write, as a claim
 // that reads first does (a serializable read, or the replay cache): the
 // kernel's ReadDone says whether to replay it. It reports whether the
 // client is done.
 func (x *explorer) readFirst(w *world, p *proc, c *client) (bool, error) {
-	rec, _ := x.read(w, recordKey(c.key))
+	rec, _ := x.read(w, 0, recordKey(c.key))
 	switch kernel.ReadDone(rec, fingerprint(c.key), at(w.clockOf(p))) {
 	case kernel.Replay:
 		c.pc = cDone
@@ -148,12 +172,12 @@ func (x *explorer) readFirst(w *world, p *proc, c *client) (bool, error) {
 
 // claimStep drives the client's claim machine one action.
 func (x *explorer) claimStep(w *world, p *proc, c *client, f fate) error {
-	wr := writer{proc: p.id, owner: p.owner(), kind: wClaim, attempt: c.attempt, now: w.clockOf(p)}
+	wr := writer{cl: c.cl, proc: p.id, owner: p.owner(), kind: wClaim, attempt: c.attempt, now: w.clockOf(p)}
 	if err := x.drive(w, p, c.key, c.claim, wr, f); err != nil {
 		return err
 	}
 	c.maybe = c.maybe || f == fateLost || f == fateHeld || f == fateGiveUp
-	if !done(c.claim, x.view(w, p, c.key)) {
+	if !done(c.claim, x.view(w, p, c.cl, c.key)) {
 		return nil
 	}
 	a := c.claim.Answer()
@@ -170,11 +194,11 @@ func (x *explorer) claimStep(w *world, p *proc, c *client, f fate) error {
 	if a.Verdict == kernel.Won && a.Record.Owner == p.owner() {
 		c.held, c.pc, c.step, c.lost = kernel.HeldBy(recordKey(c.key), a.Record), cHold, 0, false
 		p.holdUntil(c.key, c.attempt, c.held)
-		return x.granted(w, p, recordKey(c.key), c.attempt, a)
+		return x.granted(w, p, c.cl, recordKey(c.key), c.attempt, a)
 	}
 	p.release(c.key, c.attempt)
 	if unc && a.Verdict != kernel.Won {
-		p.bg = append(p.bg, &task{kind: tReap, key: c.key, attempt: c.attempt, owner: p.owner(), seen: seen,
+		p.bg = append(p.bg, &task{kind: tReap, cl: c.cl, key: c.key, attempt: c.attempt, owner: p.owner(), seen: seen,
 			until: w.clockOf(p) + MaxDelay + 1})
 	}
 	if a.Verdict == kernel.Replay {
@@ -230,12 +254,12 @@ func (x *explorer) startWrite(w *world, p *proc, c *client, req kernel.WriteRequ
 // answer as Run does: a final write whose outcome is unknown is retried
 // in the background, the claim held meanwhile.
 func (x *explorer) writeStep(w *world, p *proc, c *client, f fate) error {
-	wr := writer{proc: p.id, owner: p.owner(), kind: wWrite, attempt: c.attempt, token: c.held.Token, now: w.clockOf(p)}
+	wr := writer{cl: c.cl, proc: p.id, owner: p.owner(), kind: wWrite, attempt: c.attempt, token: c.held.Token, now: w.clockOf(p)}
 	if err := x.drive(w, p, c.key, c.write, wr, f); err != nil {
 		return err
 	}
 	c.maybe = c.maybe || f == fateLost || f == fateHeld || f == fateGiveUp
-	if !done(c.write, x.view(w, p, c.key)) {
+	if !done(c.write, x.view(w, p, c.cl, c.key)) {
 		return nil
 	}
 	a, ends, h := c.write.Answer(), c.write.Ends(), c.write.Held()
@@ -250,13 +274,13 @@ func (x *explorer) writeStep(w *world, p *proc, c *client, f fate) error {
 		req.Outcome = outcomeOf(c.attempt)
 	}
 	c.write, c.held = nil, h
-	if err := x.told(w, c.key, c.wkind, h, a); err != nil {
+	if err := x.told(w, c.cl, c.key, c.wkind, h, a); err != nil {
 		return err
 	}
 	switch {
 	case a.Verdict == kernel.Error && c.wkind.Final():
 		// Unknown: retried in the background; this process holds the key.
-		p.bg = append(p.bg, &task{kind: tFinal, key: c.key, attempt: c.attempt, held: h, req: req})
+		p.bg = append(p.bg, &task{kind: tFinal, cl: c.cl, key: c.key, attempt: c.attempt, held: h, req: req})
 		c.pc = cDone
 	case a.Verdict == kernel.Landed && !ends:
 		c.pc, c.step = cHold, c.step+1 // a checkpoint landed: the next effect
@@ -285,6 +309,8 @@ func peek(m machine, v kernel.View) kernel.ActionKind {
 		return m.Clone().Next(v).Kind
 	case *kernel.Write:
 		return m.Clone().Next(v).Kind
+	case *kernel.Forward:
+		return m.Clone().Next(v).Kind
 	}
 	panic("check: a machine that cannot be copied")
 }
@@ -298,22 +324,24 @@ func done(m machine, v kernel.View) bool {
 	return true
 }
 
-// drive performs a machine's next action on the model: a read, an owner
-// read, or a Txn that meets fate f.
+// drive performs a machine's next action on the model, on the writer's
+// cluster: a read, an owner read, or a Txn that meets fate f.
 func (x *explorer) drive(w *world, p *proc, key int, m machine, wr writer, f fate) error {
-	a := m.Next(x.view(w, p, key))
+	a := m.Next(x.view(w, p, wr.cl, key))
 	switch a.Kind {
 	case kernel.ActRead:
-		rec, rev := x.read(w, recordKey(key))
+		rec, rev := x.read(w, wr.cl, recordKey(key))
 		switch m := m.(type) {
 		case *kernel.Claim:
 			m.Read(rec, rev)
 		case *kernel.Write:
 			m.Read(rec, nil)
+		case *kernel.Forward:
+			m.Read(rec)
 		}
 	case kernel.ActOwner:
-		_, alive := w.etcd.Get(keys.Owner(a.Owner))
-		m.(*kernel.Claim).Owner(alive, w.etcd.Rev(), nil)
+		_, alive := w.db(wr.cl).Get(keys.Owner(a.Owner))
+		m.(*kernel.Claim).Owner(alive, w.db(wr.cl).Rev(), nil)
 	case kernel.ActAwait:
 		return fmt.Errorf("model: a claim waits (WithWait is not modelled)")
 	case kernel.ActSend:
@@ -323,18 +351,25 @@ func (x *explorer) drive(w *world, p *proc, key int, m machine, wr writer, f fat
 		}
 		switch m := m.(type) {
 		case *kernel.Claim:
-			p.learn(m.Sent(r))
+			p.learn(wr.cl, m.Sent(r))
 		case *kernel.Write:
 			m.Sent(r)
+		case *kernel.Forward:
+			p.learn(wr.cl, m.Sent(r))
 		}
 	}
 	return nil
 }
 
-// learn takes what a refused guarded write taught of the shard.
-func (p *proc) learn(n kernel.Notes) {
+// learn takes what a refused guarded write on cluster cl taught of its
+// shard: its epoch, or its shard set (and the set's generation).
+func (p *proc) learn(cl int, n kernel.Notes) {
 	if n.NewEpoch {
-		p.epoch = n.Epoch
+		p.epoch[cl] = n.Epoch
+	}
+	if n.NewSet {
+		p.setRev[cl] = n.Set.Rev
+		p.gen = max(p.gen, genOf(n.Set.Value))
 	}
 }
 
@@ -361,10 +396,14 @@ func (x *explorer) lose(w *world, p *proc) {
 }
 
 // newSession starts p's session (its incarnation's): a lease, and its
-// owner key on it.
+// owner key on it, on every cluster (a shard's store has a session of its
+// own, on its cluster; they end together, with the process).
 func (x *explorer) newSession(w *world, p *proc) {
 	p.noticed = false
 	p.ownerID = fmt.Sprintf("p%d.%d", p.id, p.inc)
-	p.sess = w.etcd.Grant(10)
-	_, _ = w.etcd.Txn(&kernel.Txn{Then: []kernel.Op{{Kind: kernel.Put, Key: keys.Owner(p.owner()), Value: []byte("x"), Lease: kernel.LeaseID, ID: p.sess}}})
+	p.sess = make([]int64, len(w.etcds))
+	for cl, db := range w.etcds {
+		p.sess[cl] = db.Grant(10)
+		_, _ = db.Txn(&kernel.Txn{Then: []kernel.Op{{Kind: kernel.Put, Key: keys.Owner(p.owner()), Value: []byte("x"), Lease: kernel.LeaseID, ID: p.sess[cl]}}})
+	}
 }

@@ -55,29 +55,30 @@ func (c *codec) decode(kv etcdmodel.KV) *kernel.Record {
 	return &d
 }
 
-// read returns key's record (nil: absent) and the revision of the read.
-func (x *explorer) read(w *world, key string) (*kernel.Record, int64) {
-	kv, ok := w.etcd.Get(key)
+// read returns key's record on cluster cl (nil: absent) and the revision
+// of the read.
+func (x *explorer) read(w *world, cl int, key string) (*kernel.Record, int64) {
+	kv, ok := w.db(cl).Get(key)
 	if !ok {
-		return nil, w.etcd.Rev()
+		return nil, w.db(cl).Rev()
 	}
-	return x.codec.decode(kv), w.etcd.Rev()
+	return x.codec.decode(kv), w.db(cl).Rev()
 }
 
 // lower makes t a Txn the model runs: records encoded, leases named.
-func (x *explorer) lower(w *world, p *proc, t *kernel.Txn) *kernel.Txn {
+func (x *explorer) lower(w *world, p *proc, cl int, t *kernel.Txn) *kernel.Txn {
 	l := &kernel.Txn{If: t.If, Else: t.Else, Then: make([]kernel.Op, len(t.Then))}
 	for i, op := range t.Then {
 		switch {
 		case op.Kind == kernel.Nested:
-			op.Txn = x.lower(w, p, op.Txn)
+			op.Txn = x.lower(w, p, cl, op.Txn)
 		case op.Kind != kernel.Put:
 		case op.Lease == kernel.RetentionLease:
-			op.Lease, op.ID = kernel.LeaseID, w.bucketFor(op.Until.Sub(epoch0).Milliseconds())
+			op.Lease, op.ID = kernel.LeaseID, w.bucketFor(cl, op.Until.Sub(epoch0).Milliseconds())
 		case op.Lease == kernel.BucketLease:
-			op.Lease, op.ID = kernel.LeaseID, w.bucketFor(w.clockOf(p)*1000+int64(x.scope.Retention)*1000)
+			op.Lease, op.ID = kernel.LeaseID, w.bucketFor(cl, w.clockOf(p)*1000+int64(x.scope.Retention)*1000)
 		case op.Lease == kernel.SessionLease:
-			op.Lease, op.ID = kernel.LeaseID, p.sess
+			op.Lease, op.ID = kernel.LeaseID, p.sess[cl]
 		}
 		if op.Record != nil {
 			op.Value, op.Record = x.codec.encode(op.Record), nil
@@ -89,14 +90,14 @@ func (x *explorer) lower(w *world, p *proc, t *kernel.Txn) *kernel.Txn {
 
 // bucketFor returns the retention lease of the bucket that outlives ms
 // (milliseconds since epoch0): one a second, granted when first needed.
-func (w *world) bucketFor(ms int64) int64 {
+func (w *world) bucketFor(cl int, ms int64) int64 {
 	until := (ms + 999) / 1000
-	if i := slices.IndexFunc(w.buckets, func(b bucket) bool { return b.until == until }); i >= 0 {
+	if i := slices.IndexFunc(w.buckets, func(b bucket) bool { return b.cl == cl && b.until == until }); i >= 0 {
 		return w.buckets[i].lease
 	}
-	id := w.etcd.Grant(until)
-	w.buckets = append(w.buckets, bucket{until: until, lease: id})
-	slices.SortFunc(w.buckets, func(a, b bucket) int { return int(a.until - b.until) })
+	id := w.db(cl).Grant(until)
+	w.buckets = append(w.buckets, bucket{cl: cl, until: until, lease: id})
+	slices.SortFunc(w.buckets, func(a, b bucket) int { return int(a.until-b.until)*4 + a.cl - b.cl })
 	return id
 }
 

@@ -147,7 +147,14 @@ func (x *explorer) visit(w *world) (uint64, bool) {
 // initial is a world's first state: every process with its session,
 // its client before its first claim.
 func (x *explorer) initial() *world {
-	w := &world{etcd: etcdmodel.New(), keys: make([]keyHist, x.scope.Keys)}
+	w := &world{etcds: []*etcdmodel.Store{etcdmodel.New()}, keys: make([]keyHist, x.scope.Keys)}
+	if x.scope.Shards {
+		// A shard set of two clusters, each recording the first set.
+		w.etcds = append(w.etcds, etcdmodel.New())
+		for _, db := range w.etcds {
+			_, _ = db.Txn(keys.SetValue(keys.Set(), setValue(1), 0, kernel.NoLease, 0))
+		}
+	}
 	for i := range x.scope.Procs {
 		p := &proc{id: i}
 		for j := range max(1, x.scope.Clients) {
@@ -157,6 +164,7 @@ func (x *explorer) initial() *world {
 			p.skew = x.scope.Skew[i]
 		}
 		x.newSession(w, p)
+		w.learnSets(p)
 		w.procs = append(w.procs, p)
 	}
 	return w
@@ -164,12 +172,13 @@ func (x *explorer) initial() *world {
 
 // terminal checks a world where nothing more can happen (L): every key
 // is done, absent, or free by the rules, and a claim of a free key is
-// granted.
+// granted. On a shard set, the key's record is the live one of either
+// cluster (a Moved record says where it is not).
 func (x *explorer) terminal(w *world) error {
 	now := at(w.now)
 	for i := range x.scope.Keys {
-		rec, _ := x.read(w, recordKey(i))
-		if rec == nil || rec.Expired(now) {
+		cl, rec := x.live(w, i, now)
+		if rec == nil {
 			if err := x.probe(w, i); err != nil {
 				return err
 			}
@@ -178,7 +187,7 @@ func (x *explorer) terminal(w *world) error {
 		if rec.State != kernel.InFlight {
 			continue
 		}
-		_, alive := w.etcd.Get(keys.Owner(rec.Owner))
+		_, alive := w.db(cl).Get(keys.Owner(rec.Owner))
 		free := rec.Owner == "" || !alive || rec.PastDeadline(now)
 		if !free && w.hung(i, rec.Attempt) {
 			continue // its worker is stuck: held, as it should be
@@ -191,6 +200,16 @@ func (x *explorer) terminal(w *world) error {
 		}
 	}
 	return nil
+}
+
+// live returns the cluster and the live record of key i (nil: none).
+func (x *explorer) live(w *world, i int, now time.Time) (int, *kernel.Record) {
+	for cl := range w.etcds {
+		if rec, _ := x.read(w, cl, recordKey(i)); rec.Live(now) {
+			return cl, rec
+		}
+	}
+	return 0, nil
 }
 
 // hung reports whether a stuck client holds key i's attempt.
@@ -221,12 +240,15 @@ func (x *explorer) probe(w *world, i int) error {
 
 func (x *explorer) probeVia(w *world, id, i int) error {
 	p := w.own(id)
-	if !w.alive(p.sess) {
+	if !w.alive(0, p.sess[0]) {
 		return nil // its session is gone: it starts a new one first
+	}
+	if x.scope.Shards {
+		return x.probeRouted(w, p, i)
 	}
 	m := kernel.NewClaim(x.cfg(), kernel.ClaimRequest{Key: recordKey(i), Fingerprint: fingerprint(i), Owner: p.owner(), Attempt: "probe"})
 	for range 3 * kernel.MaxRounds {
-		a := m.Next(x.view(w, p, i))
+		a := m.Next(x.view(w, p, 0, i))
 		if a.Kind == kernel.ActDone {
 			if v := m.Answer().Verdict; v != kernel.Won {
 				return broke("L", "p%d's probe claim of key %d, free by the rules, was answered %v", p.id, i, v)
@@ -240,10 +262,27 @@ func (x *explorer) probeVia(w *world, id, i int) error {
 	return broke("L", "p%d's probe claim of key %d did not end", p.id, i)
 }
 
+// probeRouted claims key i through p as its clients do on a shard set
+// (routed, handed over), every Txn delivered: it must be granted or
+// replay, within a few routes.
+func (x *explorer) probeRouted(w *world, p *proc, i int) error {
+	p.clients = append(p.clients, client{id: len(p.clients), key: i})
+	c := &p.clients[len(p.clients)-1]
+	for range 8 * kernel.MaxRounds {
+		if c.pc == cHold || c.pc == cDone {
+			return nil
+		}
+		if err := x.clientStep(w, p, c, fateDeliver); err != nil {
+			return err
+		}
+	}
+	return broke("L", "p%d's probe claim of key %d, free by the rules, was not granted (%d tries)", p.id, i, c.tries)
+}
+
 // envMoves are the sweeper's, the operator's and dead sessions' moves.
 func (x *explorer) envMoves(w *world) []move {
 	var out []move
-	if slices.ContainsFunc(w.dead, w.alive) {
+	if slices.ContainsFunc(w.dead, func(d deadLease) bool { return w.alive(d.cl, d.lease) }) {
 		out = append(out, move{kind: mExpireDead})
 	}
 	if x.scope.Sweep {
@@ -263,7 +302,7 @@ func (x *explorer) envMoves(w *world) []move {
 	if x.scope.Evict {
 		if w.evict == nil {
 			for i := range x.scope.Keys {
-				if rec, _ := x.read(w, recordKey(i)); rec != nil && kernel.Forget(rec, at(w.now)) == kernel.EvictJob {
+				if rec, _ := x.read(w, 0, recordKey(i)); rec != nil && kernel.Forget(rec, at(w.now)) == kernel.EvictJob {
 					out = append(out, move{kind: mEvictRead, idx: i})
 				}
 			}
@@ -278,13 +317,13 @@ func (x *explorer) envMoves(w *world) []move {
 func (x *explorer) envApply(w *world, m move) error {
 	switch m.kind {
 	case mExpireDead:
-		for _, l := range w.dead {
-			_ = w.etcd.Expire(l)
+		for _, d := range w.dead {
+			_ = w.db(d.cl).Expire(d.lease)
 		}
 		w.dead = nil
 	case mSweepList:
 		b := w.buckets[m.idx]
-		ks, _ := w.etcd.Keys(b.lease)
+		ks, _ := w.db(b.cl).Keys(b.lease)
 		w.sweep = &sweepState{lease: b.lease, keys: ks}
 	case mSweepDelete:
 		s := w.sweep
@@ -292,10 +331,10 @@ func (x *explorer) envApply(w *world, m move) error {
 		if _, err := x.apply1(w, kernel.SweepChunk(s.keys, s.lease), writer{kind: wSweep, now: w.now}); only(err) != nil {
 			return only(err)
 		}
-		_ = w.etcd.Expire(s.lease) // revoked once emptied
+		_ = w.db(0).Expire(s.lease) // revoked once emptied
 		w.buckets = slices.DeleteFunc(w.buckets, func(b bucket) bool { return b.lease == s.lease })
 	case mEvictRead:
-		rec, _ := x.read(w, recordKey(m.idx))
+		rec, _ := x.read(w, 0, recordKey(m.idx))
 		w.evict = &evictState{key: m.idx, rev: rec.Revision}
 	case mEvictDo:
 		e := w.evict
@@ -334,8 +373,10 @@ func (x *explorer) replay(path []move) string {
 		}
 		w = next
 		for k := range x.scope.Keys {
-			rec, _ := x.read(w, recordKey(k))
-			fmt.Fprintf(&b, "         key %d: %s\n", k, describe(rec))
+			for cl := range w.etcds {
+				rec, _ := x.read(w, cl, recordKey(k))
+				fmt.Fprintf(&b, "         key %d%s: %s\n", k, [...]string{"", " on b"}[cl], describe(rec))
+			}
 		}
 	}
 	x.log = nil

@@ -52,20 +52,20 @@ func broke(name, format string, args ...any) violation {
 	return violation{name, fmt.Sprintf(format, args...)}
 }
 
-// granted checks a claim won by p (I1): the claim whose record it
-// replaced, if any, no longer has its right by p's clock (its session
-// ended in etcd, or its deadline or its record's expiry passed).
-func (x *explorer) granted(w *world, p *proc, key, attempt string, a kernel.Answer) error {
-	if a.Previous == nil {
-		return nil // a new claim, or one recognised: nobody held the record it wrote over
-	}
+// granted checks a claim won by p on cluster cl (I1): the claim whose
+// record it replaced, if any, no longer has its right by p's clock (its
+// session ended in etcd, or its deadline or its record's expiry passed);
+// nor does any claim of the key on another cluster (a key is never live
+// on two shards).
+func (x *explorer) granted(w *world, p *proc, cl int, key, attempt string, a kernel.Answer) error {
 	now := at(w.clockOf(p))
 	for _, q := range w.procs {
 		for _, h := range q.holding() {
-			if h.Key != key || h.Token != a.Previous.Token || h.Attempt == attempt {
+			replaced := h.cl == cl && a.Previous != nil && h.Token == a.Previous.Token
+			if h.Key != key || h.Attempt == attempt || !replaced && h.cl == cl {
 				continue
 			}
-			_, alive := w.etcd.Get(keys.Owner(h.Owner))
+			_, alive := w.db(h.cl).Get(keys.Owner(h.Owner))
 			if alive && (h.Deadline.IsZero() || now.Before(h.Deadline)) && now.Before(h.Expires) {
 				return broke("I1", "p%d's claim (attempt %s, token %d) took the key over while p%d's claim (attempt %s, token %d) still had its right",
 					p.id, attempt, a.Record.Token, q.id, h.Attempt, h.Token)
@@ -75,19 +75,25 @@ func (x *explorer) granted(w *world, p *proc, key, attempt string, a kernel.Answ
 	return nil
 }
 
+// heldAt is a claim held, on its cluster.
+type heldAt struct {
+	kernel.Held
+	cl int
+}
+
 // holding is the claims p holds: its client's, while it may still act or
 // saves its outcome, and those whose outcome it saves in the background.
 // A claim being abandoned is given up: its holder acts no more.
-func (p *proc) holding() []kernel.Held {
-	var out []kernel.Held
+func (p *proc) holding() []heldAt {
+	var out []heldAt
 	for _, c := range p.clients {
 		if c.pc == cHold || c.pc == cHung || c.pc == cWrite && c.wkind != kernel.Abandon {
-			out = append(out, c.held)
+			out = append(out, heldAt{c.held, c.cl})
 		}
 	}
 	for _, t := range p.bg {
 		if t.kind == tFinal && t.req.Kind == kernel.Complete {
-			out = append(out, t.held)
+			out = append(out, heldAt{t.held, t.cl})
 		}
 	}
 	return out
@@ -133,9 +139,10 @@ func (x *explorer) replayed(w *world, p *proc, key int, rec *kernel.Record) erro
 	return nil
 }
 
-// told checks what a claim's write was told against etcd (I4).
-func (x *explorer) told(w *world, key int, kind kernel.WriteKind, h kernel.Held, a kernel.Answer) error {
-	rec, _ := x.read(w, recordKey(key))
+// told checks what a claim's write on cluster cl was told against etcd
+// (I4).
+func (x *explorer) told(w *world, cl, key int, kind kernel.WriteKind, h kernel.Held, a kernel.Answer) error {
+	rec, _ := x.read(w, cl, recordKey(key))
 	k := &w.keys[key]
 	switch {
 	case kind == kernel.Complete && (a.Verdict == kernel.Fenced || a.Verdict == kernel.Ended || a.Verdict == kernel.Expired):
@@ -160,10 +167,10 @@ func (x *explorer) abandonsHeld(w *world, p *proc, t *task) error {
 	now := at(w.clockOf(p))
 	for _, q := range w.procs {
 		for _, h := range q.holding() {
-			if h.Key != recordKey(t.key) || h.Attempt != t.attempt || h.Token != t.held.Token {
+			if h.Key != recordKey(t.key) || h.cl != t.cl || h.Attempt != t.attempt || h.Token != t.held.Token {
 				continue
 			}
-			_, alive := w.etcd.Get(keys.Owner(h.Owner))
+			_, alive := w.db(h.cl).Get(keys.Owner(h.Owner))
 			if alive && (h.Deadline.IsZero() || now.Before(h.Deadline)) {
 				return broke("I14", "p%d's reaper abandons the claim p%d holds with its right (attempt %s)", p.id, q.id, h.Attempt)
 			}
@@ -194,7 +201,7 @@ func (x *explorer) write1(w *world, key int, b, a *kernel.Record, wr writer) err
 	k := &w.keys[key]
 	now := at(wr.now)
 	claimWrite := wr.kind == wWrite || wr.kind == wFinal || wr.kind == wReap && wr.token != 0
-	_, sessionLive := w.etcd.Get(keys.Owner(wr.owner))
+	_, sessionLive := w.db(wr.cl).Get(keys.Owner(wr.owner))
 	switch {
 	case wr.kind == wClaim && a != nil && a.Owner != "" && a.Owner != kernel.DeadlineOwner && !sessionLive:
 		return broke("W", "a claim (attempt %s) was written under session %s, which has ended", wr.attempt, a.Owner)

@@ -41,6 +41,7 @@ const (
 	mEvictDo
 	mHang
 	mWait
+	mChangeSet
 )
 
 // move is one transition of a world.
@@ -85,6 +86,9 @@ func (m move) String() string {
 		return fmt.Sprintf("p%d client %d hangs, its claim held (a stuck handler)", m.proc, m.idx)
 	case mWait:
 		return "a second passes while only background work waits"
+	case mChangeSet:
+		return "the second shard set is installed on cluster 0 (the arbiter)"
+
 	}
 	return "?"
 }
@@ -114,13 +118,13 @@ func (x *explorer) moves(w *world) []move {
 		for j, t := range p.bg {
 			withFates(move{kind: mTask, proc: i, idx: j}, x.taskSends(w, p, t))
 		}
-		if !p.noticed && !w.alive(p.sess) {
+		if !p.noticed && !w.alive(0, p.sess[0]) {
 			out = append(out, move{kind: mNotice, proc: i})
 		}
 		if w.used.crashes < x.scope.Crashes {
 			out = append(out, move{kind: mCrash, proc: i})
 		}
-		if w.used.expiries < x.scope.Expiries && w.alive(p.sess) {
+		if w.used.expiries < x.scope.Expiries && w.alive(0, p.sess[0]) {
 			out = append(out, move{kind: mExpire, proc: i})
 		}
 	}
@@ -134,16 +138,22 @@ func (x *explorer) moves(w *world) []move {
 		// its backoff does, up to the landing window past the last tick.
 		out = append(out, move{kind: mWait})
 	}
-	if x.scope.Epochs && w.used.raises < x.scope.Raises {
+	if (x.scope.Epochs || x.scope.Shards) && w.used.raises < x.scope.Raises {
 		out = append(out, move{kind: mRaise})
 	}
+	if x.scope.Shards {
+		if gen, _ := w.setOn(0); gen == 1 {
+			out = append(out, move{kind: mChangeSet})
+		}
+	}
+
 	out = append(out, x.envMoves(w)...)
 	return out
 }
 
-// alive reports whether a lease exists in etcd.
-func (w *world) alive(lease int64) bool {
-	_, err := w.etcd.Keys(lease)
+// alive reports whether a lease exists in cluster cl.
+func (w *world) alive(cl int, lease int64) bool {
+	_, err := w.db(cl).Keys(lease)
 	return err == nil
 }
 
@@ -173,7 +183,9 @@ func (x *explorer) apply(w *world, m move) (*world, error) {
 		x.crash(w, p)
 	case mExpire:
 		w.used.expiries++
-		_ = w.etcd.Expire(p.sess)
+		for cl, l := range p.sess {
+			_ = w.db(cl).Expire(l)
+		}
 	case mLand:
 		h := w.net[m.idx]
 		w.net = slices.Delete(w.net, m.idx, m.idx+1)
@@ -195,6 +207,9 @@ func (x *explorer) apply(w *world, m move) (*world, error) {
 	case mRaise:
 		w.used.raises++
 		x.raise(w, w.own(0))
+	case mChangeSet:
+		x.changeSet(w)
+
 	default:
 		return w, x.envApply(w, m)
 	}
@@ -205,8 +220,10 @@ func (x *explorer) apply(w *world, m move) (*world, error) {
 // its background writes and the attempts it held are gone; it restarts
 // with a new session. Its old session lives on in etcd until it expires.
 func (x *explorer) crash(w *world, p *proc) {
-	if w.alive(p.sess) {
-		w.dead = append(w.dead, p.sess)
+	for cl, l := range p.sess {
+		if w.alive(cl, l) {
+			w.dead = append(w.dead, deadLease{cl, l})
+		}
 	}
 	p.bg, p.hold = nil, nil
 	for i := range p.clients {
@@ -216,21 +233,27 @@ func (x *explorer) crash(w *world, p *proc) {
 	}
 	p.inc++
 	x.newSession(w, p)
-	p.epoch = w.epoch() // a store reads its shard's epoch when it starts
+	w.learnSets(p) // a store reads its shard's epoch and set when it starts
 }
 
 // raise moves the shard epoch up by one, as p's RaiseEpoch does (a key
 // moving to this shard): p believes in the new epoch from then on.
+// On a shard set, the epoch raised is the second cluster's (another key
+// moving there, or a restore's bump).
 func (x *explorer) raise(w *world, p *proc) {
-	e := w.epoch()
-	_, _ = x.apply1(w, keys.RaiseEpoch(e, e+1), writer{kind: wRaise})
-	p.epoch = e + 1
+	cl := 0
+	if x.scope.Shards {
+		cl = 1
+	}
+	e := w.epoch(cl)
+	_, _ = x.apply1(w, keys.RaiseEpoch(e, e+1), writer{cl: cl, kind: wRaise})
+	p.epoch[cl] = e + 1
 }
 
-// epoch is the shard epoch etcd holds.
-func (w *world) epoch() int64 {
+// epoch is the shard epoch cluster cl holds.
+func (w *world) epoch(cl int) int64 {
 	e := int64(0)
-	if kv, ok := w.etcd.Get(keys.Epoch()); ok {
+	if kv, ok := w.db(cl).Get(keys.Epoch()); ok {
 		e, _ = kernel.ParseEpoch(kv.Value)
 	}
 	return e
@@ -238,7 +261,7 @@ func (w *world) epoch() int64 {
 
 // send sends p's Txn t, as fate f says.
 func (x *explorer) send(w *world, p *proc, t *kernel.Txn, wr writer, f fate) (kernel.Reply, error) {
-	l := x.lower(w, p, t)
+	l := x.lower(w, p, wr.cl, t)
 	if x.log != nil {
 		x.note("p%d sends %s%s", p.id, t, fateNames[f])
 	}
@@ -269,21 +292,22 @@ func (x *explorer) send(w *world, p *proc, t *kernel.Txn, wr writer, f fate) (ke
 	return kernel.Reply{Delivery: kernel.Failed, NotSent: true, Err: errNotSent}, nil
 }
 
-// apply1 runs a lowered Txn on etcd and checks what it wrote.
+// apply1 runs a lowered Txn on the writer's cluster and checks what it
+// wrote.
 func (x *explorer) apply1(w *world, t *kernel.Txn, wr writer) (*etcdmodel.Response, error) {
-	before := x.records(w)
-	resp, err := w.etcd.Txn(t)
+	before := x.records(w, wr.cl)
+	resp, err := w.db(wr.cl).Txn(t)
 	if err != nil {
 		return nil, err
 	}
-	return resp, x.landed(w, before, x.records(w), wr)
+	return resp, x.landed(w, before, x.records(w, wr.cl), wr)
 }
 
-// records reads every key's record.
-func (x *explorer) records(w *world) []*kernel.Record {
+// records reads every key's record on cluster cl.
+func (x *explorer) records(w *world, cl int) []*kernel.Record {
 	out := make([]*kernel.Record, x.scope.Keys)
 	for i := range out {
-		out[i], _ = x.read(w, recordKey(i))
+		out[i], _ = x.read(w, cl, recordKey(i))
 	}
 	return out
 }

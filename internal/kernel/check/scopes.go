@@ -7,6 +7,8 @@ var Scopes = []Scope{
 	{Name: "G2: retention passes: EvictIf, reads first", Procs: 2, Keys: 1, Faults: 1, Retries: 1, Retention: 2, Ticks: 3, Evict: true, ReadFirst: true},
 	{Name: "G1: retention passes: the sweeper", Procs: 2, Keys: 1, Faults: 1, Retries: 1, Retention: 2, Ticks: 2, Sweep: true},
 	{Name: "C: a session expires, recovery points", Procs: 2, Keys: 1, Faults: 1, Expiries: 1, Retries: 1, Retention: 3600, Checkpoint: true},
+	{Name: "S: a shard set changes: keys handed over between two clusters, an epoch raised, a crash", Procs: 2, Keys: 1, Faults: 1,
+		Crashes: 1, Raises: 1, Retries: 1, Retention: 3600, Shards: true},
 	{Name: "F: shard epochs raised, a restart", Procs: 2, Keys: 1, Faults: 1, Crashes: 1, Retries: 1, Retention: 3600, Epochs: true, Raises: 1},
 	{Name: "A1: two processes, lost and held replies, a crash", Procs: 2, Keys: 1, Faults: 1, Crashes: 1, Retries: 2, Retention: 3600},
 	{Name: "B: deadlines, clocks that move and disagree, a stuck worker", Procs: 2, Keys: 1, Faults: 1, Retries: 1, Retention: 3600,

@@ -18,6 +18,7 @@ const (
 
 type task struct {
 	kind    tkind
+	cl      int // the cluster of its claim
 	key     int
 	attempt string
 	owner   string // reap: the session the lost write was made under
@@ -42,7 +43,7 @@ func (t *task) clone() *task {
 }
 
 func (t *task) appendState(b []byte) []byte {
-	b = appendInts(b, int64(t.kind), int64(t.key), t.seen, t.until, int64(t.phase), int64(t.req.Kind))
+	b = appendInts(b, int64(t.kind), int64(t.cl), int64(t.key), t.seen, t.until, int64(t.phase), int64(t.req.Kind))
 	b = appendStr(appendStr(b, t.attempt), t.owner)
 	b = t.held.AppendState(b)
 	if t.claim != nil {
@@ -58,9 +59,9 @@ func (t *task) appendState(b []byte) []byte {
 func (x *explorer) taskSends(w *world, p *proc, t *task) bool {
 	switch {
 	case t.claim != nil:
-		return peek(t.claim, x.view(w, p, t.key)) == kernel.ActSend
+		return peek(t.claim, x.view(w, p, t.cl, t.key)) == kernel.ActSend
 	case t.write != nil:
-		return peek(t.write, x.view(w, p, t.key)) == kernel.ActSend
+		return peek(t.write, x.view(w, p, t.cl, t.key)) == kernel.ActSend
 	}
 	return t.kind == tFinal
 }
@@ -80,16 +81,16 @@ func (x *explorer) finalStep(w *world, p *proc, t *task, f fate) (bool, error) {
 	if t.write == nil {
 		t.write = kernel.NewWrite(x.cfg(), t.held, t.req)
 	}
-	wr := writer{proc: p.id, owner: p.owner(), kind: wFinal, attempt: t.attempt, token: t.held.Token, now: w.clockOf(p)}
+	wr := writer{cl: t.cl, proc: p.id, owner: p.owner(), kind: wFinal, attempt: t.attempt, token: t.held.Token, now: w.clockOf(p)}
 	if err := x.drive(w, p, t.key, t.write, wr, f); err != nil {
 		return false, err
 	}
-	if !done(t.write, x.view(w, p, t.key)) {
+	if !done(t.write, x.view(w, p, t.cl, t.key)) {
 		return false, nil
 	}
 	a, h := t.write.Answer(), t.write.Held()
 	t.write, t.held = nil, h
-	if err := x.told(w, t.key, t.req.Kind, h, a); err != nil {
+	if err := x.told(w, t.cl, t.key, t.req.Kind, h, a); err != nil {
 		return false, err
 	}
 	if a.Verdict == kernel.Error {
@@ -108,7 +109,7 @@ func (x *explorer) reapStep(w *world, p *proc, t *task, f fate) (bool, error) {
 	}
 	switch t.phase {
 	case 0:
-		rec, _ := x.read(w, recordKey(t.key))
+		rec, _ := x.read(w, t.cl, recordKey(t.key))
 		switch kernel.Reap(rec, t.owner, t.attempt, t.seen, at(w.clockOf(p)), at(t.until)) {
 		case kernel.ReapRetry:
 			return false, nil
@@ -120,22 +121,22 @@ func (x *explorer) reapStep(w *world, p *proc, t *task, f fate) (bool, error) {
 		default:
 			t.phase = 1
 			t.claim = kernel.NewClaim(x.cfg(), kernel.ClaimRequest{Key: recordKey(t.key), Fingerprint: fingerprint(t.key),
-				Owner: t.owner, Attempt: t.attempt, Fence: true})
+				Owner: t.owner, Attempt: t.attempt, Fence: true, SetRev: p.setRev[t.cl]})
 		}
 		p.hold = append(p.hold, attemptRef{key: t.key, attempt: t.attempt})
 		return false, nil
 	case 1:
-		wr := writer{proc: p.id, owner: p.owner(), kind: wReap, attempt: t.attempt, now: w.clockOf(p)}
+		wr := writer{cl: t.cl, proc: p.id, owner: p.owner(), kind: wReap, attempt: t.attempt, now: w.clockOf(p)}
 		if err := x.drive(w, p, t.key, t.claim, wr, f); err != nil {
 			return false, err
 		}
-		if !done(t.claim, x.view(w, p, t.key)) {
+		if !done(t.claim, x.view(w, p, t.cl, t.key)) {
 			return false, nil
 		}
 		a := t.claim.Answer()
 		t.claim = nil
 		if a.Verdict == kernel.Won {
-			if err := x.granted(w, p, recordKey(t.key), t.attempt, a); err != nil {
+			if err := x.granted(w, p, t.cl, recordKey(t.key), t.attempt, a); err != nil {
 				return false, err // the fence took a claim over
 			}
 		}
@@ -150,14 +151,14 @@ func (x *explorer) reapStep(w *world, p *proc, t *task, f fate) (bool, error) {
 			return false, nil
 		}
 	case 2:
-		wr := writer{proc: p.id, owner: p.owner(), kind: wReap, attempt: t.attempt, token: t.held.Token, now: w.clockOf(p)}
+		wr := writer{cl: t.cl, proc: p.id, owner: p.owner(), kind: wReap, attempt: t.attempt, token: t.held.Token, now: w.clockOf(p)}
 		if err := x.abandonsHeld(w, p, t); err != nil {
 			return false, err
 		}
 		if err := x.drive(w, p, t.key, t.write, wr, f); err != nil {
 			return false, err
 		}
-		if !done(t.write, x.view(w, p, t.key)) {
+		if !done(t.write, x.view(w, p, t.cl, t.key)) {
 			return false, nil
 		}
 		if t.write.Answer().Verdict == kernel.Error {

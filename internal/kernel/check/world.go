@@ -32,7 +32,13 @@ type Scope struct {
 	Evict               bool // an operator (a drain, a schedule) deletes records past their retention with EvictIf
 	Clients             int  // clients per process (default 1), on keys in turn
 	Hangs               int  // clients that stop for good while they hold a claim (a stuck handler)
-	ReadFirst           bool // clients look for a done record without a write before they claim
+	// Shards makes the world a shard set of two clusters, each with its own
+	// revisions: the keys live on the first under the first shard set; a
+	// nemesis installs the second, which hands them over to the second
+	// cluster (Forward, the epoch raised, ReplaceMoved), and processes learn
+	// it late.
+	Shards    bool
+	ReadFirst bool // clients look for a done record without a write before they claim
 }
 
 // MaxDelay bounds how long a Txn that left its process may take to land:
@@ -60,15 +66,15 @@ func fingerprint(i int) [32]byte { return [32]byte{byte(i + 1)} }
 // world is one state: etcd, the processes, the network, the sink
 // downstream, and what the invariants remember of the past.
 type world struct {
-	now     int64 // seconds since epoch0
-	etcd    *etcdmodel.Store
-	buckets []bucket // retention leases by the second they outlive
+	now     int64              // seconds since epoch0
+	etcds   []*etcdmodel.Store // the clusters: one, or a shard set's two
+	buckets []bucket           // retention leases by the second they outlive
 	procs   []*proc
 	net     []held // Txns that left their process and may land later, or never
 	sink    []effect
 	keys    []keyHist
 	used    budget
-	dead    []int64     // the session leases of crashed incarnations, until they expire
+	dead    []deadLease // the session leases of crashed incarnations, until they expire
 	sweep   *sweepState // what the sweeper listed, to delete next
 	evict   *evictState // what an operator read, to delete next
 }
@@ -77,6 +83,7 @@ type world struct {
 type budget struct{ faults, crashes, expiries, ticks, raises, hangs int }
 
 type bucket struct {
+	cl    int   // its cluster
 	until int64 // seconds
 	lease int64
 }
@@ -92,6 +99,7 @@ type held struct {
 // writer says who sent a Txn, for the invariants that judge the writes
 // that land.
 type writer struct {
+	cl      int // the cluster it writes to
 	proc    int
 	owner   string // the writer's session
 	kind    wkind
@@ -110,6 +118,7 @@ const (
 	wSweep
 	wEvict
 	wRaise
+	wMove // a hand-over (Forward)
 )
 
 // effect is what reached the sink downstream: a key's step, applied by a
@@ -135,12 +144,14 @@ type keyHist struct {
 // background writes, and the attempts it holds.
 type proc struct {
 	id      int
-	inc     int    // incarnation: a new session (after a crash or a lost session) is a new owner
-	ownerID string // its session's owner id: p<id>.<inc>
-	sess    int64  // its session's lease
-	noticed bool   // it noticed its session is gone, and starts a new one
+	inc     int     // incarnation: a new session (after a crash or a lost session) is a new owner
+	ownerID string  // its session's owner id: p<id>.<inc>
+	sess    []int64 // its session's lease, on each cluster
+	noticed bool    // it noticed its session is gone, and starts a new one
 	skew    int64
-	epoch   int64 // the shard epoch it believes in
+	epoch   []int64 // the shard epoch it believes in, of each cluster
+	gen     int64   // the shard set it routes by (Scope.Shards)
+	setRev  []int64 // the revision of that set on each cluster, as it last saw it
 	clients []client
 	bg      []*task
 	hold    []attemptRef // attempts it runs, or holds the outcome of
@@ -188,7 +199,10 @@ func (p *proc) release(key int, attempt string) {
 // or shared as their packages allow.
 func (w *world) clone() *world {
 	c := *w
-	c.etcd = w.etcd.Clone()
+	c.etcds = make([]*etcdmodel.Store, len(w.etcds))
+	for i, e := range w.etcds {
+		c.etcds[i] = e.Clone()
+	}
 	c.buckets = slices.Clone(w.buckets)
 	c.net = slices.Clone(w.net)
 	c.sink = slices.Clone(w.sink)
@@ -207,6 +221,7 @@ func (w *world) own(i int) *proc {
 	p := w.procs[i]
 	q := *p
 	q.hold = slices.Clone(p.hold)
+	q.sess, q.epoch, q.setRev = slices.Clone(p.sess), slices.Clone(p.epoch), slices.Clone(p.setRev)
 	q.clients = make([]client, len(p.clients))
 	for j, c := range p.clients {
 		q.clients[j] = c.clone()
@@ -222,9 +237,11 @@ func (w *world) own(i int) *proc {
 // appendState writes the world canonically.
 func (w *world) appendState(b []byte) []byte {
 	b = binary.AppendVarint(b, w.now)
-	b = w.etcd.AppendState(b)
+	for _, e := range w.etcds {
+		b = e.AppendState(b)
+	}
 	for _, bk := range w.buckets {
-		b = binary.AppendVarint(binary.AppendVarint(b, bk.until), bk.lease)
+		b = appendInts(b, int64(bk.cl), bk.until, bk.lease)
 	}
 	b = binary.AppendUvarint(b, uint64(len(w.net)))
 	for _, h := range w.net {
@@ -243,7 +260,9 @@ func (w *world) appendState(b []byte) []byte {
 	}
 	b = appendInts(b, int64(w.used.faults), int64(w.used.crashes), int64(w.used.expiries), int64(w.used.ticks), int64(w.used.raises), int64(w.used.hangs))
 	b = appendInts(b, int64(len(w.dead)))
-	b = appendInts(b, w.dead...)
+	for _, d := range w.dead {
+		b = appendInts(b, int64(d.cl), d.lease)
+	}
 	if s := w.sweep; s != nil {
 		b = appendInts(append(b, 1), s.lease, int64(len(s.keys)))
 		for _, k := range s.keys {
@@ -253,6 +272,7 @@ func (w *world) appendState(b []byte) []byte {
 	if e := w.evict; e != nil {
 		b = appendInts(append(b, 2), int64(e.key), e.rev)
 	}
+
 	for _, p := range w.procs {
 		b = p.appendState(b)
 	}
@@ -260,7 +280,10 @@ func (w *world) appendState(b []byte) []byte {
 }
 
 func (p *proc) appendState(b []byte) []byte {
-	b = appendInts(b, int64(p.inc), p.sess, p.skew, p.epoch)
+	b = appendInts(b, int64(p.inc), p.skew, p.gen)
+	b = appendInts(b, p.sess...)
+	b = appendInts(b, p.epoch...)
+	b = appendInts(b, p.setRev...)
 	b = append(b, boolByte(p.noticed))
 	b = binary.AppendUvarint(b, uint64(len(p.hold)))
 	for _, a := range p.hold {
@@ -278,7 +301,7 @@ func (p *proc) appendState(b []byte) []byte {
 }
 
 func (wr writer) appendState(b []byte) []byte {
-	b = appendInts(b, int64(wr.proc), int64(wr.kind), wr.token, wr.now)
+	b = appendInts(b, int64(wr.cl), int64(wr.proc), int64(wr.kind), wr.token, wr.now)
 	return appendStr(appendStr(b, wr.attempt), wr.owner)
 }
 
@@ -307,3 +330,12 @@ func at(t int64) time.Time { return epoch0.Add(time.Duration(t) * Step) }
 func (w *world) clockOf(p *proc) int64 { return w.now + p.skew }
 
 func (p *proc) owner() string { return p.ownerID }
+
+// db is cluster cl's etcd.
+func (w *world) db(cl int) *etcdmodel.Store { return w.etcds[cl] }
+
+// deadLease is a crashed incarnation's session lease on a cluster.
+type deadLease struct {
+	cl    int
+	lease int64
+}
