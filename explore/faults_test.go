@@ -125,6 +125,9 @@ func (w *world) inject(p *process) grpc.UnaryClientInterceptor {
 			err := invoker(ctx, method, req, reply, cc, opts...)
 			if err == nil {
 				w.noteDeletes(a, req, reply) // before revisions: its revision is the real one
+				if t, ok := req.(*pb.TxnRequest); ok {
+					w.checkGuards(t, reply.(*pb.TxnResponse))
+				}
 				w.revisions(req, reply)
 			}
 			w.observeCall(p, method, req, reply, err)

@@ -160,6 +160,8 @@ func (s *sink) apply(key string, step int, token int64, who string) bool {
 type version struct {
 	rev     int64
 	ekey    string // its etcd key
+	dict    uint32 // the dictionary it is compressed against (0: none)
+	lease   int64  // its lease
 	deleted bool
 	rec     *etcdstore.Record
 	shard   string // in a shard world, where it was written
@@ -188,6 +190,7 @@ func (w *world) history(ctx context.Context) (map[string][]version, error) {
 	// longer holds it deletes nothing of the key's).
 	holder := map[string]string{}
 	moved := map[string]bool{} // keys a Moved record was written for since their last version
+	w.copies = dictCopies{}
 	for _, ev := range w.feed.since(w.start+1, end.Header.Revision) {
 		k := string(ev.Kv.Key)
 		shardName, _, _ := w.shardOf(k)
@@ -198,6 +201,7 @@ func (w *world) history(ctx context.Context) (map[string][]version, error) {
 		if d, ok := strings.CutPrefix(rest, "z/"); ok && ev.Type == mvccpb.DELETE && strings.Count(d, "/") == 1 {
 			w.ledger.hit("path:dictionary copy deleted with its lease")
 		}
+		w.copies.note(shardName, rest, ev)
 		id, ok := strings.CutPrefix(rest, "k/default/")
 		if !ok {
 			if id, ok = strings.CutPrefix(rest, "k/"+jobTenant+"/"); !ok {
@@ -205,7 +209,10 @@ func (w *world) history(ctx context.Context) (map[string][]version, error) {
 			}
 			id = jobKey(id)
 		}
-		v := version{rev: ev.Kv.ModRevision, ekey: k, deleted: ev.Type == mvccpb.DELETE, shard: shardName}
+		v := version{rev: ev.Kv.ModRevision, ekey: k, deleted: ev.Type == mvccpb.DELETE, shard: shardName, lease: ev.Kv.Lease}
+		if !v.deleted {
+			v.dict, _ = dictOf(ev.Kv.Value)
+		}
 		if !v.deleted {
 			rec, err := w.decodeRecord(ev.Kv)
 			if err != nil {
@@ -742,6 +749,7 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 		}
 	}
 
+	bad = append(bad, w.checkDicts(hist)...)
 	bad = append(bad, w.checkJobs(hist, final, rolledBack, opStarts)...)
 	bad = append(bad, w.checkSchedule(hist)...)
 	bad = append(bad, w.checkWaits(hist, final)...)
@@ -875,4 +883,15 @@ func (w *world) maxSkew() time.Duration {
 		m = max(m, sk)
 	}
 	return m
+}
+
+// restoredAt reports whether the write at rev is a restore's (it put back
+// what a snapshot held).
+func (w *world) restoredAt(rev int64) bool {
+	for _, r := range w.restores {
+		if r.done && rev > r.from && rev <= r.to {
+			return true
+		}
+	}
+	return false
 }

@@ -52,9 +52,10 @@ func merchantOfLimitJob(id string) string {
 }
 
 type limitsConfig struct {
-	on   bool
-	conc int
-	rate float64 // 0: none
+	on    bool
+	conc  int
+	rate  float64 // 0: none
+	burst int     // with a rate: how many attempts may start at once
 }
 
 // pickLimits draws whether the world runs limited jobs: where every process
@@ -70,7 +71,7 @@ func (w *world) pickLimits() {
 	}
 	w.limits = limitsConfig{on: true, conc: 1 + w.rng.IntN(2)}
 	if w.rng.IntN(2) == 0 {
-		w.limits.rate = 0.5
+		w.limits.rate, w.limits.burst = 0.5, 1+w.rng.IntN(2)
 	}
 	w.ledger.hit("config:per-key limits")
 }
@@ -121,7 +122,7 @@ func (w *world) limitKind() jobs.Kind {
 	}
 	l := jobs.Limit{Name: "merchant", Key: jobs.ParamKey("m"), Concurrency: w.limits.conc}
 	if w.limits.rate > 0 {
-		l.Rate, l.Burst = w.limits.rate, 1
+		l.Rate, l.Burst = w.limits.rate, w.limits.burst
 	}
 	return jobs.Kind{Name: "lim", MaxAttempts: 8, Backoff: time.Second, MaxBackoff: 4 * time.Second,
 		Limits: []jobs.Limit{l}, Steps: []jobs.Step{step("a", false), step("b", true)}}
@@ -342,7 +343,10 @@ func (w *world) checkLimits(hist map[string][]version, end int64) []string {
 				spread = max(spread, a-b)
 			}
 		}
-		period := time.Duration(float64(time.Second) / w.limits.rate)
+		// Burst attempts in any window of Burst/Rate: the i-th start and the
+		// (i+Burst)-th are at least that far apart.
+		b := w.limits.burst
+		period := time.Duration(float64(b) * float64(time.Second) / w.limits.rate)
 		starts := map[string][]limitEv{}
 		seen := map[string]bool{}
 		for _, e := range w.limitLog {
@@ -356,10 +360,10 @@ func (w *world) checkLimits(hist map[string][]version, end int64) []string {
 		}
 		for m, es := range starts {
 			slices.SortFunc(es, func(a, b limitEv) int { return a.at.Compare(b.at) })
-			for i := 1; i < len(es); i++ {
-				if d := es[i].at.Sub(es[i-1].at); d < period-spread-time.Millisecond {
-					fail("L4: merchant %s: attempts %s/%d and %s/%d started %v apart; the rate allows one per %v (skew spread %v)",
-						m, es[i-1].id, es[i-1].token, es[i].id, es[i].token, d, period, spread)
+			for i := b; i < len(es); i++ {
+				if d := es[i].at.Sub(es[i-b].at); d < period-spread-time.Millisecond {
+					fail("L4: merchant %s: attempts %s/%d and %s/%d started %v apart, %d starts; the rate allows %d per %v (skew spread %v)",
+						m, es[i-b].id, es[i-b].token, es[i].id, es[i].token, d, b+1, b, period, spread)
 				}
 			}
 			if len(es) > 1 {

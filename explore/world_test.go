@@ -136,6 +136,7 @@ type world struct {
 
 	shardDecoders map[string]*etcdstore.Admin // per shard, for the history
 	deletes       map[string]deleter          // who deleted a record: by "revision key" (invariant 18)
+	copies        dictCopies                  // the dictionaries' copies, from the history (invariant 21)
 }
 
 // process is one idem process incarnation: an etcd client with the fault
