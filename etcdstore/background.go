@@ -118,17 +118,22 @@ func (b *background) close(ctx context.Context, bound time.Duration) int {
 		f()
 	}
 	b.flushers = nil
-	idle := b.idle
 	b.mu.Unlock()
-	if idle != nil {
-		wctx, cancel := b.clk.WithTimeout(ctx, bound)
-		b.clk.Wait(wctx, idle)
-		cancel()
-	}
+	// A task may start while Close waits (a work that finished meanwhile,
+	// its final write unanswered): it is waited for within the same bound,
+	// not given up the moment the tasks before it are done.
+	wctx, cancel := b.clk.WithTimeout(ctx, bound)
 	b.mu.Lock()
+	for b.idle != nil && wctx.Err() == nil {
+		idle := b.idle
+		b.mu.Unlock()
+		b.clk.Wait(wctx, idle)
+		b.mu.Lock()
+	}
 	b.stopped = true
 	left := b.pending
 	b.mu.Unlock()
+	cancel()
 	b.stopNow()
 	b.group.Wait(b.clk, ctx)
 	return left

@@ -751,7 +751,7 @@ func (w *world) nemesis(st *stats) error {
 			break
 		}
 		d := time.Duration(20+w.s.rng.IntN(100)) * time.Second
-		if w.s.rng.IntN(8) == 0 {
+		if w.s.rng.IntN(8) == 0 && (w.sched == nil || !w.sched.inside) {
 			d = 24*time.Hour + time.Duration(w.s.rng.IntN(3600))*time.Second
 		}
 		w.log(event{kind: evClock, body: "pause " + d.String()})

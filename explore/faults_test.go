@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/idem-dev/idem/clock"
 )
 
 // Faults, FoundationDB's way (BUGGIFY): every fault site (who makes the
@@ -31,9 +33,10 @@ const (
 	fkRefuse                     // refused by etcd for what it holds (definite: never applied)
 	fkHold                       // held on its way to etcd while other actors run
 	fkHoldReply                  // applied, its reply held while other actors run
+	fkLate                       // applied, its reply back only after the request's timeout: the caller timed out
 )
 
-var faultNames = [...]string{"fail", "lost", "refuse", "hold", "hold-reply"}
+var faultNames = [...]string{"fail", "lost", "refuse", "hold", "hold-reply", "late"}
 
 func (k faultKind) String() string { return faultNames[k] }
 
@@ -169,7 +172,7 @@ func (w *world) inject(p *process) grpc.UnaryClientInterceptor {
 				kind = fkLost
 			}
 		}
-		for k := fkFail; !fire && k <= fkHoldReply; k++ {
+		for k := fkFail; !fire && k <= fkLate; k++ {
 			if k == fkRefuse && !strings.HasPrefix(name, "Txn") {
 				continue
 			}
@@ -202,6 +205,20 @@ func (w *world) inject(p *process) grpc.UnaryClientInterceptor {
 				return err
 			}
 			return errInjected
+		case fkLate:
+			// Applied; its answer comes after the call's own timeout, on
+			// the simulated clock: the caller sees the timeout, and time
+			// has passed meanwhile.
+			err := invoke()
+			clock.Sleep(p.clock, ctx, 30*time.Second)
+			w.note("%s: %s applied (err %v), its reply after the timeout", who2(a, p), name, err)
+			if name == "Txn" || name == "Txn.batch" {
+				w.ledger.hit("path:write applied, its reply after the request's timeout")
+			}
+			if p.dead {
+				return errInjected
+			}
+			return status.Error(codes.DeadlineExceeded, "context deadline exceeded")
 		case fkHold:
 			w.note("%s: %s held before etcd", who2(a, p), name)
 			if !w.hold(a, p) {

@@ -32,10 +32,48 @@ import (
 type schedWorld struct {
 	spec     jobs.Schedule
 	dst      bool     // cron in Europe/Paris, across a change of daylight saving
+	inside   bool     // the world starts at the change, and time moves in minutes around it
 	skipped  int      // occurrences the schedulers logged as skipped
 	early    []string // skips of occurrences that were not late by the true time
 	stopped  bool     // the schedulers were stopped for the checks
 	lastSeen time.Time
+	// skips are the occurrences the schedulers' logs say they skipped, by
+	// identity: one occurrence, or every one in (after, latest].
+	skips []skipLog
+}
+
+// skipLog is what one skip log names: an occurrence (at), or those in
+// (after, latest].
+type skipLog struct{ at, after, latest time.Time }
+
+// skip notes the occurrences a scheduler's skip log names.
+func (s *schedWorld) skip(r slog.Record) {
+	var l skipLog
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Value.Kind() != slog.KindTime {
+			return true
+		}
+		switch a.Key {
+		case "occurrence":
+			l.at = a.Value.Time()
+		case "after":
+			l.after = a.Value.Time()
+		case "latest":
+			l.latest = a.Value.Time()
+		}
+		return true
+	})
+	s.skips = append(s.skips, l)
+}
+
+// skipped reports whether a scheduler's log named occurrence t skipped.
+func (s *schedWorld) skippedAt(t time.Time) bool {
+	for _, l := range s.skips {
+		if l.at.Equal(t) || !l.latest.IsZero() && t.After(l.after) && !t.After(l.latest) {
+			return true
+		}
+	}
+	return false
 }
 
 var paris = func() *time.Location {
@@ -51,6 +89,12 @@ var paris = func() *time.Location {
 var dstStarts = []time.Time{
 	time.Date(2027, 3, 28, 0, 20, 0, 0, time.UTC),
 	time.Date(2027, 10, 30, 23, 50, 0, 0, time.UTC),
+}
+
+// dstChanges are the instants Paris changes its clocks in 2027.
+var dstChanges = []time.Time{
+	time.Date(2027, 3, 28, 1, 0, 0, 0, time.UTC),
+	time.Date(2027, 10, 31, 1, 0, 0, 0, time.UTC),
 }
 
 // pickSchedule draws whether the world runs a schedule, and which; it
@@ -69,6 +113,13 @@ func (w *world) pickSchedule(rng interface{ IntN(int) int }) time.Time {
 		w.sched.spec.Cron = []string{"*/20 * * * *", "30 2 * * *", "*/5 2 * * *"}[rng.IntN(3)]
 		w.sched.spec.Location = paris
 		start = dstStarts[rng.IntN(len(dstStarts))]
+		if rng.IntN(2) == 0 {
+			// Start 90 s before the change itself, and stay around it:
+			// the clocks spend their minutes inside the change (no
+			// day-long pause), each skewed differently across it.
+			w.sched.inside = true
+			start = dstChanges[rng.IntN(len(dstChanges))].Add(-90 * time.Second)
+		}
 	}
 	return start
 }
@@ -179,6 +230,7 @@ func (w *world) checkSchedule(hist map[string][]version) []string {
 	}
 	var bad []string
 	missing, wanted := 0, 0
+	var lost []string // occurrences neither submitted nor named skipped
 	inSpan := func(t time.Time) bool {
 		for _, sp := range spans {
 			if t.After(sp.from) && !t.After(sp.to) {
@@ -197,6 +249,9 @@ func (w *world) checkSchedule(hist map[string][]version) []string {
 			wanted++
 			if got[t] == 0 && !slices.ContainsFunc(pending, t.Equal) && !slices.ContainsFunc(restoredAway, t.Equal) {
 				missing++
+				if !w.sched.skippedAt(t) {
+					lost = append(lost, t.Format(time.RFC3339))
+				}
 			}
 		}
 	}
@@ -217,6 +272,12 @@ func (w *world) checkSchedule(hist map[string][]version) []string {
 		bad = append(bad, fmt.Sprintf("schedule %s: %d of the %d occurrences its cursor passed over never submitted, %d counted as skipped",
 			w.sched.spec.Name, missing, wanted, w.sched.skipped))
 	}
+	if len(lost) > 0 {
+		// Judged by identity, not by count: each one the cursor passed
+		// over is submitted, or a scheduler's log named it skipped.
+		sort.Strings(lost)
+		bad = append(bad, fmt.Sprintf("schedule %s: occurrences the cursor passed over, never submitted, that no skip names: %v", w.sched.spec.Name, lost))
+	}
 	for _, e := range w.sched.early {
 		bad = append(bad, "schedule "+w.sched.spec.Name+": "+e)
 	}
@@ -225,6 +286,9 @@ func (w *world) checkSchedule(hist map[string][]version) []string {
 	}
 	if w.sched.dst {
 		w.ledger.hit("path:schedule across daylight saving")
+	}
+	if w.sched.inside {
+		w.ledger.hit("path:schedule's clocks inside a daylight-saving change")
 	}
 	bad = append(bad, w.checkOverlap(hist)...)
 	return bad

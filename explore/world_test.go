@@ -381,6 +381,7 @@ func (l *ledgerLog) Handle(_ context.Context, r slog.Record) error {
 	// What a process knows and does, as events the invariants check.
 	switch {
 	case msg == "schedule: skipped missed occurrences" && l.w.sched != nil:
+		l.w.sched.skip(r)
 		r.Attrs(func(a slog.Attr) bool {
 			switch {
 			case a.Key == "skipped":
@@ -398,15 +399,18 @@ func (l *ledgerLog) Handle(_ context.Context, r slog.Record) error {
 		})
 	case msg == "schedule: skipping an occurrence that cannot be submitted" && l.w.sched != nil:
 		l.w.sched.skipped++
+		l.w.sched.skip(r)
 	case strings.HasPrefix(msg, "schedule: skipped an occurrence: ") && l.w.sched != nil:
 		// Skipped by the overlap policy: on time, not late.
 		l.w.sched.skipped++
+		l.w.sched.skip(r)
 		if strings.Contains(msg, "may have been forgotten") {
 			l.w.ledger.hit("path:decided occurrence not there past the retention")
 		} else {
 			l.w.ledger.hit("path:occurrence skipped: another ran (" + l.w.sched.spec.Overlap.String() + ")")
 		}
 	case msg == "schedule: skipped occurrences: the schedule is paused" && l.w.sched != nil:
+		l.w.sched.skip(r)
 		r.Attrs(func(a slog.Attr) bool {
 			if a.Key == "skipped" {
 				l.w.sched.skipped += int(a.Value.Int64())

@@ -374,7 +374,9 @@ func (s *Scheduler) tick(ctx context.Context, sc *Schedule) (time.Time, string, 
 	}
 	submit, last, skipped, latest := sc.plan(cur.Last, now, s.q.retention())
 	if skipped > 0 {
-		s.q.log.Warn("idem: schedule: skipped missed occurrences", "schedule", sc.Name, "skipped", skipped, "latest", latest, "catch_up", sc.CatchUp.String())
+		// Those skipped are every occurrence after the cursor up to latest
+		// that is not submitted: after and latest name them.
+		s.q.log.Warn("idem: schedule: skipped missed occurrences", "schedule", sc.Name, "skipped", skipped, "after", cur.Last, "latest", latest, "catch_up", sc.CatchUp.String())
 	}
 	next := sc.spec.Next(maxTime(last, cur.Last, now.Add(-time.Second)))
 	if next.IsZero() {
@@ -383,7 +385,7 @@ func (s *Scheduler) tick(ctx context.Context, sc *Schedule) (time.Time, string, 
 	switch {
 	case cur.Paused:
 		if len(submit) > 0 {
-			s.q.log.Warn("idem: schedule: skipped occurrences: the schedule is paused", "schedule", sc.Name, "skipped", len(submit), "latest", submit[len(submit)-1])
+			s.q.log.Warn("idem: schedule: skipped occurrences: the schedule is paused", "schedule", sc.Name, "skipped", len(submit), "after", cur.Last, "latest", submit[len(submit)-1])
 		}
 	case sc.Overlap != OverlapAllowAll:
 		waitFor, moved, err := s.exclusive(ctx, sc, cur, rev, submit, last, now)

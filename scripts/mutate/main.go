@@ -59,9 +59,13 @@ var explorerKernel = map[string]bool{
 
 var mutants = []mutant{
 	// The claim protocol.
+	// (Was: the owner read's answer ignored. The takeover's own compare,
+	// that the owner key is gone, then refuses it: a claim answers
+	// Conflict after eight refused rounds instead of one read. Now the
+	// owner is neither read nor compared.)
 	{"protocol: a live owner's claim is taken over", "internal/kernel/claim.go",
-		"	case alive:\n		m.phase = claimJudge",
-		"	case false && alive:\n		m.phase = claimJudge"},
+		"	default:\n		m.phase = claimOwner\n		return Action{Kind: ActOwner, Owner: cur.Owner}",
+		"	default:\n		m.taken = cur"},
 	{"protocol: a takeover does not compare the record it replaces", "internal/kernel/claim.go",
 		"		cmps = append(cmps, Modified(m.req.Key, m.cur.Revision))",
 		"		_ = Modified"},
