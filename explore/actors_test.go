@@ -566,7 +566,7 @@ func (w *world) httpClient(a *actor) {
 			p := w.procs[w.rng.IntN(len(w.procs))]
 			sent := w.s.Now()
 			status, out, replayed := w.send(a, p, key, behaviour)
-			w.log(event{kind: evResult, key: key, actor: a.name, status: status, body: out, replayed: replayed, via: "proxy", sent: sent})
+			w.log(event{kind: evResult, key: key, actor: a.name, status: status, body: out, replayed: replayed, via: "proxy", sent: sent, proc: p.name})
 			if status == http.StatusConflict {
 				w.notePending(p, key, etcdstore.ErrConflict)
 			}
@@ -682,7 +682,7 @@ func (w *world) grpcClient(a *actor) {
 			if err == nil {
 				out = resp.(*wrapperspb.StringValue).GetValue()
 			}
-			w.log(event{kind: evResult, key: key, actor: a.name, status: int(st.Code()), body: out, replayed: err == nil && !ran, via: "grpc", sent: sent})
+			w.log(event{kind: evResult, key: key, actor: a.name, status: int(st.Code()), body: out, replayed: err == nil && !ran, via: "grpc", sent: sent, proc: p.name})
 			if c := st.Code(); c != codes.Aborted && c != codes.Unavailable {
 				break
 			}

@@ -826,6 +826,11 @@ func (w *world) outcomesDuring(vs []version, e event) []*etcdstore.Record {
 	if sent.IsZero() {
 		sent = e.at
 	}
+	// A process with the replay cache may answer from a record replaced
+	// up to its staleness bound before the request (cache.go): that is
+	// its contract, bounded staleness. (Strict linearizability of cached
+	// replays is issue 37's.)
+	sent = sent.Add(-w.staleness(e))
 	var out []*etcdstore.Record
 	for i, v := range vs {
 		t, ok := w.timeOf(v.rev)
@@ -843,6 +848,18 @@ func (w *world) outcomesDuring(vs []version, e event) []*etcdstore.Record {
 		out = append(out, v.rec)
 	}
 	return out
+}
+
+// staleness is how far behind etcd the process that answered e may be:
+// the cache's bound where it has the cache (where e does not name its
+// process, any process's), else none.
+func (w *world) staleness(e event) time.Duration {
+	for slot, cached := range w.cfg.cache {
+		if cached && (e.proc == "" || procSlot(e.proc) == fmt.Sprintf("p%d", slot)) {
+			return etcdstore.DefaultCacheStaleness
+		}
+	}
+	return 0
 }
 
 // answers reports whether e's answer is rec's outcome.

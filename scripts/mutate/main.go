@@ -47,7 +47,12 @@ func (m mutant) model() bool {
 }
 
 // explorerKernel are the kernel's mutants measured by the explorer: the
-// rules of a schedule's plan (the model checker has no schedulers), and
+// rules of a schedule's plan and of limits, an enqueue's guards and a
+// release (the model checker has no schedulers, jobs or releases); a
+// claim's shard-set compare, which the model shows is not what keeps a
+// key on one shard in its world (every refusal reads the set with the
+// record, and every later write compares the record: the explorer's
+// invariant 22 holds the promise that every claim write carries it); and
 // the epoch compare, which keeps tokens growing only across a restore of
 // one shard while processes that knew its older epoch keep serving from it
 // (the explorer's restores; the model's processes learn an epoch from
@@ -55,6 +60,10 @@ func (m mutant) model() bool {
 var explorerKernel = map[string]bool{
 	"schedules (defect 8): a scheduler ahead of the others skips occurrences for the fleet": true,
 	"epochs: a claim does not compare the shard epoch":                                      true,
+	"limits: a rate slot is taken before its time has come":                                 true,
+	"shards: an enqueue compares neither its shard's epoch nor its set":                     true,
+	"deletes: a release deletes whatever the record is now":                                 true,
+	"shards: a claim compares its shard's epoch and not its shard set":                      true,
 }
 
 var mutants = []mutant{
@@ -129,6 +138,9 @@ var mutants = []mutant{
 	{"dictionaries (defects 2, 3): a record compressed against a dictionary with no copy on its lease", "etcdstore/internal/dict/dict.go",
 		"	key := d.copyKey(dict.id, l)\n	var resp *clientv3.TxnResponse\n	err := d.cfg.Send.Do(ctx, func(ctx context.Context) (err error) {",
 		"	key := d.copyKey(dict.id, l)\n	var resp *clientv3.TxnResponse\n	err := d.cfg.Send.Do(ctx, func(ctx context.Context) (err error) {\n		if true {\n			resp = &clientv3.TxnResponse{}\n			return nil\n		}"},
+	{"dictionaries: a copy whose write failed counts as made", "etcdstore/internal/dict/dict.go",
+		"	e.ok = err == nil\n",
+		"	e.ok = true\n	_ = resp != nil || err == nil\n"},
 	// Epochs and restores.
 	{"epochs (defect 4): a restore's epoch bump adds nothing", "etcdstore/epoch.go",
 		"		next := cur + by\n",
@@ -185,6 +197,13 @@ var mutants = []mutant{
 	{"schedules (review): an occurrence the cursor says was submitted is submitted again once gone", "jobs/schedule.go",
 		"		case cur.Submitted.Equal(prev):",
 		"		case false && cur.Submitted.Equal(prev):"},
+	// Limits.
+	{"limits: a full limit's slots are taken without asking whether their holders' claims are over", "jobs/limit.go",
+		"				if !ok {\n					p.Stale = append(p.Stale, o)",
+		"				if true {\n					p.Stale = append(p.Stale, o)"},
+	{"limits: a rate slot is taken before its time has come", "internal/kernel/slots.go",
+		"		if s.Until > now.UnixMilli() {",
+		"		if false && s.Until > now.UnixMilli() {"},
 	// The replay cache.
 	{"cache: serves entries however stale", "etcdstore/internal/cache/cache.go",
 		"	fresh := c.fresh()\n	c.mu.Lock()",
@@ -220,6 +239,15 @@ var kernelMutants = []mutant{
 		new: "	return append(cmps, c.Keys.SetCmp(rev)), guarded{on: true, epoch: v.Epoch, setRev: rev}"},
 	{name: "epochs: a refused claim does not learn the shard's epoch", file: "internal/kernel/guards.go",
 		old: "		n.Epoch, n.NewEpoch = r.Epoch, true", new: "		n.Epoch = r.Epoch"},
+	{name: "shards: a claim compares its shard's epoch and not its shard set", file: "internal/kernel/guards.go",
+		old: "	return append(cmps, c.Keys.Guards(v.Epoch, rev)...), guarded{on: true, epoch: v.Epoch, setRev: rev}",
+		new: "	return append(cmps, c.Keys.EpochCmp(v.Epoch)), guarded{on: true, epoch: v.Epoch, setRev: rev}"},
+	{name: "shards: an enqueue compares neither its shard's epoch nor its set", file: "internal/kernel/enqueue.go",
+		old: "	cmps, m.sentG = m.cfg.guard(cmps, v, m.req.SetRev)",
+		new: "	_, m.sentG = m.cfg.guard(cmps, v, m.req.SetRev)"},
+	{name: "deletes: a release deletes whatever the record is now", file: "internal/kernel/write.go",
+		old: "	m.txn = &Txn{If: []Cmp{Modified(m.h.Key, m.h.Rev)}, Then: []Op{then}, Else: []Op{Read(m.h.Key)}}",
+		new: "	m.txn = &Txn{If: []Cmp{Modified(m.h.Key, m.h.Rev)}, Then: []Op{then}, Else: []Op{Read(m.h.Key)}}\n	if m.want == nil {\n		m.txn.If = nil\n	}"},
 	{name: "sweeper: a bucket is due before its retention has passed", file: "internal/kernel/sweep.go",
 		old: "	return !now.Before(end.Add(retention + margin))", new: "	return !now.Before(end.Add(margin))"},
 	{name: "EvictIf: deletes whatever the record is now", file: "internal/kernel/sweep.go",

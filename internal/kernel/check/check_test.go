@@ -14,6 +14,7 @@ var (
 	maxStates = flag.Int("states", 20_000_000, "explore at most this many states per scope")
 	scopeOnly = flag.String("scope", "", "explore only the scopes whose name contains this")
 	timeLimit = flag.Duration("budget", 3*time.Minute, "stop after this long, over every scope")
+	mustEnd   = flag.Bool("exhaustive", false, "fail unless every scope is explored to its end (CI: scripts/test)")
 )
 
 // TestModelCheck explores every scope (Scopes), as many at once as there
@@ -60,4 +61,7 @@ func TestModelCheck(t *testing.T) {
 		}
 	}
 	t.Logf("%d distinct states in all; every scope exhaustive: %v", total, exhaustive)
+	if *mustEnd && !exhaustive {
+		t.Fatalf("a scope stopped at its bound (-states %d, -budget %v): the check is not exhaustive", states, *timeLimit)
+	}
 }

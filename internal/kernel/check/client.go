@@ -143,14 +143,18 @@ func (x *explorer) clientStep(w *world, p *proc, c *client, f fate) error {
 }
 
 // startClaim begins the client's claim on cluster cl (existing: only a
-// live record there, WithoutCreate; else on a shard set, a Moved record
-// there is replaced, ReplaceMoved).
+// live record there, WithoutCreate; else, on a shard set, the claim of the
+// key's home by the set the process routes by, which replaces a Moved
+// record there, ReplaceMoved, as shard's route does: a Moved record may be
+// what an older set's change left, taken back since. Only the home's
+// guards then stop a process that routes by an older set from replacing
+// the Moved record of a key that lives on its new home.)
 func (x *explorer) startClaim(p *proc, c *client, cl int, existing bool) {
 	p.hold = append(p.hold, attemptRef{key: c.key, attempt: c.attempt})
 	c.maybe, c.cl, c.pc = false, cl, cClaim
 	c.claim = kernel.NewClaim(x.cfg(), kernel.ClaimRequest{Key: recordKey(c.key), Fingerprint: fingerprint(c.key),
 		Owner: p.owner(), Attempt: c.attempt, Deadline: time.Duration(x.scope.Deadline) * Step,
-		Existing: existing, OverMoved: x.scope.Shards && !existing && cl == 1, SetRev: p.setRev[cl]})
+		Existing: existing, OverMoved: x.scope.Shards && !existing, SetRev: p.setRev[cl]})
 }
 
 // readFirst looks for the key's done record without a write, as a claim
