@@ -60,6 +60,8 @@ type actor struct {
 	wctx    context.Context
 
 	inProc *process // the process whose etcd call it is held in, if any
+	waitIn *process // the process whose clock it waits on, if any: a
+	// client's request served inside a process dies with it
 
 	// Set while the actor holds the turn, read by the driver after.
 	started, finished bool
@@ -286,7 +288,7 @@ func (s *sched) live(pred func(*actor) bool) []*actor {
 }
 
 // wait is clock.Clock's Wait for every simulated clock.
-func (s *sched) wait(ctx context.Context, ready <-chan struct{}) error {
+func (s *sched) wait(ctx context.Context, ready <-chan struct{}, in *process) error {
 	a := s.currentCtx(ctx)
 	if a == nil {
 		// Not an actor (an observer outside the schedule): a real wait.
@@ -301,7 +303,7 @@ func (s *sched) wait(ctx context.Context, ready <-chan struct{}) error {
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
 		}
-		a.ready, a.wctx, a.waiting = ready, ctx, true
+		a.ready, a.wctx, a.waiting, a.waitIn = ready, ctx, true, in
 		if debugSched {
 			pcs := make([]uintptr, 8)
 			n := runtime.Callers(3, pcs)
@@ -319,7 +321,7 @@ func (s *sched) wait(ctx context.Context, ready <-chan struct{}) error {
 			fmt.Printf("wait %s in %s\n", a.name, strings.Join(where, " < "))
 		}
 		ok := s.yield(a)
-		a.waiting, a.ready, a.wctx = false, nil, nil
+		a.waiting, a.ready, a.wctx, a.waitIn = false, nil, nil, nil
 		if !ok {
 			runtime.Goexit()
 		}
@@ -448,7 +450,7 @@ func (c *simClock) Go(ctx context.Context, name string, f func(context.Context))
 }
 
 func (c *simClock) Wait(ctx context.Context, ready <-chan struct{}) error {
-	return c.w.s.wait(ctx, ready)
+	return c.w.s.wait(ctx, ready, c.p)
 }
 
 var _ clock.Clock = (*simClock)(nil)

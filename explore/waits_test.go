@@ -66,7 +66,7 @@ func (w *world) pickWaits() {
 
 // waitEv is what the wait jobs and signals did, in the schedule's order.
 type waitEv struct {
-	what    string // "nap", "woke", "await", "got", "timeout", "signal"
+	what    string // "nap", "woke", "await", "got", "timeout", "signal-try", "signal"
 	id      string
 	created time.Time // the job's record's creation: one job of the id
 	at      time.Time // simulated true time
@@ -172,6 +172,9 @@ func (w *world) signaller(a *actor, p *process) {
 			panic(err)
 		}
 		w.s.step(a)
+		// Noted before it is sent: a signal whose call never returns (its
+		// process died under it) may have landed.
+		w.noteWait(waitEv{what: "signal-try", id: id, at: w.s.Now(), proc: target.name, payload: payload})
 		err = tq.Signal(a.ctx, id, "go", []byte(payload))
 		w.note("%s: signal %s go %q through %s: %v", a.name, id, payload, target.name, err)
 		w.noteWait(waitEv{what: "signal", id: id, at: w.s.Now(), proc: target.name, payload: payload, ok: err == nil,
@@ -205,6 +208,7 @@ func (w *world) drainWaits(a *actor) []string {
 		signalled := false
 		for round := 0; round < 30; round++ {
 			if !signalled {
+				w.noteWait(waitEv{what: "signal-try", id: id, at: w.s.Now(), proc: p.name, payload: "p-" + id})
 				err := q.Signal(ctx, id, "go", []byte("p-"+id))
 				w.noteWait(waitEv{what: "signal", id: id, at: w.s.Now(), proc: p.name, payload: "p-" + id, ok: err == nil,
 					refused: err != nil && !retryable(err)})
@@ -284,15 +288,43 @@ func (w *world) checkWaits(hist map[string][]version, final map[string]*etcdstor
 			}
 		}
 		for _, e := range w.waitLog {
-			if e.id == id && e.what != "signal" {
+			if e.id == id && e.what != "signal" && e.what != "signal-try" {
 				out[e.created] = true
 			}
 		}
 		return out
 	}
+	// A signal tried and never answered (its caller died with the
+	// process it called) may have landed: its payload counts as sent.
+	unanswered := map[string]map[string]int{} // id -> payload -> tries - answers
+	for _, e := range w.waitLog {
+		if e.what != "signal-try" && e.what != "signal" {
+			continue
+		}
+		if unanswered[e.id] == nil {
+			unanswered[e.id] = map[string]int{}
+		}
+		if e.what == "signal-try" {
+			unanswered[e.id][e.payload]++
+		} else {
+			unanswered[e.id][e.payload]--
+		}
+	}
+	for id, m := range unanswered {
+		for payload, n := range m {
+			if n > 0 {
+				if sent[id] == nil {
+					sent[id] = map[string]bool{}
+				}
+				sent[id][payload] = true
+			}
+		}
+	}
 	for _, e := range w.waitLog {
 		j := job{e.id, e.created}
 		switch e.what {
+		case "signal-try":
+			continue
 		case "signal":
 			if sent[e.id] == nil {
 				sent[e.id] = map[string]bool{}

@@ -577,14 +577,18 @@ func (w *world) pump(broken bool) error {
 // killActors ends p's actors, and fails the calls other actors are held
 // in at p.
 func (w *world) killActors(p *process) error {
-	for _, a := range w.s.live(func(a *actor) bool { return a.proc == p || a.inProc == p }) {
-		if a.proc == p {
+	for _, a := range w.s.live(func(a *actor) bool { return a.proc == p || a.inProc == p || a.waitIn == p }) {
+		// An actor of another process (or a client) waiting on p's clock
+		// is a request p serves in the caller's goroutine: it dies with
+		// p (its caller sees the connection drop, an unknown outcome).
+		gone := a.proc == p || a.waitIn == p
+		if gone {
 			a.dead = true
 		}
 		if err := w.s.resume(a, false); err != nil {
 			return err
 		}
-		if a.proc == p {
+		if gone {
 			a.finished = true
 		}
 	}
