@@ -100,6 +100,11 @@ func (w *world) spawnActor(n int) {
 		w.s.spawn(name+"/signal", p, false, func(a *actor) { w.signaller(a, p) })
 		return
 	}
+	if cached := w.cachedProcs(); len(cached) > 0 && w.rng.IntN(6) == 0 {
+		p := cached[w.rng.IntN(len(cached))]
+		w.s.spawn(name+"/evict", p, false, func(a *actor) { w.evictor(a, p) })
+		return
+	}
 	switch w.rng.IntN(8) {
 	case 7:
 		w.s.spawn(name+"/bulk", p, false, func(a *actor) { w.bulkWorker(a, p) })
@@ -132,6 +137,70 @@ func (w *world) spawnActor(n int) {
 		w.s.spawn(name+"/api", nil, false, func(a *actor) { w.apiWorker(a) })
 	default:
 		w.s.spawn(name+"/http", nil, false, func(a *actor) { w.httpClient(a) })
+	}
+}
+
+// cachedProcs returns the processes with a replay cache.
+func (w *world) cachedProcs() []*process {
+	var out []*process
+	for _, p := range w.procs {
+		if w.cfg.cache[p.slot] {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// evictor is an operator evicting a done key (idem evict), and the
+// clients that come back for it through a process with a replay cache:
+// what the process replays after the eviction is invariant 3's (the cache
+// answers only while it can prove it lags etcd by less than its bound,
+// and forgets at once what its own store evicted). Half the time the
+// eviction goes through another process while p's watches stall, as
+// behind a lagging member: p's cache must stop answering.
+func (w *world) evictor(a *actor, p *process) {
+	key := storeKeys[w.rng.IntN(len(storeKeys))]
+	for round := 0; round < 2; round++ {
+		clock.Sleep(p.clock, a.ctx, time.Duration(1+w.rng.IntN(20))*time.Second)
+		// Done through p, and replayed until p's cache answers (its watch
+		// brought the record, and it has proved itself current).
+		for try := 0; try < 4; try++ {
+			hits := p.keys.Metrics().Cache.Hits
+			w.doOps(a, p, 1, key)
+			if p.keys.Metrics().Cache.Hits > hits {
+				w.ledger.hit("path:replayed from the cache before an eviction")
+				break
+			}
+			clock.Sleep(p.clock, a.ctx, time.Duration(300+w.rng.IntN(1200))*time.Millisecond)
+		}
+		w.s.step(a)
+		ctx, cancel := w.callerCtx(a, p)
+		rec, err := p.keys.Get(ctx, etcdstore.Key{ID: key})
+		cancel()
+		if err != nil || rec.State != etcdstore.Done {
+			continue
+		}
+		q := p
+		if w.rng.IntN(2) == 0 {
+			q = w.procs[(p.slot+1+w.rng.IntN(len(w.procs)-1))%len(w.procs)]
+			p.stalled = w.s.Now().Add(time.Duration(3+w.rng.IntN(30)) * time.Second)
+			w.ledger.hit("path:watch stalled")
+		}
+		w.s.step(a)
+		ctx, cancel = w.callerCtx(a, q)
+		gone, err := q.keys.EvictIf(ctx, etcdstore.Key{ID: key}, rec.Revision)
+		cancel()
+		if err != nil || !gone {
+			continue
+		}
+		w.log(event{kind: evEvict, key: key, proc: q.name, actor: a.name})
+		w.ledger.hit("path:operator evicted a done key")
+		for i := 0; i < 1+w.rng.IntN(3); i++ {
+			if i > 0 {
+				clock.Sleep(p.clock, a.ctx, time.Duration(500+w.rng.IntN(3000))*time.Millisecond)
+			}
+			w.doOps(a, p, 1, key)
+		}
 	}
 }
 
@@ -174,9 +243,16 @@ func (w *world) callerCtx(a *actor, p *process) (context.Context, context.Cancel
 }
 
 // doWorker runs Do a few times, retrying each operation with the same key.
-func (w *world) doWorker(a *actor, p *process) {
-	for op := 0; op < 2; op++ {
-		key := storeKeys[w.rng.IntN(len(storeKeys))]
+func (w *world) doWorker(a *actor, p *process) { w.doOps(a, p, 2, "") }
+
+// doOps runs ops operations through p, each on a random key, or on key if
+// it is set (its results then name p).
+func (w *world) doOps(a *actor, p *process, ops int, fixed string) {
+	for op := 0; op < ops; op++ {
+		key := fixed
+		if key == "" {
+			key = storeKeys[w.rng.IntN(len(storeKeys))]
+		}
 		odd := w.rng.IntN(10) == 0
 		policy := []etcdstore.End{etcdstore.EndSave, etcdstore.EndRelease, etcdstore.EndAbandon}[w.rng.IntN(3)]
 		fail := w.rng.IntN(6) == 0 // the work fails, after its effects
@@ -258,7 +334,7 @@ func (w *world) doWorker(a *actor, p *process) {
 			if token == 0 { // never granted: the error is the claim's
 				w.notSent(key, attempt, true, from, err)
 			}
-			w.result(a, key, sent, res.Body, res.Replayed, err)
+			w.resultIn(a, p, fixed != "", key, sent, res.Body, res.Replayed, err)
 			w.notePending(p, key, err)
 			if err == nil || errors.Is(err, etcdstore.ErrMismatch) || !retryable(err) {
 				break
@@ -317,7 +393,15 @@ func (w *world) effect(key string, step int, token int64, a *actor, heeds bool) 
 // answer arrives (a reply held in the network), and the answer is still
 // true.
 func (w *world) result(a *actor, key string, sent time.Time, out []byte, replayed bool, err error) {
+	w.resultIn(a, nil, false, key, sent, out, replayed, err)
+}
+
+// resultIn is result, naming the process that answered when named is set.
+func (w *world) resultIn(a *actor, p *process, named bool, key string, sent time.Time, out []byte, replayed bool, err error) {
 	e := event{kind: evResult, key: key, actor: a.name, body: string(out), replayed: replayed, sent: sent}
+	if named {
+		e.proc = p.name
+	}
 	if err != nil {
 		e.err = err.Error()
 		if errors.Is(err, etcdstore.ErrMismatch) {

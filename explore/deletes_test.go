@@ -21,7 +21,8 @@ import (
 //     (EvictIf), a record whose retention has passed;
 //   - a release, the releasing claim's own in-flight record, compared by
 //     its revision;
-//   - an operator's eviction, any record;
+//   - an operator's eviction, any record (the evict actors evict done
+//     records only, compared by revision);
 //   - etcd, the records of a lease that expired or was revoked, whose
 //     retention has passed.
 //
@@ -136,6 +137,11 @@ func (w *world) checkDelete(key, ekey string, rev int64, prev *etcdstore.Record,
 				key, d.class, rev, prev.Expires.Format("15:04:05.000"), d.how)
 		}
 	case d.class == "operator":
+	case d.class == "evict" && prev.State == etcdstore.Done:
+		// The evict actor's eviction (its own Do's releases are releases).
+		if d.how != "revision" {
+			return fmt.Sprintf("%s: an eviction of a done record at revision %d did not compare its revision (%s)", key, rev, d.how)
+		}
 	default:
 		// A release: the claim's own record, compared by its revision.
 		if d.how != "revision" || prev.State != etcdstore.InFlight {

@@ -78,13 +78,14 @@ const (
 	evWriteNotSent               // a claim's write (checkpoint, complete, abandon) failed with ErrNotSent
 	evCloseStart                 // a store began to close (it logged so)
 	evCloseLoses                 // a closing store gave a final write up (it logged so)
+	evEvict                      // an operator evicted a done record through a process
 )
 
 var kindNames = map[evKind]string{evGrant: "grant", evHoldEnd: "hold-end", evEffect: "effect", evResult: "result",
 	evSessionEnd: "session-end", evCrash: "crash", evClose: "close", evTaskStart: "task", evTaskDone: "task-done", evClock: "clock",
 	evEpoch: "epoch", evSnapshot: "snapshot", evRestore: "restore", evUnreadable: "unreadable", evNotSaved: "not-saved",
 	evSessionLost: "session-lost", evReaped: "reaped", evNotSent: "not-sent", evProbe: "probe", evWriteNotSent: "write-not-sent",
-	evCloseStart: "close-start", evCloseLoses: "close-loses"}
+	evCloseStart: "close-start", evCloseLoses: "close-loses", evEvict: "evict"}
 
 type event struct {
 	seq  int
@@ -742,6 +743,9 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 			if !v.deleted || prev.deleted || prev.rec.State != etcdstore.Done || restored(v.rev) {
 				continue
 			}
+			if d, ok := w.deleterAt(v.rev, v.ekey); ok && d.class == "evict" {
+				continue // an operator's eviction: the one way to forget early
+			}
 			if at, ok := w.timeOf(v.rev); ok && at.Add(3*time.Second).Before(prev.rec.Expires) {
 				fail("%s: its done record (token %d) was deleted at revision %d, at %v, before its retention ended at %v",
 					key, prev.rec.Token, v.rev, at.Format("15:04:05.000"), prev.rec.Expires.Format("15:04:05.000"))
@@ -800,7 +804,10 @@ func (w *world) claimPaths(prev, v *version) {
 
 // outcomeAt returns the key's saved outcome an answer at e must be: the
 // latest done record saved before the answer (the key may have been
-// claimed again since, after its retention), or the final one.
+// claimed again since, after its retention), or the final one. An
+// outcome an operator evicted is no longer the key's: an answer after the
+// eviction is one saved since (outcomesDuring allows a replay cache its
+// bound).
 func (w *world) outcomeAt(vs []version, e event, final *etcdstore.Record) *etcdstore.Record {
 	var at *etcdstore.Record
 	for _, v := range vs {
@@ -810,6 +817,9 @@ func (w *world) outcomeAt(vs []version, e event, final *etcdstore.Record) *etcds
 		}
 		if !v.deleted && v.rec.State == etcdstore.Done {
 			at = v.rec
+		}
+		if d, ok := w.deleterAt(v.rev, v.ekey); v.deleted && ok && d.class == "evict" {
+			at = nil
 		}
 	}
 	if at == nil {
@@ -831,6 +841,12 @@ func (w *world) outcomesDuring(vs []version, e event) []*etcdstore.Record {
 	// its contract, bounded staleness. (Strict linearizability of cached
 	// replays is issue 37's.)
 	sent = sent.Add(-w.staleness(e))
+	// But a store forgets at once what it evicted itself (Store.Evict,
+	// EvictIf): a request it serves after its own eviction returned never
+	// replays the record evicted.
+	if t, ok := w.evictedBefore(e); ok && !t.Before(sent) {
+		sent = t.Add(time.Nanosecond)
+	}
 	var out []*etcdstore.Record
 	for i, v := range vs {
 		t, ok := w.timeOf(v.rev)
@@ -860,6 +876,25 @@ func (w *world) staleness(e event) time.Duration {
 		}
 	}
 	return 0
+}
+
+// evictedBefore returns when the process that answered e last evicted
+// e's key before e's request was sent, if it did.
+func (w *world) evictedBefore(e event) (time.Time, bool) {
+	if e.proc == "" {
+		return time.Time{}, false
+	}
+	var at time.Time
+	found := false
+	for _, ev := range w.events {
+		if ev.seq >= e.seq || ev.at.After(e.sent) {
+			break
+		}
+		if ev.kind == evEvict && ev.proc == e.proc && ev.key == e.key {
+			at, found = ev.at, true
+		}
+	}
+	return at, found
 }
 
 // answers reports whether e's answer is rec's outcome.

@@ -39,6 +39,7 @@ type keyStore interface {
 	idemhttp.Store
 	Do(ctx context.Context, key etcdstore.Key, params []byte, work etcdstore.Work, opts ...etcdstore.RunOption) (etcdstore.Result, error)
 	Metrics() etcdstore.Metrics
+	EvictIf(ctx context.Context, key etcdstore.Key, rev int64) (bool, error)
 	Owner() string
 	Close() error
 }

@@ -91,6 +91,19 @@ func (sw *simWatcher) RequestProgress(ctx context.Context) error {
 	return nil
 }
 
+// progressWanted reports whether a watch asked for progress since the
+// last pump.
+func (sw *simWatcher) progressWanted() bool {
+	sw.mu.Lock()
+	defer sw.mu.Unlock()
+	for _, x := range sw.watches {
+		if x.wanted.Load() && !x.done.Load() {
+			return true
+		}
+	}
+	return false
+}
+
 // Close ends every watch: its reader sees its channel closed. Call it
 // only when no pump runs.
 func (sw *simWatcher) Close() error {

@@ -160,6 +160,7 @@ type process struct {
 	outage    int                         // the next calls through it that all fail or lose their reply
 	dead      bool                        // crashed or closed: its calls fail
 	closing   bool                        // a graceful close is under way
+	stalled   time.Time                   // its watches deliver nothing until then (a lagging member)
 }
 
 func newWorld(seed uint64) (*world, error) {
@@ -567,11 +568,26 @@ func (w *world) pump(broken bool) error {
 	}
 	w.ledger.hit("path:watches pumped")
 	for _, p := range w.procs {
-		if !p.dead {
+		if !p.dead && (broken || !p.isStalled(w.s.Now())) {
 			p.watcher.pump(rev, broken)
 		}
 	}
 	return nil
+}
+
+// isStalled reports whether p's watches deliver nothing at now.
+func (p *process) isStalled(now time.Time) bool { return now.Before(p.stalled) }
+
+// progressWanted reports whether a process whose watches deliver asked
+// for progress since the last pump: etcd answers such a request at once,
+// so the driver pumps before it lets time pass.
+func (w *world) progressWanted() bool {
+	for _, p := range w.procs {
+		if !p.dead && !p.isStalled(w.s.Now()) && p.watcher.progressWanted() {
+			return true
+		}
+	}
+	return false
 }
 
 // killActors ends p's actors, and fails the calls other actors are held

@@ -208,6 +208,9 @@ var mutants = []mutant{
 	{"cache: serves entries however stale", "etcdstore/internal/cache/cache.go",
 		"	fresh := c.fresh()\n	c.mu.Lock()",
 		"	fresh := true\n	c.mu.Lock()"},
+	{"cache: an eviction leaves the record in the evicting store's cache", "etcdstore/store.go",
+		"	if gone && s.cache != nil {",
+		"	if false && gone && s.cache != nil {"},
 }
 
 // The kernel's own mutants, beyond those of the list above whose code
