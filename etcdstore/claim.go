@@ -322,7 +322,7 @@ func (s *Store) claimUntraced(ctx context.Context, key Key, fp Fingerprint, cfg 
 			// A claim write of ours may have landed although we could not
 			// learn it, or may still land: nobody here will run it, and
 			// other processes would see a live owner until this one dies.
-			s.reap(lostClaim{key: key, fp: fp, owner: c.owner, attempt: c.attempt, seen: left.seen})
+			s.reap(lostClaim{key: key, fp: fp, owner: c.owner, attempt: c.attempt, seen: left.seen, overMoved: cfg.overMoved, setRev: cfg.setRev})
 		}
 		return nil, done, err
 	}

@@ -283,13 +283,28 @@ func (s *Store) reap(l lostClaim) {
 
 // lostClaim is a claim whose claim write had an unknown outcome, as the
 // reaper needs it: its key, fingerprint, owner and attempt, the highest
-// revision it saw, and until when its lost writes may land.
+// revision it saw, until when its lost writes may land, and whether it
+// replaced Moved records (ReplaceMoved: its fence must too, under the
+// shard set the claim compared).
 type lostClaim struct {
 	key            Key
 	fp             Fingerprint
 	owner, attempt string
 	seen           int64
 	until          time.Time
+	overMoved      bool
+	setRev         int64
+}
+
+// fenceSet is the shard set the reaper's fence compares: over a Moved
+// record, the one the lost claim compared (the Moved record may be a
+// newer set's hand-over, which only a write under the old set may
+// replace: the lost one), else the store's own (0).
+func (l lostClaim) fenceSet() int64 {
+	if l.overMoved {
+		return l.setRev
+	}
+	return 0
 }
 
 // landWindow is how long after it was sent a write may still be applied by
@@ -344,7 +359,7 @@ func (s *Store) reapOnce(ctx context.Context, l lostClaim) bool {
 	}
 	if step == kernel.ReapFence {
 		var left attempted
-		a, err := s.runClaim(ctx, hold, &claimConfig{attempt: attempt, fence: true}, &left)
+		a, err := s.runClaim(ctx, hold, &claimConfig{attempt: attempt, fence: true, overMoved: l.overMoved, setRev: l.fenceSet()}, &left)
 		if err != nil {
 			return false
 		}
@@ -354,6 +369,14 @@ func (s *Store) reapOnce(ctx context.Context, l lostClaim) bool {
 		if step = kernel.ReapFenced(a, owner, seen, l.until); step == kernel.ReapDone && a.Verdict == kernel.Won {
 			s.reaped.Add(1)
 			s.log.Info("idem: fenced a claim whose write had an unknown outcome", "key", k.Digest())
+		}
+		if step == kernel.ReapCheck {
+			if rec, _, err = s.get(ctx, k); err != nil {
+				return false
+			}
+			if step = kernel.ReapChecked(kernelRecord(rec), owner, attempt); step == kernel.ReapAbandon {
+				hold.won(rec, nil)
+			}
 		}
 	}
 	if step != kernel.ReapAbandon {

@@ -153,6 +153,9 @@ func NewClaim(cfg Config, req ClaimRequest) *Claim { return &Claim{cfg: cfg, req
 // is reaped with them (Reap).
 func (m *Claim) Uncertain() (bool, int64) { return m.uncertain, m.seen }
 
+// Request returns the request the claim was made with.
+func (m *Claim) Request() ClaimRequest { return m.req }
+
 // Next returns what the caller must do next.
 func (m *Claim) Next(v View) Action {
 	a := m.next(v)

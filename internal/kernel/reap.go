@@ -14,6 +14,7 @@ const (
 	ReapAbandon                    // the lost write landed: abandon the claim it made
 	ReapFence                      // fence the key: claim it again with the same attempt, written abandoned (ClaimRequest.Fence)
 	ReapRetry                      // etcd could not say: try again later
+	ReapCheck                      // the lost write can no longer land: read the record once more (ReapChecked)
 )
 
 // Reap judges the record the reaper read at now (nil: absent); until is
@@ -21,12 +22,15 @@ const (
 // and the longest a request takes to be applied). Its own claim (the lost
 // write landed) is abandoned, so the next claimant anywhere takes the key
 // over at once. A record written after seen (the highest revision the
-// claim saw etcd at) that is not its own, or one done or moved, keeps any
-// lost write from landing while it is there: done, if it is there until
-// then (retained past until); if it may be deleted before (the sweeper
-// and EvictIf delete expired records), the reaper looks again once it has
-// expired. Otherwise (absent, expired, or a state the claim saw, which a
-// lost write may have compared) the key is fenced: the fence is
+// claim saw etcd at) that is not its own, or one done, keeps any lost
+// write from landing while it is there: done, if it is there until then
+// (retained past until); if it may be deleted before (the sweeper and
+// EvictIf delete expired records), the reaper looks again once it has
+// expired. Otherwise (absent, expired, or an in-flight or Moved record the
+// claim saw, which a lost write may have compared: a claim with
+// OverMoved writes over a Moved record it read) the key is fenced, with
+// the claim's own OverMoved (a fence without it meets the Moved record as
+// the lost write did, and is refused: done then). The fence is
 // conditioned on that very state, so once it lands the lost write never
 // can (revisions only grow), and it lives a retention. (The model checker
 // found a lost create landing on a key whose record the reaper had taken
@@ -35,12 +39,21 @@ func Reap(rec *Record, owner, attempt string, seen int64, now, until time.Time) 
 	switch {
 	case rec != nil && rec.State == InFlight && rec.Owner == owner && SameAttempt(rec.Attempt, attempt):
 		return ReapAbandon
-	case rec == nil || rec.Expired(now) || rec.State == InFlight && rec.Revision <= seen:
+	case rec == nil || rec.Expired(now) || (rec.State == InFlight || rec.State == Moved) && rec.Revision <= seen:
 		return ReapFence
 	case !rec.Expired(until):
 		return ReapDone
 	}
 	return ReapRetry
+}
+
+// ReapChecked judges the record read once the lost write can no longer
+// land (ReapCheck): abandon it if it landed, else done.
+func ReapChecked(rec *Record, owner, attempt string) Reaping {
+	if rec != nil && rec.State == InFlight && rec.Owner == owner && SameAttempt(rec.Attempt, attempt) {
+		return ReapAbandon
+	}
+	return ReapDone
 }
 
 // ReapFenced judges how the reaper's fencing claim (for a claim of
@@ -64,6 +77,12 @@ func ReapFenced(a Answer, owner string, seen int64, until time.Time) Reaping {
 			return ReapDone
 		}
 		return ReapAbandon
+	case SetChanged:
+		// The shard set moved since the fence's (and so since the lost
+		// write's, which compared the same or an older one): revisions
+		// only grow, the lost write's compare can never hold from now on.
+		// It may have landed before: a read now says (ReapChecked).
+		return ReapCheck
 	case Conflict, Replay, Mismatch, IsMoved:
 		r := a.Record
 		switch {

@@ -186,6 +186,7 @@ func (x *explorer) claimStep(w *world, p *proc, c *client, f fate) error {
 	}
 	a := c.claim.Answer()
 	unc, seen := c.claim.Uncertain()
+	over, setRev := c.claim.Request().OverMoved, c.claim.Request().SetRev
 	if err := notSent(a, c.maybe); err != nil {
 		return err
 	}
@@ -203,7 +204,7 @@ func (x *explorer) claimStep(w *world, p *proc, c *client, f fate) error {
 	p.release(c.key, c.attempt)
 	if unc && a.Verdict != kernel.Won {
 		p.bg = append(p.bg, &task{kind: tReap, cl: c.cl, key: c.key, attempt: c.attempt, owner: p.owner(), seen: seen,
-			until: w.clockOf(p) + MaxDelay + 1})
+			until: w.clockOf(p) + MaxDelay + 1, over: over, setRev: setRev})
 	}
 	if a.Verdict == kernel.Replay {
 		if err := x.replayed(w, p, c.key, a.Record); err != nil {

@@ -24,7 +24,9 @@ type task struct {
 	owner   string // reap: the session the lost write was made under
 	seen    int64  // reap: the highest revision the claim saw
 	until   int64  // reap: until when (seconds, its clock) the claim's lost writes may land
-	phase   uint8  // reap: 0 read, 1 fencing claim, 2 abandon
+	phase   uint8  // reap: 0 read, 1 fencing claim, 2 abandon, 3 read once more (ReapCheck)
+	over    bool   // reap: the claim replaced Moved records (OverMoved): so does its fence,
+	setRev  int64  // under the shard set the claim compared
 	claim   *kernel.Claim
 	write   *kernel.Write
 	held    kernel.Held
@@ -43,8 +45,8 @@ func (t *task) clone() *task {
 }
 
 func (t *task) appendState(b []byte) []byte {
-	b = appendInts(b, int64(t.kind), int64(t.cl), int64(t.key), t.seen, t.until, int64(t.phase), int64(t.req.Kind))
-	b = appendStr(appendStr(b, t.attempt), t.owner)
+	b = appendInts(b, int64(t.kind), int64(t.cl), int64(t.key), t.seen, t.until, int64(t.phase), int64(t.req.Kind), t.setRev)
+	b = appendStr(appendStr(append(b, boolByte(t.over)), t.attempt), t.owner)
 	b = t.held.AppendState(b)
 	if t.claim != nil {
 		b = t.claim.AppendState(append(b, 1))
@@ -53,6 +55,50 @@ func (t *task) appendState(b []byte) []byte {
 		b = t.write.AppendState(append(b, 2))
 	}
 	return b
+}
+
+// reapFence is the reaper's fencing claim, a step at a time; it reports
+// whether the reaper is over.
+func (x *explorer) reapFence(w *world, p *proc, t *task, f fate) (bool, error) {
+	wr := writer{cl: t.cl, proc: p.id, owner: p.owner(), kind: wReap, attempt: t.attempt, now: w.clockOf(p)}
+	if err := x.drive(w, p, t.key, t.claim, wr, f); err != nil {
+		return false, err
+	}
+	if !done(t.claim, x.view(w, p, t.cl, t.key)) {
+		return false, nil
+	}
+	a := t.claim.Answer()
+	t.claim = nil
+	if a.Verdict == kernel.Won {
+		if err := x.granted(w, p, t.cl, recordKey(t.key), t.attempt, a); err != nil {
+			return false, err // the fence took a claim over
+		}
+	}
+	switch kernel.ReapFenced(a, t.owner, t.seen, at(t.until)) {
+	case kernel.ReapAbandon:
+		t.held, t.phase = kernel.HeldBy(recordKey(t.key), a.Record), 2
+		t.write = kernel.NewWrite(x.cfg(), t.held, kernel.WriteRequest{Kind: kernel.Abandon})
+		return false, nil
+	case kernel.ReapRetry:
+		t.phase = 0
+		p.release(t.key, t.attempt)
+		return false, nil
+	case kernel.ReapCheck:
+		t.phase = 3 // read once more, at the next step
+		return false, nil
+	}
+	return true, nil
+}
+
+// fenceSet is the shard set a reaper's fence compares: a fence over a
+// Moved record the one its lost claim compared (the Moved record may be
+// the hand-over a newer set made: only under the old set may the fence
+// replace it, as the lost write would), else the process's own.
+func (t *task) fenceSet(p *proc) int64 {
+	if t.over {
+		return t.setRev
+	}
+	return p.setRev[t.cl]
 }
 
 // taskSends reports whether the task's next step sends a Txn.
@@ -121,33 +167,19 @@ func (x *explorer) reapStep(w *world, p *proc, t *task, f fate) (bool, error) {
 		default:
 			t.phase = 1
 			t.claim = kernel.NewClaim(x.cfg(), kernel.ClaimRequest{Key: recordKey(t.key), Fingerprint: fingerprint(t.key),
-				Owner: t.owner, Attempt: t.attempt, Fence: true, SetRev: p.setRev[t.cl]})
+				Owner: t.owner, Attempt: t.attempt, Fence: true, OverMoved: t.over, SetRev: t.fenceSet(p)})
 		}
 		p.hold = append(p.hold, attemptRef{key: t.key, attempt: t.attempt})
 		return false, nil
 	case 1:
-		wr := writer{cl: t.cl, proc: p.id, owner: p.owner(), kind: wReap, attempt: t.attempt, now: w.clockOf(p)}
-		if err := x.drive(w, p, t.key, t.claim, wr, f); err != nil {
+		if over, err := x.reapFence(w, p, t, f); !over || err != nil {
 			return false, err
 		}
-		if !done(t.claim, x.view(w, p, t.cl, t.key)) {
-			return false, nil
-		}
-		a := t.claim.Answer()
-		t.claim = nil
-		if a.Verdict == kernel.Won {
-			if err := x.granted(w, p, t.cl, recordKey(t.key), t.attempt, a); err != nil {
-				return false, err // the fence took a claim over
-			}
-		}
-		switch kernel.ReapFenced(a, t.owner, t.seen, at(t.until)) {
-		case kernel.ReapAbandon:
-			t.held, t.phase = kernel.HeldBy(recordKey(t.key), a.Record), 2
+	case 3:
+		rec, _ := x.read(w, t.cl, recordKey(t.key))
+		if kernel.ReapChecked(rec, t.owner, t.attempt) == kernel.ReapAbandon {
+			t.held, t.phase = kernel.HeldBy(recordKey(t.key), rec), 2
 			t.write = kernel.NewWrite(x.cfg(), t.held, kernel.WriteRequest{Kind: kernel.Abandon})
-			return false, nil
-		case kernel.ReapRetry:
-			t.phase = 0
-			p.release(t.key, t.attempt)
 			return false, nil
 		}
 	case 2:
