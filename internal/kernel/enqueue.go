@@ -178,9 +178,11 @@ func (m *Enqueue) Sent(r Reply) Notes {
 		return n
 	}
 	m.cur, m.known, m.phase = r.Cur, true, enqJudge
-	if m.req.Value != "" && (r.Cur == nil && m.expect == nil || r.Cur != nil && m.expect != nil && r.Cur.Revision == m.expect.Revision) {
+	if m.req.Value != "" && !n.NewEpoch && (r.Cur == nil && m.expect == nil || r.Cur != nil && m.expect != nil && r.Cur.Revision == m.expect.Revision) {
 		// The record was as this round expected (absent, or the same
-		// expired one), so the compare that failed is the value's.
+		// expired one) and so was the epoch, so the compare that failed
+		// is the value's. (An epoch that moved is learnt: the write goes
+		// again, and the value's compare is judged then.)
 		m.end(Answer{Verdict: ValueChanged})
 	}
 	return n
