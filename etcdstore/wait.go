@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -57,10 +58,14 @@ func (s *Store) Wait(ctx context.Context, key Key) (rec *Record, err error) {
 		switch {
 		case cur == nil || cur.expired(now):
 			return nil, fmt.Errorf("wait %s: %w", key, ErrNotFound)
-		case cur.State == Done, cur.Owner == "", cur.pastDeadline(now):
+		case cur.State == Done, cur.Owner == "":
 			return cur, nil
 		case s.runningHere(key, cur.Attempt):
-			// Running in this process: the owner is alive by definition.
+			// Running in this process: the owner is alive by definition,
+			// whatever its deadline (as a claim judges it: the kernel's
+			// "held here" comes before "past its deadline").
+		case cur.pastDeadline(now):
+			return cur, nil
 		default:
 			alive, r, err := s.ownerAlive(ctx, cur.Owner)
 			if err != nil {
@@ -99,8 +104,14 @@ func (s *Store) awaitChange(ctx context.Context, k Key, cur *Record, seenRev, ow
 	}
 	until := ctx // ends at cur's deadline too
 	if !cur.Deadline.IsZero() {
+		wake := cur.Deadline.Sub(s.now())
+		if wake <= 0 {
+			// Past it, and held here (Wait's caller waits only then): look
+			// again soon, the claim ends here by its deadline.
+			wake = time.Second
+		}
 		var stop context.CancelFunc
-		until, stop = s.clock.WithTimeout(ctx, cur.Deadline.Sub(s.now()))
+		until, stop = s.clock.WithTimeout(ctx, wake)
 		defer stop()
 	}
 	if testHookAwait != nil {

@@ -449,7 +449,7 @@ func (q *Queue) waitFeed(ctx context.Context, key etcdstore.Key, feed *etcdstore
 
 // waitOver decodes a job's record and says whether Wait is over.
 func (q *Queue) waitOver(rec *etcdstore.Record) (*Job, bool, error) {
-	if rec.Expires.Before(q.clock.Now()) {
+	if rec.Fence || !q.clock.Now().Before(rec.Expires) { // gone, as the kernel's Record.Expired says
 		return nil, true, fmt.Errorf("wait %s: %w", rec.Key, etcdstore.ErrNotFound)
 	}
 	j, err := FromRecord(rec, q.clock.Now())
