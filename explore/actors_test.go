@@ -157,14 +157,16 @@ func (w *world) cachedProcs() []*process {
 // answers only while it can prove it lags etcd by less than its bound,
 // and forgets at once what its own store evicted). Half the time the
 // eviction goes through another process while p's watches stall, as
-// behind a lagging member: p's cache must stop answering.
+// behind a lagging member: p's cache must stop answering. It stops once
+// the faults do (it would outlast the liveness bound, which allows for one
+// operation in flight).
 func (w *world) evictor(a *actor, p *process) {
 	key := storeKeys[w.rng.IntN(len(storeKeys))]
-	for round := 0; round < 2; round++ {
+	for round := 0; round < 2 && !w.healed; round++ {
 		clock.Sleep(p.clock, a.ctx, time.Duration(1+w.rng.IntN(20))*time.Second)
 		// Done through p, and replayed until p's cache answers (its watch
 		// brought the record, and it has proved itself current).
-		for try := 0; try < 4; try++ {
+		for try := 0; try < 4 && !w.healed; try++ {
 			hits := p.keys.Metrics().Cache.Hits
 			w.doOps(a, p, 1, key)
 			if p.keys.Metrics().Cache.Hits > hits {
@@ -195,7 +197,7 @@ func (w *world) evictor(a *actor, p *process) {
 		}
 		w.log(event{kind: evEvict, key: key, proc: q.name, actor: a.name})
 		w.ledger.hit("path:operator evicted a done key")
-		for i := 0; i < 1+w.rng.IntN(3); i++ {
+		for i := 0; i < 1+w.rng.IntN(3) && (i == 0 || !w.healed); i++ {
 			if i > 0 {
 				clock.Sleep(p.clock, a.ctx, time.Duration(500+w.rng.IntN(3000))*time.Millisecond)
 			}

@@ -14,6 +14,7 @@ type enqCombo struct {
 	existing, overMoved bool
 	value               uint8 // 0 none, 1 IfValue, 2 IfValueThen
 	valueMoved          bool  // the Txn was refused while the record was as expected: the value moved
+	epochMoved          bool  // or: the shard epoch moved (the value did not)
 	epochs              bool
 }
 
@@ -32,6 +33,11 @@ func enqCombos() []enqCombo {
 					continue
 				}
 				out = append(out, c)
+				if c.epochs && !c.valueMoved {
+					e := c
+					e.epochMoved = true
+					out = append(out, e)
+				}
 			}
 		}
 	}
@@ -91,6 +97,14 @@ func decideEnqueue(c enqCombo) outcome {
 			m.Next(v)
 			o.extra = append(o.extra, "refused")
 		}
+		if c.epochMoved {
+			// Refused by the epoch alone: learnt, the write goes again.
+			m.Sent(Reply{Delivery: Refused, Rev: tRead + 1, Cur: c.record(), Epoch: v.Epoch + 1, Set: SetValue{Rev: v.SetRev}})
+			v.Epoch++
+			if again := m.Next(v); again.Kind != ActSend {
+				o.extra = append(o.extra, "not sent again")
+			}
+		}
 	}
 	o.answer = m.Answer()
 	o.verdict = o.answer.Verdict
@@ -131,6 +145,8 @@ func enqRules() []rule[enqCombo] {
 				t.Errorf("want an abandoned claim nobody held, its checkpoint the data: %+v", r)
 			case c.valueMoved && got.verdict != ValueChanged:
 				t.Errorf("refused with the record as expected: want ValueChanged, got %+v", got)
+			case c.epochMoved && (got.verdict != 0 || len(got.extra) > 0):
+				t.Errorf("refused by the shard epoch alone: want it learnt and the write sent again, got %+v", got)
 			}
 			for i := range want {
 				if i < len(got.txn.If) && !sameCmp(got.txn.If[i], want[i]) {
@@ -143,7 +159,7 @@ func enqRules() []rule[enqCombo] {
 		{"`WithoutCreate` and no live record", func(c enqCombo) bool { return c.existing && !c.live() },
 			"not found: nothing written", verdict(NotFound)},
 		{"no record", func(c enqCombo) bool { return c.rec == recAbsent },
-			"enqueue: an in-flight record with no owner, its checkpoint the job's data (with `IfValue`: only while the value is at its revision, which the write moves); refused with the record as expected: `ErrValueChanged`",
+			"enqueue: an in-flight record with no owner, its checkpoint the job's data (with `IfValue`: only while the value is at its revision, which the write moves); refused with the record as expected: `ErrValueChanged`, unless the shard epoch moved (learnt, and the write sent again)",
 			write(true)},
 		{"its retention passed, or Moved and `ReplaceMoved`", func(c enqCombo) bool { return c.expired || c.rec == recMoved && c.overMoved },
 			"enqueue over it: a new job", write(false)},
@@ -296,11 +312,11 @@ func reapRules() []rule[reapCombo] {
 	return []rule[reapCombo]{
 		{"reaper: in flight, the claim's own owner and attempt (the lost write landed)", func(c reapCombo) bool { return c.mine },
 			"abandon it: the next claimant anywhere takes it over at once", step(ReapAbandon)},
-		{"reaper: absent, past its retention, or in flight at a revision the claim saw", func(c reapCombo) bool {
-			return c.rec == recAbsent || c.expired || c.rec == recInFlight && !c.after
-		}, "fence it: claim it with the same attempt, written abandoned (absent or expired: a Fence placeholder, free as absent, live a retention); the lost write's compare can never hold after",
+		{"reaper: absent, past its retention, or in flight or Moved at a revision the claim saw (a claim with OverMoved writes over a Moved record it read)", func(c reapCombo) bool {
+			return c.rec == recAbsent || c.expired || (c.rec == recInFlight || c.rec == recMoved) && !c.after
+		}, "fence it: claim it with the same attempt and the claim's OverMoved, written abandoned (absent or expired: a Fence placeholder, free as absent, live a retention); the lost write's compare can never hold after",
 			step(ReapFence)},
-		{"reaper: written after `seen` by another, or done, or Moved, and retained until the lost writes can no longer land (twice the request timeout)",
+		{"reaper: written after `seen` by another, or done, and retained until the lost writes can no longer land (twice the request timeout)",
 			func(c reapCombo) bool { return !c.soon }, "nothing: no lost write can land while it is there", step(ReapDone)},
 		{"reaper: such a record that expires before then (the sweeper or EvictIf may delete it first)", func(reapCombo) bool { return true },
 			"look again later (once it expired: fence it)", step(ReapRetry)},
@@ -431,6 +447,9 @@ func fenceRules() []rule[fenceCombo] {
 		{"reaper's fence: held by a live owner of another session, or written after `seen`, retained until then",
 			func(c fenceCombo) bool { return c.verdict == Conflict && !c.noRec && (!c.own || c.after) && !c.soon },
 			"done", step(ReapDone)},
+		{"reaper's fence: refused because the shard set moved since the set it compared (the lost write's, or a newer one)",
+			func(c fenceCombo) bool { return c.verdict == SetChanged },
+			"read once more: the lost write can no longer land; abandon it if it landed, else done", step(ReapCheck)},
 		{"reaper's fence: otherwise (held here under its own session at a revision the lost write may have compared; a record that may be deleted first; etcd could not say)",
 			func(fenceCombo) bool { return true }, "look again later: what holds it here ends (found by the model checker)", step(ReapRetry)},
 	}
