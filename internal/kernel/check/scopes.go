@@ -12,6 +12,7 @@ var Scopes = []Scope{
 		Deadline: 2, Ticks: 2, Skew: []int64{0, 1}, Hangs: 1},
 	{Name: "H: two clients a process, reads first", Procs: 2, Keys: 1, Clients: 2, Faults: 1, Retries: 1, Retention: 3600, ReadFirst: true},
 	{Name: "A1: two processes, lost and held replies, a crash", Procs: 2, Keys: 1, Faults: 1, Crashes: 1, Retries: 2, Retention: 3600},
+	{Name: "S0: a shard set changes: keys handed over between two clusters, a crash", Procs: 2, Keys: 1, Faults: 1, Crashes: 1, Retries: 1, Retention: 3600, Shards: true},
 	{Name: "F: shard epochs raised, a restart", Procs: 2, Keys: 1, Faults: 1, Crashes: 1, Retries: 1, Retention: 3600, Epochs: true, Raises: 1},
 	{Name: "C: a session expires, recovery points", Procs: 2, Keys: 1, Faults: 1, Expiries: 1, Retries: 1, Retention: 3600, Checkpoint: true},
 	{Name: "G1: retention passes: the sweeper", Procs: 2, Keys: 1, Faults: 1, Retries: 1, Retention: 2, Ticks: 2, Sweep: true},
