@@ -100,7 +100,7 @@ func (w *world) spawnActor(n int) {
 		w.s.spawn(name+"/signal", p, false, func(a *actor) { w.signaller(a, p) })
 		return
 	}
-	if cached := w.cachedProcs(); len(cached) > 0 && w.rng.IntN(6) == 0 {
+	if cached := w.cachedProcs(); len(cached) > 0 && w.rng.IntN(12) == 0 {
 		p := cached[w.rng.IntN(len(cached))]
 		w.s.spawn(name+"/evict", p, false, func(a *actor) { w.evictor(a, p) })
 		return
