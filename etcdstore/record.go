@@ -101,17 +101,6 @@ func toMillis(t time.Time) time.Time { return time.UnixMilli(t.UnixMilli()) }
 // it is a fence: either way the key names no operation.
 func (r *Record) expired(now time.Time) bool { return r.Fence || !now.Before(r.Expires) }
 
-// inFlightExpiry is the expiry of an in-flight record written at now with
-// deadline (zero: none): one retention after the later of the two, so that
-// a claim's record outlives the time its claim may be held by a retention,
-// and a stale claim can always be taken over with its checkpoint.
-func (s *Store) inFlightExpiry(now, deadline time.Time) time.Time {
-	if deadline.After(now) {
-		now = deadline
-	}
-	return toMillis(now.Add(s.retention))
-}
-
 // pastDeadline reports whether an in-flight claim's deadline has passed at now.
 func (r *Record) pastDeadline(now time.Time) bool {
 	return !r.Deadline.IsZero() && !now.Before(r.Deadline)
