@@ -215,7 +215,7 @@ var mutants = []mutant{
 	// Limits.
 	{"limits: a full limit's slots are taken without asking whether their holders' claims are over", "jobs/limit.go",
 		"				if !ok {\n					p.Stale = append(p.Stale, o)",
-		"				if true {\n					p.Stale = append(p.Stale, o)"},
+		"				if !ok || true {\n					p.Stale = append(p.Stale, o)"},
 	{"limits: a rate slot is taken before its time has come", "internal/kernel/slots.go",
 		"		if s.Until > now.UnixMilli() {",
 		"		if false && s.Until > now.UnixMilli() {"},
