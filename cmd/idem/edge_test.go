@@ -150,7 +150,7 @@ func TestServeStartsBeforeEtcdAnswers(t *testing.T) {
 	start := time.Now()
 	idem := startIdem(t, filepath.Join(dir, "work"), "--endpoints", proxy.URL(), "--upstream", up.URL, "--dial-timeout", "1s")
 	t.Logf("listening %v after start with etcd cut off (--dial-timeout 1s)", time.Since(start).Round(time.Millisecond))
-	if !strings.Contains(idem.logs.String(), "etcd cannot be reached") {
+	if !idem.hasLog("etcd cannot be reached") {
 		t.Fatalf("no log line says etcd cannot be reached:\n%s", idem.logs)
 	}
 	if r := send(t, "POST", idem.listen+"/pay", "k-1", `{}`); r.status != 503 || !strings.Contains(r.body, "unavailable") || r.header.Get("Retry-After") == "" {

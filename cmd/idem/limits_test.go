@@ -177,7 +177,7 @@ func TestServeWhenEtcdIsFull(t *testing.T) {
 	if m := send(t, "GET", idem.admin+"/metrics", "", "").body; !strings.Contains(m, "idem_store_full 1") {
 		t.Fatalf("/metrics lacks idem_store_full 1")
 	}
-	if !strings.Contains(idem.logs.String(), "out of space") {
+	if !idem.hasLog("out of space") {
 		t.Fatalf("nothing logged about the full store:\n%s", idem.logs)
 	}
 

@@ -45,15 +45,49 @@ type idemProc struct {
 }
 
 type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+	mu      sync.Mutex
+	b       bytes.Buffer
+	written chan struct{} // closed (and replaced) by every Write
 }
 
 func (s *syncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.written != nil {
+		close(s.written)
+		s.written = nil
+	}
 	return s.b.Write(p)
 }
+
+// waitFor returns once the buffer holds sub, and false if it still does not
+// after timeout. A process's log line reaches the buffer through the pipe
+// reader after the process has answered the request that logged it, so a
+// test that looks for it right after the answer must wait for the line.
+func (s *syncBuffer) waitFor(sub string, timeout time.Duration) bool {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		s.mu.Lock()
+		if strings.Contains(s.b.String(), sub) {
+			s.mu.Unlock()
+			return true
+		}
+		if s.written == nil {
+			s.written = make(chan struct{})
+		}
+		written := s.written
+		s.mu.Unlock()
+		select {
+		case <-written:
+		case <-deadline.C:
+			return false
+		}
+	}
+}
+
+// hasLog waits (up to 30s) for a log line holding sub.
+func (p *idemProc) hasLog(sub string) bool { return p.logs.waitFor(sub, 30*time.Second) }
 
 func (s *syncBuffer) String() string {
 	s.mu.Lock()
