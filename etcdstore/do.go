@@ -296,16 +296,9 @@ type lostClaim struct {
 	setRev         int64
 }
 
-// fenceSet is the shard set the reaper's fence compares: over a Moved
-// record, the one the lost claim compared (the Moved record may be a
-// newer set's hand-over, which only a write under the old set may
-// replace: the lost one), else the store's own (0).
-func (l lostClaim) fenceSet() int64 {
-	if l.overMoved {
-		return l.setRev
-	}
-	return 0
-}
+// fenceSet is the shard set the reaper's fence compares (kernel.FenceSet);
+// the store's own set is 0 (the one it holds when the fence is sent).
+func (l lostClaim) fenceSet() int64 { return kernel.FenceSet(l.overMoved, l.setRev, 0) }
 
 // landWindow is how long after it was sent a write may still be applied by
 // etcd, for the reaper: twice the request timeout (a request that left is

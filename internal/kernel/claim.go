@@ -409,6 +409,10 @@ func (m *Claim) readOnly(now time.Time) Action {
 		return m.end(Answer{Verdict: Mismatch, Record: cur})
 	case cur.State == Done:
 		return m.end(Answer{Verdict: Replay, Record: cur})
+	case cur.Owner != "" && cur.Owner == m.req.Owner && SameAttempt(cur.Attempt, m.req.Attempt) && !cur.PastDeadline(now):
+		// Our own claim, written by an earlier try whose reply was lost:
+		// ours, as when etcd is not full; nothing needs writing.
+		return m.end(Answer{Verdict: Won, Record: cur})
 	case cur.Owner != "" && (cur.Deadline.IsZero() || now.Before(cur.Deadline)):
 		// In flight: if its owner lives, a conflict as always (the owner
 		// may still save its outcome). A stale one would be taken over,

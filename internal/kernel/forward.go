@@ -77,7 +77,9 @@ func (m *Forward) Next(v View) Action {
 	default:
 		return m.end(Answer{Verdict: Found, Record: cur}) // the key lives here
 	}
-	rec := &Record{State: Moved, MovedTo: m.req.To, Epoch: v.Epoch, Created: now, Expires: now.Add(m.cfg.Retention)}
+	// Times as stored (to the millisecond), so that the answer is the record
+	// a read returns.
+	rec := &Record{State: Moved, MovedTo: m.req.To, Epoch: v.Epoch, Created: Millis(now), Expires: Millis(now.Add(m.cfg.Retention))}
 	cfg := m.cfg
 	cfg.Epochs = true // a hand-over is always guarded
 	cmps, m.sentG = cfg.guard(cmps, v, m.req.SetRev)

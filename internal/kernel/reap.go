@@ -47,6 +47,18 @@ func Reap(rec *Record, owner, attempt string, seen int64, now, until time.Time) 
 	return ReapRetry
 }
 
+// FenceSet is the shard set a reaper's fence compares (the fence claims
+// with the lost claim's OverMoved): over a Moved record, lost, the set the
+// lost claim compared, since the Moved record may be the hand-over a newer
+// set made, which only a write under the old set may replace, as the lost
+// write would; else own, the set the reaper's process holds now.
+func FenceSet(overMoved bool, lost, own int64) int64 {
+	if overMoved {
+		return lost
+	}
+	return own
+}
+
 // ReapChecked judges the record read once the lost write can no longer
 // land (ReapCheck): abandon it if it landed, else done.
 func ReapChecked(rec *Record, owner, attempt string) Reaping {

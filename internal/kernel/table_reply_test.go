@@ -30,6 +30,7 @@ const (
 	fullLive     // in flight, its owner alive
 	fullDead     // in flight, its owner gone
 	fullDeadline // in flight, past its deadline
+	fullOwn      // in flight, the claimant's own attempt (an earlier try landed)
 )
 
 type replyCombo struct {
@@ -57,7 +58,7 @@ func replyCombos() []replyCombo {
 						if c.landed && c.notSent || c.uncertain && tries == 0 || d != dFailed && (c.landed || c.notSent || c.retry) {
 							continue
 						}
-						for f := fullAbsent; f <= fullDeadline; f++ {
+						for f := fullAbsent; f <= fullOwn; f++ {
 							if f != fullAbsent && d != dFull {
 								break
 							}
@@ -161,6 +162,8 @@ func (f fullRec) record() *Record {
 		r.Fingerprint = tFP2
 	case fullDeadline:
 		r.Deadline = tNow.Add(-time.Second)
+	case fullOwn:
+		r.Owner, r.Attempt = tMe, tAtt
 	}
 	return r
 }
@@ -224,6 +227,8 @@ func replyRules() []rule[replyCombo] {
 			func(c replyCombo) bool { return c.d == dFull && c.full == fullDone }, "replay, from the read", verdict(Replay)},
 		{"etcd is full; the read finds another fingerprint", func(c replyCombo) bool { return c.d == dFull && c.full == fullOtherFP },
 			"mismatch", verdict(Mismatch)},
+		{"etcd is full; the claimant's own attempt, in flight before its deadline (an earlier try landed)",
+			func(c replyCombo) bool { return c.d == dFull && c.full == fullOwn }, "won, from the read, as when etcd is not full (nothing needs writing)", verdict(Won)},
 		{"etcd is full; in flight before its deadline, and its owner key exists",
 			func(c replyCombo) bool { return c.d == dFull && c.full == fullLive }, "conflict", verdict(Conflict)},
 		{"etcd is full, otherwise (absent, a stale claim: a write is needed)", func(c replyCombo) bool { return c.d == dFull },

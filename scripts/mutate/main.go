@@ -279,6 +279,8 @@ var kernelMutants = []mutant{
 		old: "(rec.State == InFlight || rec.State == Moved) && rec.Revision <= seen", new: "rec.State == InFlight && rec.Revision <= seen"},
 	{name: "enqueue: a refusal by the shard epoch is taken for the value's moving", file: "internal/kernel/enqueue.go",
 		old: "	if m.req.Value != \"\" && !n.NewEpoch && (", new: "	if m.req.Value != \"\" && ("},
+	{name: "reaper (review): a fence over a Moved record compares the reaper's shard set, not the lost claim's", file: "internal/kernel/reap.go",
+		old: "	if overMoved {\n		return lost\n	}\n	return own", new: "	return own"},
 }
 
 func main() {

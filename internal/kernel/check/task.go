@@ -90,16 +90,8 @@ func (x *explorer) reapFence(w *world, p *proc, t *task, f fate) (bool, error) {
 	return true, nil
 }
 
-// fenceSet is the shard set a reaper's fence compares: a fence over a
-// Moved record the one its lost claim compared (the Moved record may be
-// the hand-over a newer set made: only under the old set may the fence
-// replace it, as the lost write would), else the process's own.
-func (t *task) fenceSet(p *proc) int64 {
-	if t.over {
-		return t.setRev
-	}
-	return p.setRev[t.cl]
-}
+// fenceSet is the shard set a reaper's fence compares (kernel.FenceSet).
+func (t *task) fenceSet(p *proc) int64 { return kernel.FenceSet(t.over, t.setRev, p.setRev[t.cl]) }
 
 // taskSends reports whether the task's next step sends a Txn.
 func (x *explorer) taskSends(w *world, p *proc, t *task) bool {
