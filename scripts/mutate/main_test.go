@@ -25,3 +25,33 @@ func TestEveryMutantApplies(t *testing.T) {
 		}
 	}
 }
+
+// Every backstop names a mutant of the list and a test that exists in its
+// package: a renamed test fails here, not as a backstop that runs nothing.
+func TestEveryBackstopNamesAMutantAndATest(t *testing.T) {
+	dir := root()
+	names := map[string]bool{}
+	for _, m := range all() {
+		names[m.name] = true
+	}
+	for name, bs := range backstops {
+		if !names[name] {
+			t.Errorf("backstop %s: no mutant %q", bs.test, name)
+		}
+		files, err := filepath.Glob(filepath.Join(dir, bs.pkg, "*_test.go"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, f := range files {
+			src, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			found = found || bytes.Contains(src, []byte("\nfunc "+bs.test+"(t *testing.T) {"))
+		}
+		if !found {
+			t.Errorf("mutant %q: its backstop %s is not a test in %s", name, bs.test, bs.pkg)
+		}
+	}
+}

@@ -238,7 +238,7 @@ func (d *Set) ensure(ctx context.Context, dict *dictionary, l clientv3.LeaseID) 
 	})
 	d.mu.Lock()
 	e.ok = err == nil
-	if e.ok && resp.Succeeded {
+	if err == nil && resp.Succeeded {
 		d.stats.Copies++
 	}
 	if !e.ok {
