@@ -266,12 +266,17 @@ func (s *Store) finishLater(c *Claim, op string, finish func(context.Context) er
 // it works it holds the attempt id in this process, so a retry with the
 // same attempt id waits for it instead of racing it.
 //
-// Only claims under this process's session are reaped (reapOnce). A claim
-// made WithoutSession may be recognised by its attempt id through another
+// Only claims under this process's session are reaped. A claim made
+// WithoutSession may be recognised by its attempt id through another
 // process, which then runs it: reaping it from here would hand the key to a
 // second owner while the first still runs. Such a claim is left to its
-// deadline.
+// deadline, and no reaper starts for it (reapOnce's session check would
+// end one at once; a background task per lost claim would only pile up,
+// counted as a pending final write).
 func (s *Store) reap(l lostClaim) {
+	if l.owner == deadlineOwner {
+		return
+	}
 	l.until = s.now().Add(s.landWindow())
 	s.bg.start("reap "+l.key.String(), 50*time.Millisecond, func(ctx context.Context) bool {
 		return s.reapOnce(ctx, l)
@@ -323,9 +328,7 @@ func (s *Store) reapOnce(ctx context.Context, l lostClaim) bool {
 	case sess.Owner() != owner:
 		// The session the lost write was made under has ended (a claim
 		// compares that its owner key exists): it can no longer land, and
-		// if it did, its record is stale to everyone. Or the claim was
-		// made WithoutSession (its owner is the deadline owner): left to
-		// its deadline, as another process may run it (see reap).
+		// if it did, its record is stale to everyone.
 		return true
 	}
 	hold := s.newClaim(k, fp, attempt, owner)

@@ -108,7 +108,11 @@ func (s *Store) exec(ctx context.Context, k Key, t *kernel.Txn, extra []clientv3
 			// caller's ops. Nothing was applied.
 			err = fmt.Errorf("%w: a lease in the extra ops does not exist (%v)", ErrInvalidArgument, err)
 		}
-		return s.reply(ctx, k, t, resp, err)
+		r := s.reply(ctx, k, t, resp, err)
+		if r.Delivery == kernel.Applied && len(leases) > 0 {
+			r.Lease = int64(leases[0]) // the answered record is the stored one
+		}
+		return r
 	}
 }
 

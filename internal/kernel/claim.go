@@ -325,6 +325,13 @@ func (m *Claim) Read(rec *Record, rev int64) {
 // failed).
 func (m *Claim) Owner(alive bool, rev int64, err error) {
 	switch {
+	case m.phase == claimFullOwn && err == nil && m.own():
+		// Our own claim: ours while our session lives, else it ended.
+		if alive {
+			m.end(Answer{Verdict: Won, Record: m.cur})
+		} else {
+			m.end(Answer{Verdict: SessionGone})
+		}
 	case m.phase == claimFullOwn && err == nil && alive:
 		m.end(Answer{Verdict: Conflict, Record: m.cur})
 	case m.phase == claimFullOwn:
@@ -351,7 +358,7 @@ func (m *Claim) Sent(r Reply) Notes {
 	switch r.Delivery {
 	case Applied:
 		rec := new(*m.sent) // a copy: the record sent is shared with the Txn
-		rec.Revision, rec.Token = r.Rev, TokenOf(rec.Epoch, r.Rev)
+		rec.Revision, rec.Token, rec.Lease = r.Rev, TokenOf(rec.Epoch, r.Rev), r.Lease
 		m.end(Answer{Verdict: Won, Record: rec, Previous: m.taken, Wrote: true})
 		return Notes{}
 	case Full:
@@ -398,21 +405,37 @@ func (m *Claim) failed(r Reply) {
 	m.known, m.phase = false, claimJudge
 }
 
+// own reports whether the record read is this claim's own attempt.
+func (m *Claim) own() bool {
+	cur := m.cur
+	return cur != nil && cur.Owner != "" && cur.Owner == m.req.Owner && SameAttempt(cur.Attempt, m.req.Attempt)
+}
+
 // readOnly answers a claim from a read while etcd refuses writes: the
 // saved outcome of a done key, a mismatch, a conflict with a live owner,
 // or etcd's refusal.
 func (m *Claim) readOnly(now time.Time) Action {
 	cur := m.cur
 	switch {
-	case cur == nil || cur.Expired(now):
+	case cur == nil || cur.Expired(now), m.req.OverMoved && cur.State == Moved:
+		// A new operation, or a stale Moved record to replace: a write.
+	case cur.State == Moved:
+		return m.end(Answer{Verdict: IsMoved, Record: cur}) // as judge: go where it names
 	case cur.Fingerprint != m.req.Fingerprint:
 		return m.end(Answer{Verdict: Mismatch, Record: cur})
 	case cur.State == Done:
 		return m.end(Answer{Verdict: Replay, Record: cur})
 	case cur.Owner != "" && cur.Owner == m.req.Owner && SameAttempt(cur.Attempt, m.req.Attempt) && !cur.PastDeadline(now):
 		// Our own claim, written by an earlier try whose reply was lost:
-		// ours, as when etcd is not full; nothing needs writing.
-		return m.end(Answer{Verdict: Won, Record: cur})
+		// ours, as when etcd is not full (nothing needs writing), if its
+		// session lives: a write would compare the owner key (its Else
+		// reads it), so the read does too (a claim without a session has
+		// none).
+		if cur.Owner == DeadlineOwner {
+			return m.end(Answer{Verdict: Won, Record: cur})
+		}
+		m.phase = claimFullOwn
+		return Action{Kind: ActOwner, Owner: cur.Owner}
 	case cur.Owner != "" && (cur.Deadline.IsZero() || now.Before(cur.Deadline)):
 		// In flight: if its owner lives, a conflict as always (the owner
 		// may still save its outcome). A stale one would be taken over,

@@ -96,7 +96,7 @@ func (m *Forward) Sent(r Reply) Notes {
 	switch r.Delivery {
 	case Applied:
 		rec := new(*m.sent) // a copy: the record sent is shared with the Txn
-		rec.Revision, rec.Token = r.Rev, TokenOf(rec.Epoch, r.Rev)
+		rec.Revision, rec.Token, rec.Lease = r.Rev, TokenOf(rec.Epoch, r.Rev), r.Lease
 		m.end(Answer{Verdict: Landed, Record: rec})
 		return Notes{}
 	case Failed, Full:

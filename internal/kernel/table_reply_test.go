@@ -30,7 +30,9 @@ const (
 	fullLive     // in flight, its owner alive
 	fullDead     // in flight, its owner gone
 	fullDeadline // in flight, past its deadline
-	fullOwn      // in flight, the claimant's own attempt (an earlier try landed)
+	fullOwn      // in flight, the claimant's own attempt (an earlier try landed), its session alive
+	fullOwnGone  // the same, its session's owner key gone
+	fullMoved    // a Moved record (the key handed to another shard)
 )
 
 type replyCombo struct {
@@ -58,7 +60,7 @@ func replyCombos() []replyCombo {
 						if c.landed && c.notSent || c.uncertain && tries == 0 || d != dFailed && (c.landed || c.notSent || c.retry) {
 							continue
 						}
-						for f := fullAbsent; f <= fullOwn; f++ {
+						for f := fullAbsent; f <= fullMoved; f++ {
 							if f != fullAbsent && d != dFull {
 								break
 							}
@@ -118,7 +120,7 @@ func decideReply(c replyCombo) outcome {
 		m.Read(c.full.record(), tRead+60)
 		if a = m.Next(v); a.Kind == ActOwner {
 			o.owner = a.Owner
-			m.Owner(c.full == fullLive, tRead+61, nil)
+			m.Owner(c.full == fullLive || c.full == fullOwn, tRead+61, nil)
 			a = m.Next(v)
 		}
 	}
@@ -162,8 +164,10 @@ func (f fullRec) record() *Record {
 		r.Fingerprint = tFP2
 	case fullDeadline:
 		r.Deadline = tNow.Add(-time.Second)
-	case fullOwn:
+	case fullOwn, fullOwnGone:
 		r.Owner, r.Attempt = tMe, tAtt
+	case fullMoved:
+		r.State, r.Owner, r.Attempt, r.Fingerprint, r.MovedTo = Moved, "", "", [32]byte{}, "b"
 	}
 	return r
 }
@@ -225,10 +229,14 @@ func replyRules() []rule[replyCombo] {
 			"the record its Else read is judged again (the table above)", judgeAgain},
 		{"etcd is full (`NOSPACE`: any Txn with a Put is refused); a read finds the key done",
 			func(c replyCombo) bool { return c.d == dFull && c.full == fullDone }, "replay, from the read", verdict(Replay)},
+		{"etcd is full; the read finds a Moved record (the key handed to another shard)",
+			func(c replyCombo) bool { return c.d == dFull && c.full == fullMoved }, "moved: go to the shard it names, as when etcd is not full", verdict(IsMoved)},
 		{"etcd is full; the read finds another fingerprint", func(c replyCombo) bool { return c.d == dFull && c.full == fullOtherFP },
 			"mismatch", verdict(Mismatch)},
-		{"etcd is full; the claimant's own attempt, in flight before its deadline (an earlier try landed)",
-			func(c replyCombo) bool { return c.d == dFull && c.full == fullOwn }, "won, from the read, as when etcd is not full (nothing needs writing)", verdict(Won)},
+		{"etcd is full; the claimant's own attempt, in flight before its deadline (an earlier try landed), and its owner key exists (a claim `WithoutSession` has none to read)",
+			func(c replyCombo) bool { return c.d == dFull && c.full == fullOwn }, "won, from the reads, as when etcd is not full (nothing needs writing)", verdict(Won)},
+		{"etcd is full; the claimant's own attempt, its owner key gone",
+			func(c replyCombo) bool { return c.d == dFull && c.full == fullOwnGone }, "the session ended: `ErrSessionLost`, as a write's Else would say", verdict(SessionGone)},
 		{"etcd is full; in flight before its deadline, and its owner key exists",
 			func(c replyCombo) bool { return c.d == dFull && c.full == fullLive }, "conflict", verdict(Conflict)},
 		{"etcd is full, otherwise (absent, a stale claim: a write is needed)", func(c replyCombo) bool { return c.d == dFull },

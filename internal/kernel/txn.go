@@ -203,6 +203,7 @@ const (
 type Reply struct {
 	Delivery Delivery
 	Rev      int64 // the revision of the answer: the Put's ModRevision when Applied
+	Lease    int64 // Applied: the lease the first record put was attached to (0: none)
 
 	// Refused: what the Else branch read, decoded by the caller.
 	Cur       *Record  // the record (nil: absent)
