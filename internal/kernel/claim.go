@@ -290,7 +290,7 @@ func (m *Claim) record(now time.Time) *Record {
 		Fingerprint: m.req.Fingerprint,
 		Owner:       m.req.Owner,
 		Attempt:     m.req.Attempt,
-		Created:     now,
+		Created:     Millis(now), // as stored: the answer is the record a read returns
 	}
 	if m.req.Fence {
 		// Written abandoned (see Reap); on a key with no record, a fence

@@ -29,3 +29,21 @@ func TestForwardLandedRecordIsTheStoredOne(t *testing.T) {
 		t.Errorf("landed record Created %v Expires %v; stored as %v and %v", rec.Created, rec.Expires, Millis(now), Millis(now.Add(tRet)))
 	}
 }
+
+// The same for a claim's record: its creation time as stored (found by
+// review: Claim.Created differed from a read by up to a millisecond).
+func TestClaimWonRecordIsTheStoredOne(t *testing.T) {
+	now := tNow.Add(123456789 * time.Nanosecond)
+	m := NewClaim(Config{Keys: tKeys, Retention: tRet}, ClaimRequest{Key: tKey, Fingerprint: tFP, Owner: tMe, Attempt: tAtt})
+	if a := m.Next(View{Now: now}); a.Kind != ActSend {
+		t.Fatalf("want the create sent, got %v", a.Kind)
+	}
+	m.Sent(Reply{Delivery: Applied, Rev: tRev})
+	ans := m.Answer()
+	if ans.Verdict != Won || ans.Record == nil {
+		t.Fatalf("answer %+v, want Won with the record", ans)
+	}
+	if !ans.Record.Created.Equal(Millis(now)) {
+		t.Errorf("won record Created %v; stored as %v", ans.Record.Created, Millis(now))
+	}
+}
