@@ -66,6 +66,7 @@ var tableKernel = map[string]bool{
 // which, so that a gap in the explorer's reach stays visible. -backstops
 // runs only the backstops (seconds each).
 var backstops = map[string]backstop{
+	"shards: a route is guarded by a newer set its shard holds instead of being refused":                   {"./shard", "TestRouteByAnOlderSetIsRefusedWhereANewerOneIsHeld"},
 	"dictionaries: a copy whose write failed counts as made":                                               {"./etcdstore", "TestRecordNeverNamesADictionaryWithoutItsCopy"},
 	"shards (defect 1): a change ends the hand-over before the drain":                                      {"./shard", "TestHandOverEndsWhenDrained"},
 	"shards (review): a first set is installed while a shard does not answer":                              {"./shard", "TestChangeInstalledWhileTheSetInForceIsUnreachable"},
