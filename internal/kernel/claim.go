@@ -417,6 +417,8 @@ func (m *Claim) own() bool {
 func (m *Claim) readOnly(now time.Time) Action {
 	cur := m.cur
 	switch {
+	case m.req.Existing && !cur.Live(now):
+		return m.end(Answer{Verdict: NotFound}) // C1, as when etcd is not full: nothing to write
 	case cur == nil || cur.Expired(now), m.req.OverMoved && cur.State == Moved:
 		// A new operation, or a stale Moved record to replace: a write.
 	case cur.State == Moved:
@@ -425,7 +427,7 @@ func (m *Claim) readOnly(now time.Time) Action {
 		return m.end(Answer{Verdict: Mismatch, Record: cur})
 	case cur.State == Done:
 		return m.end(Answer{Verdict: Replay, Record: cur})
-	case cur.Owner != "" && cur.Owner == m.req.Owner && SameAttempt(cur.Attempt, m.req.Attempt) && !cur.PastDeadline(now):
+	case m.own() && !cur.PastDeadline(now):
 		// Our own claim, written by an earlier try whose reply was lost:
 		// ours, as when etcd is not full (nothing needs writing), if its
 		// session lives: a write would compare the owner key (its Else
