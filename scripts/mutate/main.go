@@ -66,6 +66,8 @@ var tableKernel = map[string]bool{
 // which, so that a gap in the explorer's reach stays visible. -backstops
 // runs only the backstops (seconds each).
 var backstops = map[string]backstop{
+	"schedules (review): an occurrence the cursor says was submitted is submitted again once gone":         {"./jobs", "TestReviewEndedOccurrenceGoneEarlyIsNotSubmittedAgain"},
+	"batching (defect 1): a caller that leaves while its write flies is told it was not sent":              {"./etcdstore", "TestBatchedClaimWhoseCallerLeavesDoesNotHoldTheKey"},
 	"shards: a route is guarded by a newer set its shard holds instead of being refused":                   {"./shard", "TestRouteByAnOlderSetIsRefusedWhereANewerOneIsHeld"},
 	"dictionaries: a copy whose write failed counts as made":                                               {"./etcdstore", "TestRecordNeverNamesADictionaryWithoutItsCopy"},
 	"shards (defect 1): a change ends the hand-over before the drain":                                      {"./shard", "TestHandOverEndsWhenDrained"},
