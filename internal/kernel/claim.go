@@ -181,7 +181,7 @@ func (m *Claim) next(v View) Action {
 	case claimTakeover:
 		return m.write(v)
 	case claimFullJudge:
-		return m.readOnly(v.Now)
+		return m.readOnly(v)
 	}
 	if m.round >= MaxRounds {
 		return m.end(Answer{Verdict: Conflict, Record: m.cur})
@@ -411,11 +411,13 @@ func (m *Claim) own() bool {
 	return cur != nil && cur.Owner != "" && cur.Owner == m.req.Owner && SameAttempt(cur.Attempt, m.req.Attempt)
 }
 
-// readOnly answers a claim from a read while etcd refuses writes: the
-// saved outcome of a done key, a mismatch, a conflict with a live owner,
-// or etcd's refusal.
-func (m *Claim) readOnly(now time.Time) Action {
-	cur := m.cur
+// readOnly answers a claim from a read while etcd refuses writes, in
+// judge's order: whatever judge answers without a write (not found, moved,
+// a mismatch, the saved outcome, a conflict with an owner alive or held
+// here, our own claim) is answered so; what needs a write (a new
+// operation, a takeover of a stale claim, an orphan's) is etcd's refusal.
+func (m *Claim) readOnly(v View) Action {
+	cur, now := m.cur, v.Now
 	switch {
 	case m.req.Existing && !cur.Live(now):
 		return m.end(Answer{Verdict: NotFound}) // C1, as when etcd is not full: nothing to write
@@ -427,7 +429,13 @@ func (m *Claim) readOnly(now time.Time) Action {
 		return m.end(Answer{Verdict: Mismatch, Record: cur})
 	case cur.State == Done:
 		return m.end(Answer{Verdict: Replay, Record: cur})
-	case m.own() && !cur.PastDeadline(now):
+	case cur.Owner != "" && !SameAttempt(cur.Attempt, m.req.Attempt) && v.heldHere(cur.Attempt):
+		// Held by this very process (C8): its owner is alive by
+		// definition, whatever its deadline (its renewals are refused too).
+		return m.end(Answer{Verdict: Conflict, Record: cur})
+	case cur.PastDeadline(now):
+		// Stale, even our own: a takeover, a write.
+	case m.own():
 		// Our own claim, written by an earlier try whose reply was lost:
 		// ours, as when etcd is not full (nothing needs writing), if its
 		// session lives: a write would compare the owner key (its Else
@@ -438,13 +446,13 @@ func (m *Claim) readOnly(now time.Time) Action {
 		}
 		m.phase = claimFullOwn
 		return Action{Kind: ActOwner, Owner: cur.Owner}
-	case cur.Owner != "" && (cur.Deadline.IsZero() || now.Before(cur.Deadline)):
-		// In flight: if its owner lives, a conflict as always (the owner
-		// may still save its outcome). A stale one would be taken over,
-		// which needs a write.
-		if cur.Owner == DeadlineOwner {
-			return m.end(Answer{Verdict: Conflict, Record: cur})
-		}
+	case cur.Owner == "", cur.Owner == m.req.Owner && cur.Deadline.IsZero():
+		// Abandoned, or our orphan (nobody here runs it): a takeover.
+	case cur.Owner == DeadlineOwner:
+		return m.end(Answer{Verdict: Conflict, Record: cur}) // only its deadline makes it stale
+	default:
+		// Another session's: a conflict if its owner lives (it may still
+		// save its outcome); a dead owner's would be taken over, a write.
 		m.phase = claimFullOwn
 		return Action{Kind: ActOwner, Owner: cur.Owner}
 	}

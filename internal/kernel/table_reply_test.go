@@ -33,6 +33,8 @@ const (
 	fullOwn      // in flight, the claimant's own attempt (an earlier try landed), its session alive
 	fullOwnGone  // the same, its session's owner key gone
 	fullMoved    // a Moved record (the key handed to another shard)
+	fullHeld     // in flight, another attempt this process holds, past its deadline
+	fullOrphan   // in flight, another attempt of our session that nobody here runs, no deadline
 )
 
 type replyCombo struct {
@@ -60,7 +62,7 @@ func replyCombos() []replyCombo {
 						if c.landed && c.notSent || c.uncertain && tries == 0 || d != dFailed && (c.landed || c.notSent || c.retry) {
 							continue
 						}
-						for f := fullAbsent; f <= fullMoved; f++ {
+						for f := fullAbsent; f <= fullOrphan; f++ {
 							if f != fullAbsent && d != dFull {
 								break
 							}
@@ -84,6 +86,9 @@ func decideReply(c replyCombo) outcome {
 	v := View{Now: tNow}
 	if c.epochs {
 		v.Epoch, v.SetRev = tEpoch, tSet
+	}
+	if c.full == fullHeld {
+		v.HeldHere = func(a string) bool { return a == tAtt2 }
 	}
 	m := NewClaim(cfg, ClaimRequest{Key: tKey, Fingerprint: tFP, Owner: tMe, Attempt: tAtt})
 	m.Next(v)
@@ -120,7 +125,7 @@ func decideReply(c replyCombo) outcome {
 		m.Read(c.full.record(), tRead+60)
 		if a = m.Next(v); a.Kind == ActOwner {
 			o.owner = a.Owner
-			m.Owner(c.full == fullLive || c.full == fullOwn, tRead+61, nil)
+			m.Owner(c.full == fullLive || c.full == fullOwn || c.full == fullOrphan, tRead+61, nil) // our session lives
 			a = m.Next(v)
 		}
 	}
@@ -166,6 +171,10 @@ func (f fullRec) record() *Record {
 		r.Deadline = tNow.Add(-time.Second)
 	case fullOwn, fullOwnGone:
 		r.Owner, r.Attempt = tMe, tAtt
+	case fullHeld:
+		r.Deadline = tNow.Add(-time.Second)
+	case fullOrphan:
+		r.Owner = tMe
 	case fullMoved:
 		r.State, r.Owner, r.Attempt, r.Fingerprint, r.MovedTo = Moved, "", "", [32]byte{}, "b"
 	}
@@ -237,9 +246,11 @@ func replyRules() []rule[replyCombo] {
 			func(c replyCombo) bool { return c.d == dFull && c.full == fullOwn }, "won, from the reads, as when etcd is not full (nothing needs writing)", verdict(Won)},
 		{"etcd is full; the claimant's own attempt, its owner key gone",
 			func(c replyCombo) bool { return c.d == dFull && c.full == fullOwnGone }, "the session ended: `ErrSessionLost`, as a write's Else would say", verdict(SessionGone)},
+		{"etcd is full; in flight under another attempt this process holds (even past its deadline: its renewals are refused too)",
+			func(c replyCombo) bool { return c.d == dFull && c.full == fullHeld }, "conflict, as when etcd is not full (C8)", verdict(Conflict)},
 		{"etcd is full; in flight before its deadline, and its owner key exists",
 			func(c replyCombo) bool { return c.d == dFull && c.full == fullLive }, "conflict", verdict(Conflict)},
-		{"etcd is full, otherwise (absent, a stale claim: a write is needed)", func(c replyCombo) bool { return c.d == dFull },
+		{"etcd is full, otherwise (absent, a stale claim, our own orphan: a write is needed)", func(c replyCombo) bool { return c.d == dFull },
 			"etcd's refusal: `ErrStoreFull`", verdict(Error)},
 		{"no answer, may be retried (the caller's context lives, a transient error), fewer than 4 retries so far",
 			func(c replyCombo) bool { return c.d == dFailed && c.retry && c.tries < MaxTries },
