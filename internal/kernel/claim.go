@@ -213,7 +213,7 @@ func (m *Claim) judge(v View) Action {
 		return m.end(Answer{Verdict: Mismatch, Record: cur})
 	case cur.State == Done:
 		return m.end(Answer{Verdict: Replay, Record: cur})
-	case cur.Owner != "" && !SameAttempt(cur.Attempt, m.req.Attempt) && v.heldHere(cur.Attempt):
+	case m.heldByAnother(v):
 		// Held by this very process: running, or finished with its final
 		// write pending (its outcome is only here). Its owner is alive by
 		// definition, whatever its session or deadline.
@@ -405,6 +405,14 @@ func (m *Claim) failed(r Reply) {
 	m.known, m.phase = false, claimJudge
 }
 
+// heldByAnother reports whether the record read is in flight under another
+// attempt that this very process holds (runs it, or holds its outcome
+// while saving it): its owner is alive by definition (C8).
+func (m *Claim) heldByAnother(v View) bool {
+	cur := m.cur
+	return cur != nil && cur.Owner != "" && !SameAttempt(cur.Attempt, m.req.Attempt) && v.heldHere(cur.Attempt)
+}
+
 // own reports whether the record read is this claim's own attempt.
 func (m *Claim) own() bool {
 	cur := m.cur
@@ -429,7 +437,7 @@ func (m *Claim) readOnly(v View) Action {
 		return m.end(Answer{Verdict: Mismatch, Record: cur})
 	case cur.State == Done:
 		return m.end(Answer{Verdict: Replay, Record: cur})
-	case cur.Owner != "" && !SameAttempt(cur.Attempt, m.req.Attempt) && v.heldHere(cur.Attempt):
+	case m.heldByAnother(v):
 		// Held by this very process (C8): its owner is alive by
 		// definition, whatever its deadline (its renewals are refused too).
 		return m.end(Answer{Verdict: Conflict, Record: cur})
