@@ -68,8 +68,11 @@ func TestRouteByAnOlderSetIsRefusedWhereANewerOneIsHeld(t *testing.T) {
 	if _, err := gen1.Do(ctx, k, nil, work("once")); err != nil {
 		t.Fatalf("the old process's claim of %s: %v", k, err)
 	}
-	if rec, err := gen2.Shard(old).Get(ctx, k); err == nil && rec.State != etcdstore.Moved {
+	switch rec, err := gen2.Shard(old).Get(ctx, k); {
+	case err == nil && rec.State != etcdstore.Moved:
 		t.Fatalf("%s was claimed on %s, its home under the older set, under the newer set's guard: %+v", k, old, rec)
+	case err != nil && !errors.Is(err, etcdstore.ErrNotFound):
+		t.Fatalf("reading %s on %s: %v", k, old, err)
 	}
 	rec, err := gen2.Shard("c").Get(ctx, k)
 	if err != nil || string(rec.Outcome.Body) != "once" {
