@@ -103,10 +103,13 @@ func (s *Store) claimed(c *Claim, a kernel.Answer) (*Record, error) {
 }
 
 // findDone looks for key's done record without a write: in the cache, or
-// with a serializable read when recent claims keep finding records. Done
-// records never change until deleted, so these can only be as old as the
-// cache's watch or the member's apply lag; anything else is decided by the
-// linearizable claim Txn. It returns the record to replay, a mismatch, or
+// with a linearizable read when recent claims keep finding records. The
+// read is linearizable, not serializable, because done records are
+// deleted (evict, a job's DedupWindow, a drain): a member that lags, or is
+// cut off but has not yet noticed, would replay a record deleted before
+// the request began. The cache may be as old as its staleness bound
+// (WithCacheStaleness), and is opt-in for that reason; anything else is
+// decided by the linearizable claim Txn. It returns the record to replay, a mismatch, or
 // nothing (and no error: the claim Txn decides then), as the kernel judges
 // it (ReadDone).
 func (s *Store) findDone(ctx context.Context, k Key, fp Fingerprint) (*Record, error) {
@@ -131,12 +134,13 @@ func (s *Store) findDone(ctx context.Context, k Key, fp Fingerprint) (*Record, e
 	return rec, nil
 }
 
-// readDone returns key's record when a serializable read finds one the
-// kernel would replay or refuse (ReadDone), and nil otherwise.
+// readDone returns key's record when a linearizable read finds one the
+// kernel would replay or refuse (ReadDone), and nil otherwise. It is a
+// read-index round at the leader, never a raft write.
 func (s *Store) readDone(ctx context.Context, k Key, fp Fingerprint) (*Record, error) {
 	rctx, cancel := s.try(ctx)
 	defer cancel()
-	resp, err := s.client.Get(rctx, s.ks.record(k), clientv3.WithSerializable())
+	resp, err := s.client.Get(rctx, s.ks.record(k))
 	if err != nil || len(resp.Kvs) == 0 {
 		return nil, err
 	}
@@ -155,6 +159,7 @@ func (c *Claim) won(rec *Record, previous *Record) {
 	c.deadline = rec.Deadline
 	c.expires = rec.Expires
 	c.takeovers = rec.Takeovers
+	c.kind = rec.Kind
 	c.previous = previous
 	c.checkpoint = rec.Checkpoint
 	c.fenced = rec.State == InFlight && rec.Owner == ""

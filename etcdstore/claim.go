@@ -28,8 +28,9 @@ type Claim struct {
 	deadline  time.Time
 	expires   time.Time // its record's expiry: the claim ends then too (see Err)
 	takeovers int       // how often the key was taken over before this claim
-	previous  *Record   // the stale record this claim replaced, or nil
-	fenced    bool      // won by writing the record abandoned (reap)
+	kind      Kind
+	previous  *Record // the stale record this claim replaced, or nil
+	fenced    bool    // won by writing the record abandoned (reap)
 
 	ctx  context.Context // ends when the claim is lost or ended
 	life *lifetime

@@ -18,6 +18,7 @@ import (
 
 	"github.com/idem-dev/idem/etcdstore/internal/dict"
 	"github.com/idem-dev/idem/fencing"
+	"github.com/idem-dev/idem/internal/kernel"
 )
 
 // A record in etcd is laid out as one byte of version, a uvarint length,
@@ -62,6 +63,7 @@ const (
 	fMovedTo    protowire.Number = 14 // bytes: the shard a moved key lives on
 	fEpoch      protowire.Number = 15 // varint: the shard epoch of the claim (or move); absent: 0
 	fFence      protowire.Number = 16 // varint 1: a fence (Record.Fence)
+	fKind       protowire.Number = 17 // varint: 1 a key, 2 a job; absent: written before kinds
 )
 
 // encodeV1 lays r out in format 1, for WithRecordFormat(1): the format
@@ -69,7 +71,7 @@ const (
 func encodeV1(r *Record, token fencing.Token) []byte {
 	m := metaV1{State: r.State, FP: r.Fingerprint.String(), Owner: r.Owner, Attempt: r.Attempt, Token: int64(token),
 		Created: r.Created.UnixMilli(), Expires: r.Expires.UnixMilli(), Checkpoint: r.Checkpoint, Takeovers: r.Takeovers,
-		Epoch: r.Epoch, MovedTo: r.MovedTo, Fence: r.Fence}
+		Epoch: r.Epoch, MovedTo: r.MovedTo, Fence: r.Fence, Kind: r.Kind}
 	if !r.Deadline.IsZero() {
 		m.Deadline = r.Deadline.UnixMilli()
 	}
@@ -121,6 +123,7 @@ func encode(r *Record, token fencing.Token) []byte {
 	if r.Fence {
 		m = appendVarint(m, fFence, 1)
 	}
+	m = appendVarint(m, fKind, uint64(kernelKinds[r.Kind]))
 	var body []byte
 	if o := r.Outcome; o != nil {
 		m = appendVarint(m, fStatus, uint64(o.Status))
@@ -412,6 +415,8 @@ func (r *Record) setField(num protowire.Number, v uint64, b []byte) (err error) 
 		r.Epoch = int64(v)
 	case fFence:
 		r.Fence = v == 1
+	case fKind:
+		r.Kind = storeKinds[kernel.Kind(v)] // a kind this reader does not know reads as none
 	default:
 		return r.setOutcomeField(num, v, b)
 	}
@@ -500,6 +505,7 @@ type metaV1 struct {
 	Epoch   int64  `json:"ep,omitempty"`
 	MovedTo string `json:"mv,omitempty"`
 	Fence   bool   `json:"f,omitempty"`
+	Kind    Kind   `json:"k,omitempty"`
 }
 
 func (r *Record) decodeV1(js []byte) error {
@@ -521,7 +527,7 @@ func (r *Record) decodeV1(js []byte) error {
 	if m.Epoch < 0 || m.Epoch >= 1<<(63-EpochShift) {
 		return fmt.Errorf("epoch %d", m.Epoch)
 	}
-	r.Epoch, r.MovedTo, r.Fence = m.Epoch, m.MovedTo, m.Fence
+	r.Epoch, r.MovedTo, r.Fence, r.Kind = m.Epoch, m.MovedTo, m.Fence, m.Kind
 	if m.State == Done {
 		r.Outcome = &Outcome{Status: m.Status, Err: m.Err}
 		for k, bs := range m.Header {

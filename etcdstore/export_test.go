@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idem-dev/idem/clock"
+	"github.com/idem-dev/idem/etcdtest"
 )
 
 // sessionLeaseID returns the current session's lease, for tests that kill
@@ -102,3 +103,7 @@ func withDictionaryRefresh(d time.Duration) Option {
 func (m DictionaryMetrics) add(o DictionaryMetrics) DictionaryMetrics {
 	return Metrics{Dictionaries: m}.Add(Metrics{Dictionaries: o}).Dictionaries
 }
+
+// SingleCluster is the package's shared single-member cluster, for the
+// external tests (the conformance suite).
+func SingleCluster() *etcdtest.Cluster { return single }

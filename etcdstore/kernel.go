@@ -48,6 +48,11 @@ func (s *Store) learn(n kernel.Notes) {
 	}
 }
 
+var (
+	kernelKinds = map[Kind]kernel.Kind{KindKey: kernel.KindKey, KindJob: kernel.KindJob}
+	storeKinds  = map[kernel.Kind]Kind{kernel.KindKey: KindKey, kernel.KindJob: KindJob}
+)
+
 var kernelStates = map[State]kernel.State{InFlight: kernel.InFlight, Done: kernel.Done, Moved: kernel.Moved}
 var storeStates = map[kernel.State]State{kernel.InFlight: InFlight, kernel.Done: Done, kernel.Moved: Moved}
 
@@ -60,7 +65,7 @@ func kernelRecord(r *Record) *kernel.Record {
 		State: kernelStates[r.State], Fingerprint: r.Fingerprint, Owner: r.Owner, Attempt: r.Attempt,
 		Token: int64(r.Token), Created: r.Created, Expires: r.Expires, Deadline: r.Deadline,
 		Checkpoint: r.Checkpoint, Takeovers: r.Takeovers, MovedTo: r.MovedTo, Epoch: r.Epoch,
-		Fence: r.Fence, Revision: r.Revision, Lease: r.Lease,
+		Fence: r.Fence, Revision: r.Revision, Lease: r.Lease, Kind: kernelKinds[r.Kind],
 	}
 	if o := r.Outcome; o != nil {
 		kr.Outcome = &kernel.Outcome{Status: o.Status, Header: o.Header, Body: o.Body, Err: o.Err}
@@ -77,7 +82,7 @@ func storeRecord(k Key, kr *kernel.Record) *Record {
 		Key: k, State: storeStates[kr.State], Fingerprint: kr.Fingerprint, Owner: kr.Owner, Attempt: kr.Attempt,
 		Token: fencing.Token(kr.Token), Created: kr.Created, Expires: kr.Expires, Deadline: kr.Deadline,
 		Checkpoint: kr.Checkpoint, Takeovers: kr.Takeovers, MovedTo: kr.MovedTo, Epoch: kr.Epoch,
-		Fence: kr.Fence, Revision: kr.Revision, Lease: kr.Lease,
+		Fence: kr.Fence, Revision: kr.Revision, Lease: kr.Lease, Kind: storeKinds[kr.Kind],
 	}
 	if o := kr.Outcome; o != nil {
 		r.Outcome = &Outcome{Status: o.Status, Header: o.Header, Body: o.Body, Err: o.Err}

@@ -234,15 +234,16 @@ const (
 	// for a new key, but a replay then costs a raft write (a Txn with a Put
 	// in either branch is a write even when its Else runs).
 	ClaimPathWriteFirst
-	// ClaimPathReadFirst always reads first, with a serializable Get: a
+	// ClaimPathReadFirst always reads first, with a linearizable Get: a
 	// replay is never a raft write, and a new key costs that read more.
 	ClaimPathReadFirst
 )
 
-// WithClaimPath sets the claim path (default ClaimPathAdaptive). A
-// serializable read is used only to find a done record, which never changes
-// until it is deleted; every other decision is made by the linearizable
-// claim Txn.
+// WithClaimPath sets the claim path (default ClaimPathAdaptive). The read
+// is used only to find a done record; every other decision is made by the
+// claim Txn. It is linearizable (a read-index round at the leader, no raft
+// write): a serializable read on a member that lags would replay a record
+// deleted before the request began.
 func WithClaimPath(p ClaimPath) Option {
 	return option(func(c *config) error {
 		if p < ClaimPathAdaptive || p > ClaimPathReadFirst {

@@ -82,7 +82,20 @@ type Record struct {
 	// whose outcome was unknown (so that it can never land later). The key
 	// is free, as if absent: every read and claim treats it so.
 	Fence bool
+	// Kind says what the record is: KindKey for a key claimed by Claim, Run
+	// or Do (whatever its outcome, a saved error included), KindJob for
+	// one written by Enqueue (package jobs). Every write keeps it. It is
+	// empty on a moved record, and on records written before idem 0.6.
+	Kind Kind
 }
+
+// Kind is what a record is, for every reader to decode the same way.
+type Kind string
+
+const (
+	KindKey Kind = "key" // an idempotency key: Claim, Run, Do
+	KindJob Kind = "job" // a job: Enqueue
+)
 
 // EpochShift is where a shard epoch starts in a fencing token: a token is
 // epoch<<EpochShift | revision. Without epochs (one etcd cluster) the

@@ -45,8 +45,14 @@ func (s *Store) Holder(ctx context.Context, key etcdstore.Key) (*etcdstore.Store
 }
 
 // EvictIf is etcdstore.Store.EvictIf on the shard that holds key's record.
+// A key that no shard holds has no record: true, as on one store (a job's
+// DedupWindow re-submit that races the old record's expiry, or another
+// submitter, must not fail).
 func (s *Store) EvictIf(ctx context.Context, key etcdstore.Key, rev int64) (bool, error) {
 	st, _, err := s.Holder(ctx, key)
+	if errors.Is(err, etcdstore.ErrNotFound) {
+		return true, nil
+	}
 	if err != nil {
 		return false, err
 	}

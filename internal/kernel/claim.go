@@ -291,6 +291,7 @@ func (m *Claim) record(now time.Time) *Record {
 		Owner:       m.req.Owner,
 		Attempt:     m.req.Attempt,
 		Created:     Millis(now), // as stored: the answer is the record a read returns
+		Kind:        KindKey,
 	}
 	if m.req.Fence {
 		// Written abandoned (see Reap); on a key with no record, a fence
@@ -303,7 +304,7 @@ func (m *Claim) record(now time.Time) *Record {
 	}
 	rec.Expires = InFlightExpiry(now, rec.Deadline, m.cfg.Retention)
 	if t := m.taken; t != nil && t.State == InFlight {
-		rec.Created, rec.Checkpoint, rec.Takeovers = t.Created, t.Checkpoint, t.Takeovers+1
+		rec.Created, rec.Checkpoint, rec.Takeovers, rec.Kind = t.Created, t.Checkpoint, t.Takeovers+1, t.Kind
 	}
 	return rec
 }

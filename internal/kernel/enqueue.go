@@ -110,7 +110,7 @@ func (m *Enqueue) act(a Action) Action {
 func (m *Enqueue) write(v View, cmps []Cmp) Action {
 	now := v.Now
 	rec := &Record{State: InFlight, Fingerprint: m.req.Fingerprint, Attempt: m.req.Attempt,
-		Created: now, Expires: now.Add(m.cfg.Retention), Checkpoint: m.req.Data}
+		Created: now, Expires: now.Add(m.cfg.Retention), Checkpoint: m.req.Data, Kind: KindJob}
 	then := []Op{PutRecord(m.req.Key, rec)}
 	if m.req.Value != "" {
 		cmps = append(cmps, Modified(m.req.Value, m.req.ValueRev))

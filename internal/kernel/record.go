@@ -54,9 +54,22 @@ type Record struct {
 	MovedTo     string   // Moved
 	Epoch       int64    // the shard epoch its claim (or move) was written under
 	Fence       bool     // a placeholder that fences a lost claim write: the key is free
+	Kind        Kind     // what the record is: a plain key or a job (Enqueue); 0 before kinds
 	Revision    int64    // its ModRevision: the fence of its last write
 	Lease       int64    // the lease it is attached to
 }
+
+// Kind says what a record is. A claim of a new key writes KindKey, an
+// Enqueue KindJob; every later write of the record (a takeover, a
+// checkpoint, its end) keeps it. KindUnknown is a record written before
+// records had kinds.
+type Kind uint8
+
+const (
+	KindUnknown Kind = iota
+	KindKey
+	KindJob
+)
 
 // DeadlineOwner is the owner of a claim made without a session (the HTTP
 // worker API's): it is stale only once its deadline passes. It is never an

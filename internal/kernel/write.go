@@ -15,6 +15,7 @@ type Held struct {
 	Expires     time.Time // its record's expiry: the claim ends then too
 	Checkpoint  []byte
 	Takeovers   int
+	Kind        Kind
 }
 
 // HeldBy is the claim that rec, won (or recognised) by a claim, gives its
@@ -22,7 +23,7 @@ type Held struct {
 func HeldBy(key string, rec *Record) Held {
 	return Held{Key: key, Fingerprint: rec.Fingerprint, Owner: rec.Owner, Attempt: rec.Attempt, Token: rec.Token,
 		Rev: rec.Revision, Created: rec.Created, Deadline: rec.Deadline, Expires: rec.Expires,
-		Checkpoint: rec.Checkpoint, Takeovers: rec.Takeovers}
+		Checkpoint: rec.Checkpoint, Takeovers: rec.Takeovers, Kind: rec.Kind}
 }
 
 // WriteKind is what a claim's write does.
@@ -103,7 +104,7 @@ func (m *Write) record(now time.Time) *Record {
 	return &Record{
 		State: InFlight, Fingerprint: h.Fingerprint, Owner: h.Owner, Attempt: h.Attempt, Token: h.Token,
 		Created: h.Created, Expires: InFlightExpiry(now, h.Deadline, m.cfg.Retention), Deadline: h.Deadline,
-		Checkpoint: h.Checkpoint, Takeovers: h.Takeovers,
+		Checkpoint: h.Checkpoint, Takeovers: h.Takeovers, Kind: h.Kind,
 	}
 }
 
