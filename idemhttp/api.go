@@ -273,7 +273,7 @@ type HandleResponse struct {
 // RecordView is how the API (and idem's admin commands) show a record.
 func RecordView(rec *etcdstore.Record) RecordJSON {
 	out := RecordJSON{
-		Key: rec.Key.ID, State: string(rec.State), Token: int64(rec.Token), Fingerprint: rec.Fingerprint.String(),
+		Key: rec.Key.ID, State: string(rec.State), Kind: string(rec.Kind), Token: int64(rec.Token), Fingerprint: rec.Fingerprint.String(),
 		Created: rec.Created.UTC(), Expires: rec.Expires.UTC(), Takeovers: rec.Takeovers,
 		Abandoned: rec.State == etcdstore.InFlight && rec.Owner == "", Checkpoint: rec.Checkpoint,
 	}
@@ -291,6 +291,7 @@ func RecordView(rec *etcdstore.Record) RecordJSON {
 type RecordJSON struct {
 	Key         string       `json:"key"`
 	State       string       `json:"state"`
+	Kind        string       `json:"kind,omitempty"` // etcdstore.KindKey or KindJob
 	Token       int64        `json:"token"`
 	Fingerprint string       `json:"fingerprint"`
 	Created     time.Time    `json:"created"`

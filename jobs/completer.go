@@ -524,6 +524,13 @@ func (c *completer) run(e entry) {
 	}
 	cur.running = false
 	switch {
+	case errors.Is(err, errReplayed):
+		// The claim replayed an ended job while this index holds it
+		// queued: either its end's event is on its way (and drops it), or
+		// the store read a record deleted since. Try again soon; a replay
+		// is never counted as a run.
+		cur.fails++
+		cur.retryAt = c.w.q.clock.Now().Add(min(time.Duration(100<<min(cur.fails, 6))*time.Millisecond, 5*time.Second))
 	case errors.Is(err, etcdstore.ErrConflict) && !c.owners[cur.owner]:
 		// Held by an owner this index has not seen alive (its session's
 		// event is still on its way, or it died meanwhile): try again

@@ -281,6 +281,12 @@ func (j *Job) Output(step string) []byte {
 // DecodeRecord). A record that holds no job is an error wrapping ErrNotJob.
 // now decides whether a job waiting for its time is still Scheduled.
 func FromRecord(rec *etcdstore.Record, now time.Time) (*Job, error) {
+	if rec.Kind == etcdstore.KindKey {
+		// A plain key, whatever it holds (a saved error included): never
+		// read as a job. Records written before kinds fall through to the
+		// job state's own marker.
+		return nil, fmt.Errorf("job %s: %w: a plain idempotency key", rec.Key, ErrNotJob)
+	}
 	var raw []byte
 	switch rec.State {
 	case etcdstore.InFlight:

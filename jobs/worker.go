@@ -189,7 +189,7 @@ func (w *Worker) Run(ctx context.Context, id string) (*Job, error) {
 	case j.State != Queued && j.State != Running && j.State != Waiting:
 		return j, nil
 	}
-	if err := w.execute(ctx, id, rec.Fingerprint, k); err != nil && !errors.Is(err, etcdstore.ErrConflict) {
+	if err := w.execute(ctx, id, rec.Fingerprint, k); err != nil && !errors.Is(err, etcdstore.ErrConflict) && !errors.Is(err, errReplayed) {
 		return nil, fmt.Errorf("run: %w", err)
 	}
 	return w.q.Get(ctx, id)
@@ -227,12 +227,24 @@ func (w *Worker) execute(ctx context.Context, id string, fp etcdstore.Fingerprin
 		opts = append(opts, etcdstore.WithDeadline(k.Deadline))
 	}
 	var held []heldSlot // limits' slots the attempt took: freed once its claim ends
-	_, err := w.q.recs.Run(ctx, w.q.Key(id), fp, func(ctx context.Context, c *etcdstore.Claim) (etcdstore.Outcome, etcdstore.End) {
+	res, err := w.q.recs.Run(ctx, w.q.Key(id), fp, func(ctx context.Context, c *etcdstore.Claim) (etcdstore.Outcome, etcdstore.End) {
 		return w.attempt(ctx, c, k, &held)
 	}, opts...)
 	w.release(held)
+	if err == nil && res.Replayed {
+		// The claim found the job ended. It may have (another worker
+		// ended it since it was read), or the store answered from a
+		// record deleted since (a job replaced after its DedupWindow, read
+		// from a cache behind etcd): never a run of the job that was seen
+		// queued. Whoever tries it looks again.
+		return fmt.Errorf("job %s: %w", id, errReplayed)
+	}
 	return err
 }
+
+// errReplayed is execute's answer when the claim replayed an ended job
+// instead of running the one it was asked to: not a run.
+var errReplayed = errors.New("the claim found the job ended: not run")
 
 // attempt runs one attempt of a claimed job: every unfinished step in
 // order, each finished by a fenced checkpoint, and says how the claim ends.

@@ -429,18 +429,21 @@ func printRecords(w io.Writer, format string, recs []*etcdstore.Record, detail b
 		return enc.Encode(out)
 	case "table":
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "TENANT\tKEY\tSTATE\tTOKEN\tSTATUS\tBODY\tCREATED\tEXPIRES")
+		fmt.Fprintln(tw, "TENANT\tKEY\tTYPE\tSTATE\tTOKEN\tSTATUS\tBODY\tCREATED\tEXPIRES")
 		for _, r := range recs {
 			v := view(r)
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", v.Tenant, v.Key, v.State, v.Token, statusOf(v), bytesOf(int64(len(v.bodyBytes))),
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", v.Tenant, v.Key, typeOf(v), v.State, v.Token, statusOf(v), bytesOf(int64(len(v.bodyBytes))),
 				v.Created.Format(time.RFC3339), v.Expires.Format(time.RFC3339))
 		}
 		return tw.Flush()
 	}
 	for _, r := range recs {
 		v := view(r)
-		fmt.Fprintf(w, "%s/%s state=%s token=%d status=%s body=%s created=%s expires=%s", v.Tenant, v.Key, v.State, v.Token,
+		fmt.Fprintf(w, "%s/%s type=%s state=%s token=%d status=%s body=%s created=%s expires=%s", v.Tenant, v.Key, typeOf(v), v.State, v.Token,
 			statusOf(v), bytesOf(int64(len(v.bodyBytes))), v.Created.Format(time.RFC3339), v.Expires.Format(time.RFC3339))
+		if v.Job == nil && v.Outcome != nil && v.Outcome.Error != "" {
+			fmt.Fprintf(w, " error=%q", oneLine(v.Outcome.Error, 200))
+		}
 		if v.Abandoned {
 			fmt.Fprint(w, " abandoned=true")
 		}
@@ -490,6 +493,18 @@ func view(r *etcdstore.Record) recordView {
 		v.bodyBytes = r.Outcome.Body
 	}
 	return v
+}
+
+// typeOf is what the record is: key, job, or - (a moved record, or one
+// written before records had kinds).
+func typeOf(v recordView) string {
+	switch {
+	case v.Kind != "":
+		return v.Kind
+	case v.Job != nil:
+		return string(etcdstore.KindJob)
+	}
+	return "-"
 }
 
 func statusOf(v recordView) string {

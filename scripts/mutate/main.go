@@ -43,7 +43,8 @@ type mutant struct {
 // plan are measured by the explorer's schedule worlds: the model checker
 // has no schedulers.
 func (m mutant) model() bool {
-	return strings.HasPrefix(m.file, "internal/kernel/") && !explorerKernel[m.name] && !tableKernel[m.name]
+	_, direct := contract[m.name]
+	return strings.HasPrefix(m.file, "internal/kernel/") && !explorerKernel[m.name] && !tableKernel[m.name] && !direct
 }
 
 // tableKernel are the kernel's mutants measured by its decision table
@@ -86,6 +87,21 @@ var backstops = map[string]backstop{
 }
 
 type backstop struct{ pkg, test string }
+
+// contract are the mutants of the store contract (idem.Store) and of the
+// layers that read its records, each run against the deterministic test
+// that is its oracle: the conformance suite (package idemtest, run by
+// TestConformance* against etcdstore on one and three members and shard
+// sets of one and three shards and during a hand-over), or a test of the
+// layer. Each puts back a defect of issue 37.
+var contract = map[string]backstop{
+	"store (issue 37): a replay is read serializably, so a lagging member replays deleted records": {"./etcdstore", "TestConformanceThreeMembersOneHeldBehind"},
+	"shards (issue 37): EvictIf of a key no shard holds fails with not found":                      {"./shard", "TestConformanceShards"},
+	"records (issue 37): a takeover forgets what the record is":                                    {"./etcdstore", "TestConformanceOneMember"},
+	"records (issue 37): a claim's write forgets what the record is":                               {"./etcdstore", "TestConformanceOneMember"},
+	"jobs (issue 37): a plain key whose work failed is read as a failed job":                       {"./jobs", "TestAPlainKeyIsNeverAJob"},
+	"jobs (issue 37): a claim that replays an ended job counts as a run":                           {"./jobs", "TestReplayOfAReplacedJobIsNotARun"},
+}
 
 // explorerKernel are the kernel's mutants measured by the explorer: the
 // rules of a schedule's plan and of limits, an enqueue's guards and a
@@ -316,6 +332,18 @@ var kernelMutants = []mutant{
 		old: "	if m.req.Value != \"\" && !n.NewEpoch && (", new: "	if m.req.Value != \"\" && ("},
 	{name: "claim (review): while etcd is full, our own landed claim is won without asking whether its session lives", file: "internal/kernel/claim.go",
 		old: "		if cur.Owner == DeadlineOwner {\n			return m.end(Answer{Verdict: Won, Record: cur})", new: "		if true {\n			return m.end(Answer{Verdict: Won, Record: cur})"},
+	{name: "store (issue 37): a replay is read serializably, so a lagging member replays deleted records", file: "etcdstore/acquire.go",
+		old: "	resp, err := s.client.Get(rctx, s.ks.record(k))\n", new: "	resp, err := s.client.Get(rctx, s.ks.record(k), clientv3.WithSerializable())\n"},
+	{name: "shards (issue 37): EvictIf of a key no shard holds fails with not found", file: "shard/jobs.go",
+		old: "	if errors.Is(err, etcdstore.ErrNotFound) {\n		return true, nil\n	}\n", new: ""},
+	{name: "records (issue 37): a takeover forgets what the record is", file: "internal/kernel/claim.go",
+		old: "t.Takeovers+1, t.Kind", new: "t.Takeovers+1, KindKey"},
+	{name: "records (issue 37): a claim's write forgets what the record is", file: "internal/kernel/write.go",
+		old: "Takeovers: h.Takeovers, Kind: h.Kind,", new: "Takeovers: h.Takeovers,"},
+	{name: "jobs (issue 37): a plain key whose work failed is read as a failed job", file: "jobs/state.go",
+		old: "	if rec.Kind == etcdstore.KindKey {", new: "	if false {"},
+	{name: "jobs (issue 37): a claim that replays an ended job counts as a run", file: "jobs/worker.go",
+		old: "	if err == nil && res.Replayed {", new: "	if false {"},
 	{name: "reaper (review): a fence over a Moved record compares the reaper's shard set, not the lost claim's", file: "internal/kernel/reap.go",
 		old: "	if overMoved {\n		return lost\n	}\n	return own", new: "	return own"},
 }
@@ -372,7 +400,10 @@ func main() {
 			b = *modelBudget
 		}
 		var r result
-		if !*onlyBackstops {
+		if bs, ok := contract[m.name]; ok {
+			r = applyBackstop(m, bs)
+			fmt.Printf("    %s: %s\n", bs.test, r)
+		} else if !*onlyBackstops {
 			r = apply(m, b)
 			fmt.Printf("    %s\n", r)
 		}
@@ -607,6 +638,9 @@ func (m mutant) oracle() string {
 	}
 	if tableKernel[m.name] {
 		return "decision table"
+	}
+	if bs, ok := contract[m.name]; ok {
+		return "test " + bs.test
 	}
 	if bs, ok := backstops[m.name]; ok {
 		return "explorer, backstop " + bs.test

@@ -34,7 +34,17 @@ func TestEveryBackstopNamesAMutantAndATest(t *testing.T) {
 	for _, m := range all() {
 		names[m.name] = true
 	}
+	checks := map[string]backstop{}
 	for name, bs := range backstops {
+		checks[name] = bs
+	}
+	for name, bs := range contract {
+		if _, both := backstops[name]; both {
+			t.Errorf("mutant %q has a backstop and a contract test", name)
+		}
+		checks[name] = bs
+	}
+	for name, bs := range checks {
 		if !names[name] {
 			t.Errorf("backstop %s: no mutant %q", bs.test, name)
 		}
