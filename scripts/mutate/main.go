@@ -343,7 +343,7 @@ var kernelMutants = []mutant{
 	{name: "jobs (issue 37): a plain key whose work failed is read as a failed job", file: "jobs/state.go",
 		old: "	if rec.Kind == etcdstore.KindKey {", new: "	if false {"},
 	{name: "jobs (issue 37): a claim that replays an ended job counts as a run", file: "jobs/worker.go",
-		old: "	if err == nil && res.Replayed {", new: "	if false {"},
+		old: "	if err == nil && res.Replayed {", new: "	if err == nil && res.Replayed && false {"},
 	{name: "reaper (review): a fence over a Moved record compares the reaper's shard set, not the lost claim's", file: "internal/kernel/reap.go",
 		old: "	if overMoved {\n		return lost\n	}\n	return own", new: "	return own"},
 }
