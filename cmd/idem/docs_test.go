@@ -1,6 +1,8 @@
 package main
 
 import (
+	"errors"
+	"flag"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -219,6 +221,54 @@ func TestDocsNameEveryCommand(t *testing.T) {
 			if !strings.Contains(string(text), "idem "+c) {
 				t.Errorf("%s does not name the command idem %s", filepath.Base(d), c)
 			}
+		}
+	}
+}
+
+// Every flag of every command is in docs/CLI.md (as --name, or in a
+// command's verbatim "Flags:" list), and every "Flags:" list in it is
+// some command's -h output, word for word (issue 37: docs that cannot
+// drift).
+func TestCLIDocsNameEveryFlag(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/CLI.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmds := [][]string{{"serve"}, {"get"}, {"ls"}, {"evict"}, {"status"}, {"echo"},
+		{"snapshot", "save"}, {"snapshot", "restore"}, {"snapshot", "bump-epoch"}}
+	for _, c := range []string{"submit", "signal", "ls", "get", "retry", "cancel", "schedules", "pause", "resume", "backfill"} {
+		cmds = append(cmds, []string{"jobs", c})
+	}
+	flagRe := regexp.MustCompile(`(?m)^  -([a-z0-9-]+)`)
+	var helps []string
+	for _, c := range cmds {
+		var out, errOut strings.Builder
+		if err := run(t.Context(), append(slices.Clone(c), "-h"), &out, &errOut); err != nil && !errors.Is(err, flag.ErrHelp) {
+			t.Fatalf("idem %s -h: %v", strings.Join(c, " "), err)
+		}
+		help := out.String() + errOut.String()
+		_, flags, ok := strings.Cut(help, "Flags:\n")
+		if !ok {
+			t.Fatalf("idem %s -h lists no flags:\n%s", strings.Join(c, " "), help)
+		}
+		helps = append(helps, "Flags:\n"+flags)
+		for _, m := range flagRe.FindAllStringSubmatch(flags, -1) {
+			if !strings.Contains(string(doc), "--"+m[1]) && !strings.Contains(string(doc), "\n  -"+m[1]+" ") && !strings.Contains(string(doc), "\n  -"+m[1]+"\n") {
+				t.Errorf("docs/CLI.md does not name idem %s's flag --%s", strings.Join(c, " "), m[1])
+			}
+		}
+	}
+	blocks := regexp.MustCompile("(?s)```\nFlags:\n(.*?)```").FindAllStringSubmatch(string(doc), -1)
+	if len(blocks) == 0 {
+		t.Fatal("docs/CLI.md has no Flags: list")
+	}
+	for _, b := range blocks {
+		found := false
+		for _, h := range helps {
+			found = found || strings.Contains(h, "Flags:\n"+b[1])
+		}
+		if !found {
+			t.Errorf("a Flags: list in docs/CLI.md is no command's -h output:\n%.300s", b[1])
 		}
 	}
 }

@@ -52,6 +52,15 @@ func snapshotCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	return usageError{fmt.Errorf("unknown snapshot command %q", args[0])}
 }
 
+// withUsage gives fs the usage every idem command prints: its synopsis,
+// then its flags.
+func withUsage(fs *flag.FlagSet, stderr io.Writer, synopsis string) {
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: idem %s\n\nFlags:\n", synopsis)
+		fs.PrintDefaults()
+	}
+}
+
 // snapshotPrefix names the files save writes in --dir; --keep prunes only
 // those.
 const snapshotPrefix = "idem-etcd-"
@@ -59,6 +68,7 @@ const snapshotPrefix = "idem-etcd-"
 func snapshotSave(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("snapshot save", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	withUsage(fs, stderr, "snapshot save --endpoints URL [--cacert F --cert F --key F | --user U] (--file F | --dir D [--keep N])")
 	var e etcdFlags
 	e.registerConnection(fs, []string{socketURL("idem-data")}) // a snapshot is all of etcd: no --prefix
 	file := fs.String("file", "", "write the snapshot to this file")
@@ -160,6 +170,7 @@ func pruneSnapshots(dir string, keep int, stdout io.Writer) error {
 func snapshotRestore(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("snapshot restore", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	withUsage(fs, stderr, "snapshot restore --file F --data-dir D [--embedded-peer-url URL] [--bump-revision N]")
 	file := fs.String("file", "", "the snapshot to restore")
 	dataDir := fs.String("data-dir", "", "the new data directory (must not exist yet): give it to idem serve --data-dir")
 	peer := fs.String("embedded-peer-url", "http://127.0.0.1:2380", "the peer URL idem serve's embedded etcd will use (its --embedded-peer-url)")
@@ -251,6 +262,7 @@ const restoredMarkerText = "restored by idem snapshot restore: idem serve raises
 func snapshotBumpEpoch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("snapshot bump-epoch", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	withUsage(fs, stderr, "snapshot bump-epoch (--endpoints URL [--prefix P] | --shards-file F --shard NAME) [--by N]")
 	var e etcdFlags
 	e.register(fs, []string{socketURL("idem-data")})
 	by := fs.Int64("by", etcdstore.DefaultRestoreEpochBump, "raise the epoch by this much: more than the epoch was raised between the snapshot and the restore (keys moved in from other shards raise it by one each time)")

@@ -361,7 +361,7 @@ func readRules() []rule[readCombo] {
 		}
 	}
 	return []rule[readCombo]{
-		{"a read without a write (the replay cache, or a serializable read): done, retained, another fingerprint",
+		{"a read without a write (the replay cache, or the read-first Get): done, retained, another fingerprint",
 			func(c readCombo) bool { return c.rec == recDone && !c.expired && c.fpOther }, "mismatch", verdict(Mismatch)},
 		{"a read without a write: done, retained", func(c readCombo) bool { return c.rec == recDone && !c.expired },
 			"replay it, no write", verdict(Replay)},
