@@ -29,6 +29,7 @@ import (
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/etcdtest"
 	"github.com/idem-dev/idem/fencing"
+	"github.com/idem-dev/idem/internal/storex"
 	"github.com/idem-dev/idem/jobs"
 )
 
@@ -397,7 +398,7 @@ history:
 			if !strings.HasPrefix(k, tenant) || ev.Type != mvccpb.PUT {
 				continue
 			}
-			rec, err := dec.DecodeRecord(ev.Kv)
+			rec, err := storex.DecodeRecord(dec, ev.Kv)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -89,13 +89,13 @@ func (s *Store) claimed(c *Claim, a kernel.Answer) (*Record, error) {
 	case kernel.Mismatch:
 		return nil, &MismatchError{Key: c.key}
 	case kernel.IsMoved:
-		return nil, &MovedError{Key: c.key, To: rec.MovedTo, Epoch: rec.Epoch}
+		return nil, &movedError{Key: c.key, To: rec.MovedTo, Epoch: rec.Epoch}
 	case kernel.NotFound:
 		return nil, fmt.Errorf("claim %s: %w: no live record in this store (WithoutCreate)", c.key, ErrNotFound)
 	case kernel.SessionGone:
 		return nil, fmt.Errorf("claim %s: %w: %w", c.key, ErrUnavailable, ErrSessionLost)
 	case kernel.SetChanged:
-		return nil, fmt.Errorf("claim %s: %w", c.key, ErrSetChanged)
+		return nil, fmt.Errorf("claim %s: %w", c.key, errSetChanged)
 	case kernel.Error:
 		return nil, wrapEtcd("claim", c.key, a.Err)
 	}

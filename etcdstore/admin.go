@@ -16,6 +16,8 @@ import (
 	"github.com/idem-dev/idem/etcdstore/internal/kpb"
 	"github.com/idem-dev/idem/fencing"
 	"github.com/idem-dev/idem/internal/kernel"
+
+	"github.com/idem-dev/idem/internal/storeext"
 )
 
 // Admin reads and evicts records without a session: for operators' tools,
@@ -108,14 +110,14 @@ func (a *Admin) Get(ctx context.Context, key Key) (*Record, error) {
 	return rec, nil
 }
 
-// Peek returns the record of key as etcd holds it, with a linearizable
+// peek returns the record of key as etcd holds it, with a linearizable
 // read, past its retention too (its Expires says so) until it is deleted;
 // an error wrapping ErrNotFound when etcd holds none. A record past its
 // retention can still be taken over by a claim that read it before it
 // expired, or on a clock behind this one: EvictIf with its Revision
 // forgets it for good. Package jobs does so before it takes a schedule's
 // previous job for ended.
-func (a *Admin) Peek(ctx context.Context, key Key) (*Record, error) {
+func (a *Admin) peek(ctx context.Context, key Key) (*Record, error) {
 	if err := key.Validate(); err != nil {
 		return nil, fmt.Errorf("peek: %w", err)
 	}
@@ -249,12 +251,8 @@ type ListOptions struct {
 	// Live leaves Moved records out (package shard's hand-over records),
 	// as State does.
 	Live bool
-	// Skew keeps records whose retention passed less than Skew ago: a
-	// process whose clock is behind this one's by up to Skew still sees
-	// them live.
-	Skew time.Duration
 	// Expired keeps records whose retention passed too, until they are
-	// deleted (Skew is then ignored).
+	// deleted.
 	Expired bool
 }
 
@@ -294,7 +292,7 @@ func (a *Admin) List(ctx context.Context, tenant string, o ListOptions) ([]*Reco
 				corrupt++
 				continue
 			}
-			if !o.Expired && rec.expired(now.Add(-o.Skew)) || o.State != "" && rec.State != o.State || o.Live && rec.State == Moved {
+			if !o.Expired && rec.expired(now) || o.State != "" && rec.State != o.State || o.Live && rec.State == Moved {
 				continue
 			}
 			if out = append(out, rec); len(out) == o.Limit {
@@ -354,21 +352,13 @@ func (a *Admin) listed(ctx context.Context, kv *mvccpb.KeyValue) (*Record, error
 	return a.decode(ctx, k, kv)
 }
 
-// Stats counts what the store holds.
-type Stats struct {
-	Records  int64 `json:"records"`   // records, expired ones included until their lease fires
-	InFlight int64 `json:"in_flight"` // of the scanned records
-	Done     int64 `json:"done"`      // of the scanned records
-	Expired  int64 `json:"expired"`   // of the scanned records: past retention, awaiting their lease
-	Scanned  int64 `json:"scanned"`   // records whose state was read; < Records when the scan was capped
-	Owners   int64 `json:"owners"`    // live sessions (idem processes)
-	Leases   int64 `json:"leases"`    // live retention leases (each bucket has one or more)
-}
+// storeStats counts what the store holds (storeext.Stats).
+type storeStats = storeext.Stats
 
-// Stats counts records, live sessions and retention leases, reading the
+// stats counts records, live sessions and retention leases, reading the
 // state of at most maxScan records (0: all) in pages of 1000.
-func (a *Admin) Stats(ctx context.Context, maxScan int64) (Stats, error) {
-	var st Stats
+func (a *Admin) stats(ctx context.Context, maxScan int64) (storeStats, error) {
+	var st storeStats
 	for _, c := range []struct {
 		prefix string
 		n      *int64
@@ -428,11 +418,11 @@ func (a *Admin) Client() *clientv3.Client { return a.client }
 // (WithPrefix).
 func (a *Admin) Prefix() string { return a.ks.prefix }
 
-// OwnerAlive reports, with a linearizable read, whether owner (a
+// ownerLives reports, with a linearizable read, whether owner (a
 // Record's Owner: a store's session) is alive: while it is, the claims it
 // holds are not stale, and nobody takes them over before their deadline.
 // DeadlineOwner, who has no session, is an ErrInvalidArgument.
-func (a *Admin) OwnerAlive(ctx context.Context, owner string) (bool, error) {
+func (a *Admin) ownerLives(ctx context.Context, owner string) (bool, error) {
 	if owner == "" || owner == deadlineOwner || strings.ContainsRune(owner, '/') {
 		return false, fmt.Errorf("owner alive %q: %w: not an owner id", owner, ErrInvalidArgument)
 	}
@@ -447,12 +437,12 @@ func (a *Admin) OwnerAlive(ctx context.Context, owner string) (bool, error) {
 	return resp.Count > 0, nil
 }
 
-// ClaimHeld reports, with a linearizable read, whether key's record is in
+// claimHeld reports, with a linearizable read, whether key's record is in
 // flight and held (it has an owner) by the claim whose fencing token is
 // token. False means that claim can write nothing more: its record was
 // taken over (a greater token), given back, ended or deleted. Expiry is
 // not judged here (clocks differ): a held record counts as held.
-func (a *Admin) ClaimHeld(ctx context.Context, key Key, token fencing.Token) (bool, error) {
+func (a *Admin) claimHeld(ctx context.Context, key Key, token fencing.Token) (bool, error) {
 	if err := key.Validate(); err != nil {
 		return false, fmt.Errorf("claim held: %w", err)
 	}

@@ -28,7 +28,7 @@ func TestAdminWithoutSession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := a.Stats(ctx, 0)
+	st, err := a.stats(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +45,7 @@ func TestAdminWithoutSession(t *testing.T) {
 		t.Fatalf("Admin.List = %d, %v; want the one in-flight record", len(recs), err)
 	}
 	clk.Shift(48 * time.Hour)
-	if st, err := a.Stats(ctx, 1); err != nil || st.Scanned != 1 || st.Expired != 1 {
+	if st, err := a.stats(ctx, 1); err != nil || st.Scanned != 1 || st.Expired != 1 {
 		t.Fatalf("capped Stats in the future = %+v, %v; want 1 scanned, expired", st, err)
 	}
 	if err := a.Evict(ctx, Key{ID: "done"}); err != nil {

@@ -120,10 +120,10 @@ func (c *Claim) cancel(cause error) { c.life.end(cause) }
 // Key returns the claimed key.
 func (c *Claim) Key() Key { return c.key }
 
-// Store returns the store the claim was made in: on a shard set
+// storeOf returns the store the claim was made in: on a shard set
 // (package shard), the shard that holds the key, where the values that go
 // with it (package jobs' events) are kept too.
-func (c *Claim) Store() *Store { return c.s }
+func (c *Claim) storeOf() *Store { return c.s }
 
 // Token returns the claim's fencing token: the etcd revision of the claim.
 // Send it with every downstream write (fencing.SetHeader) so a stale worker

@@ -237,14 +237,14 @@ func (s *Store) encodeAs(ctx context.Context, format byte, r *Record, token fenc
 	return v3
 }
 
-// DecodeRecord reads a record from its etcd key-value, for tools that read
+// decodeRecord reads a record from its etcd key-value, for tools that read
 // idem's records from etcd directly (a watch of the prefix, a backup). A
 // key outside the prefix's records, an unknown version or a malformed
 // record is an error wrapping ErrCorrupt. A compressed record whose
 // dictionary this Admin has not met yet is read with one etcd Get; a
 // record of the past (deleted since, with its dictionary) is read with the
 // dictionary as etcd held it at the record's revision, unless compacted.
-func (a *Admin) DecodeRecord(kv *mvccpb.KeyValue) (*Record, error) {
+func (a *Admin) decodeRecord(kv *mvccpb.KeyValue) (*Record, error) {
 	k, ok := a.ks.parseRecord(string(kv.Key))
 	if !ok {
 		return nil, fmt.Errorf("%w: %q is not a record key under %q", ErrCorrupt, kv.Key, a.ks.prefix)
@@ -409,7 +409,7 @@ func (r *Record) setField(num protowire.Number, v uint64, b []byte) (err error) 
 	case fMovedTo:
 		r.MovedTo = string(b)
 	case fEpoch:
-		if v >= 1<<(63-EpochShift) {
+		if v >= 1<<(63-epochShift) {
 			return fmt.Errorf("epoch %d", v)
 		}
 		r.Epoch = int64(v)
@@ -524,7 +524,7 @@ func (r *Record) decodeV1(js []byte) error {
 		r.Deadline = time.UnixMilli(m.Deadline)
 	}
 	r.Checkpoint, r.Takeovers = m.Checkpoint, m.Takeovers
-	if m.Epoch < 0 || m.Epoch >= 1<<(63-EpochShift) {
+	if m.Epoch < 0 || m.Epoch >= 1<<(63-epochShift) {
 		return fmt.Errorf("epoch %d", m.Epoch)
 	}
 	r.Epoch, r.MovedTo, r.Fence, r.Kind = m.Epoch, m.MovedTo, m.Fence, m.Kind

@@ -86,7 +86,7 @@ func TestCompressedRecords(t *testing.T) {
 			return r.Outcome.Body, nil
 		},
 		"DecodeRecord": func() ([]byte, error) {
-			r, err := adm.DecodeRecord(raw.Kvs[0])
+			r, err := adm.decodeRecord(raw.Kvs[0])
 			if err != nil {
 				return nil, err
 			}
@@ -333,7 +333,7 @@ func TestClosedStoreIsNotCorrupt(t *testing.T) {
 	if _, err := st.List(ctx, "", ListOptions{}); !errors.Is(err, ErrClosed) || errors.Is(err, ErrCorrupt) {
 		t.Errorf("List on a closed store: %v; want ErrClosed", err)
 	}
-	if _, err := st.Stats(ctx, 0); !errors.Is(err, ErrClosed) {
+	if _, err := st.stats(ctx, 0); !errors.Is(err, ErrClosed) {
 		t.Errorf("Stats on a closed store: %v; want ErrClosed", err)
 	}
 }

@@ -23,11 +23,8 @@ import (
 // it. A record with another fingerprint is a *MismatchError. Enqueue needs
 // no session. It retries its own write while the outcome is unknown; a
 // retry that finds the record cannot tell its own write from another
-// caller's with the same fingerprint, which names the same work.
-//
-// The transaction is the claim's: If CreateRevision(record) == 0 Then
-// Put(record, lease=bucket) Else Get(record), or a compare-and-set on a
-// record whose retention has passed.
+// caller's with the same fingerprint, which names the same work. Its
+// transaction is the claim's (docs/ARCHITECTURE.md).
 func (s *Store) Enqueue(ctx context.Context, key Key, fp Fingerprint, data []byte, opts ...EnqueueOption) (*Record, error) {
 	if err := key.Validate(); err != nil {
 		return nil, fmt.Errorf("enqueue: %w", err)
@@ -82,15 +79,15 @@ func (s *Store) enqueued(key Key, cfg *enqueueConfig, a kernel.Answer) (*Record,
 	case kernel.Landed, kernel.Found:
 		return rec, nil
 	case kernel.IsMoved:
-		return nil, &MovedError{Key: key, To: rec.MovedTo, Epoch: rec.Epoch}
+		return nil, &movedError{Key: key, To: rec.MovedTo, Epoch: rec.Epoch}
 	case kernel.Mismatch:
 		return nil, &MismatchError{Key: key}
 	case kernel.NotFound:
 		return nil, fmt.Errorf("enqueue %s: %w: no live record in this store (WithoutCreate)", key, ErrNotFound)
 	case kernel.SetChanged:
-		return nil, fmt.Errorf("enqueue %s: %w", key, ErrSetChanged)
+		return nil, fmt.Errorf("enqueue %s: %w", key, errSetChanged)
 	case kernel.ValueChanged:
-		return nil, fmt.Errorf("enqueue %s: %w: value %q is no longer at revision %d", key, ErrValueChanged, cfg.value, cfg.valueRev)
+		return nil, fmt.Errorf("enqueue %s: %w: value %q is no longer at revision %d", key, errValueChanged, cfg.value, cfg.valueRev)
 	case kernel.Error:
 		return nil, wrapEtcd("enqueue", key, a.Err)
 	}
@@ -108,14 +105,14 @@ type enqueueConfig struct {
 	err      error
 }
 
-// Routed makes Enqueue write where, and only as, a claim with opts would:
+// routed makes Enqueue write where, and only as, a claim with opts would:
 // UnderShardSet compares that shard set instead of the store's own,
 // WithoutCreate enqueues nothing where the key has no live record (it
 // returns the live one, or an error wrapping ErrNotFound), ReplaceMoved
 // replaces a Moved record as a new job instead of failing with a
 // *MovedError. Other claim options are ignored. Package shard enqueues so
 // on the shard it routed the key to (shard.Store.Enqueue).
-func Routed(opts ...ClaimOption) EnqueueOption {
+func routed(opts ...ClaimOption) EnqueueOption {
 	return func(c *enqueueConfig) {
 		for _, o := range opts {
 			if err := o.applyRun(&c.route); err != nil && c.err == nil {
@@ -125,7 +122,7 @@ func Routed(opts ...ClaimOption) EnqueueOption {
 	}
 }
 
-// IfValue makes Enqueue write the record only while the value name
+// ifValue makes Enqueue write the record only while the value name
 // (Store.SetValue) is still at revision rev: a write decided under that
 // value cannot land after the value moved on (a stalled writer's late
 // write). When it moved, and the record does not exist, Enqueue writes
@@ -140,18 +137,18 @@ func Routed(opts ...ClaimOption) EnqueueOption {
 // schedules decide with their cursor so: a scheduler that finds the
 // previous occurrence's job absent (never submitted, or forgotten) and
 // decides the next one cannot race that job's late submission.
-func IfValue(name string, rev int64) EnqueueOption {
+func ifValue(name string, rev int64) EnqueueOption {
 	return func(c *enqueueConfig) { c.value, c.valueRev, c.valueTo = name, rev, nil }
 }
 
-// IfValueThen is IfValue (rev other than 0), and the record's write sets
+// ifValueThen is IfValue (rev other than 0), and the record's write sets
 // the value to value in the same transaction, its lease unchanged: the
 // value says the record was written, and nothing can read one without the
 // other. When the record exists already, the value is left as it is.
 // Package jobs so marks a schedule's cursor with the occurrence whose job
 // it submitted: a job absent later ended, or was forgotten, and is never
 // submitted again.
-func IfValueThen(name string, rev int64, value []byte) EnqueueOption {
+func ifValueThen(name string, rev int64, value []byte) EnqueueOption {
 	return func(c *enqueueConfig) {
 		c.value, c.valueRev, c.valueTo = name, rev, bytes.Clone(value)
 		if rev == 0 {

@@ -14,33 +14,33 @@ func TestEnqueueIfValue(t *testing.T) {
 	cli := client(t)
 	s := newStore(t, cli, testPrefix(t))
 	ctx := testCtx(t)
-	v, ok, err := s.SetValue(ctx, "s/jobs/tick", []byte("prev=1"), 0)
+	v, ok, err := s.setValue(ctx, "s/jobs/tick", []byte("prev=1"), 0)
 	if err != nil || !ok {
 		t.Fatalf("SetValue = %v, %v", ok, err)
 	}
 	decided := v.Revision
-	if _, _, err := s.SetValue(ctx, "s/jobs/tick", []byte("prev=2"), decided); err != nil {
+	if _, _, err := s.setValue(ctx, "s/jobs/tick", []byte("prev=2"), decided); err != nil {
 		t.Fatal(err)
 	}
 	key, fp := Key{Tenant: "jobs", ID: "tick@1"}, fpOf(t, `1`)
-	if rec, err := s.Enqueue(ctx, key, fp, []byte("d"), IfValue("s/jobs/tick", decided)); !errors.Is(err, ErrValueChanged) || rec != nil {
-		t.Fatalf("Enqueue decided under an old revision = %+v, %v; want ErrValueChanged", rec, err)
+	if rec, err := s.Enqueue(ctx, key, fp, []byte("d"), ifValue("s/jobs/tick", decided)); !errors.Is(err, errValueChanged) || rec != nil {
+		t.Fatalf("Enqueue decided under an old revision = %+v, %v; want errValueChanged", rec, err)
 	}
 	if _, err := s.Get(ctx, key); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("a refused Enqueue wrote the record: %v", err)
 	}
-	cur, err := s.Value(ctx, "s/jobs/tick")
+	cur, err := s.getValue(ctx, "s/jobs/tick")
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec, err := s.Enqueue(ctx, key, fp, []byte("d"), IfValue("s/jobs/tick", cur.Revision))
+	rec, err := s.Enqueue(ctx, key, fp, []byte("d"), ifValue("s/jobs/tick", cur.Revision))
 	if err != nil || rec.State != InFlight {
 		t.Fatalf("Enqueue under the current revision = %+v, %v; want it written", rec, err)
 	}
-	if again, err := s.Enqueue(ctx, key, fp, []byte("d"), IfValue("s/jobs/tick", decided)); err != nil || again.Token != rec.Token {
+	if again, err := s.Enqueue(ctx, key, fp, []byte("d"), ifValue("s/jobs/tick", decided)); err != nil || again.Token != rec.Token {
 		t.Fatalf("Enqueue of an existing record under an old revision = %+v, %v; want the record", again, err)
 	}
-	if _, err := s.Enqueue(ctx, Key{ID: "x"}, fp, nil, IfValue("/abs", 1)); !errors.Is(err, ErrInvalidArgument) {
+	if _, err := s.Enqueue(ctx, Key{ID: "x"}, fp, nil, ifValue("/abs", 1)); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("a bad value name = %v; want ErrInvalidArgument", err)
 	}
 }
@@ -62,11 +62,11 @@ func TestEnqueueIfValueOverAnExpiredRecord(t *testing.T) {
 	clk := newShiftClock()
 	clk.Shift(2 * time.Second) // a writer for whom it has expired
 	s := newStore(t, cli, prefix, WithClock(clk))
-	v, _, err := s.SetValue(ctx, "s/jobs/tick", []byte("prev=2"), 0)
+	v, _, err := s.setValue(ctx, "s/jobs/tick", []byte("prev=2"), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec, err := s.Enqueue(ctx, key, fp, []byte("new"), IfValue("s/jobs/tick", v.Revision))
+	rec, err := s.Enqueue(ctx, key, fp, []byte("new"), ifValue("s/jobs/tick", v.Revision))
 	if err != nil || rec.Token == old.Token || string(rec.Checkpoint) != "new" {
 		t.Fatalf("Enqueue over an expired record, value unmoved = %+v, %v; want a new record", rec, err)
 	}
@@ -74,11 +74,11 @@ func TestEnqueueIfValueOverAnExpiredRecord(t *testing.T) {
 	if _, err := short.Enqueue(ctx, key2, fp, []byte("old")); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.SetValue(ctx, "s/jobs/tick", []byte("prev=3"), v.Revision); err != nil {
+	if _, _, err := s.setValue(ctx, "s/jobs/tick", []byte("prev=3"), v.Revision); err != nil {
 		t.Fatal(err)
 	}
-	if rec, err := s.Enqueue(ctx, key2, fp, []byte("new"), IfValue("s/jobs/tick", v.Revision)); !errors.Is(err, ErrValueChanged) {
-		t.Fatalf("Enqueue over an expired record, value moved = %+v, %v; want ErrValueChanged", rec, err)
+	if rec, err := s.Enqueue(ctx, key2, fp, []byte("new"), ifValue("s/jobs/tick", v.Revision)); !errors.Is(err, errValueChanged) {
+		t.Fatalf("Enqueue over an expired record, value moved = %+v, %v; want errValueChanged", rec, err)
 	}
 }
 
@@ -93,29 +93,29 @@ func TestEnqueueIfValueMovesTheValue(t *testing.T) {
 	cli := client(t)
 	s := newStore(t, cli, testPrefix(t))
 	ctx := testCtx(t)
-	v, ok, err := s.SetValue(ctx, "s/jobs/tick", []byte("prev=1"), 0)
+	v, ok, err := s.setValue(ctx, "s/jobs/tick", []byte("prev=1"), 0)
 	if err != nil || !ok {
 		t.Fatalf("SetValue = %v, %v", ok, err)
 	}
 	key, fp := Key{Tenant: "jobs", ID: "tick@1"}, fpOf(t, `1`)
-	rec, err := s.Enqueue(ctx, key, fp, []byte("d"), IfValue("s/jobs/tick", v.Revision))
+	rec, err := s.Enqueue(ctx, key, fp, []byte("d"), ifValue("s/jobs/tick", v.Revision))
 	if err != nil {
 		t.Fatal(err)
 	}
-	now, err := s.Value(ctx, "s/jobs/tick")
+	now, err := s.getValue(ctx, "s/jobs/tick")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if now.Revision != rec.Revision || string(now.Value) != "prev=1" {
 		t.Fatalf("value after the fenced Enqueue: revision %d, %q; want revision %d (the record's), %q unchanged", now.Revision, now.Value, rec.Revision, "prev=1")
 	}
-	if _, ok, err := s.SetValue(ctx, "s/jobs/tick", []byte("prev=2"), v.Revision); err != nil || ok {
+	if _, ok, err := s.setValue(ctx, "s/jobs/tick", []byte("prev=2"), v.Revision); err != nil || ok {
 		t.Fatalf("SetValue at the revision read before the record landed = %v, %v; want refused", ok, err)
 	}
-	if _, err := s.Enqueue(ctx, key, fp, []byte("d"), IfValue("s/jobs/tick", now.Revision)); err != nil {
+	if _, err := s.Enqueue(ctx, key, fp, []byte("d"), ifValue("s/jobs/tick", now.Revision)); err != nil {
 		t.Fatal(err)
 	}
-	if again, err := s.Value(ctx, "s/jobs/tick"); err != nil || again.Revision != now.Revision {
+	if again, err := s.getValue(ctx, "s/jobs/tick"); err != nil || again.Revision != now.Revision {
 		t.Fatalf("value after an Enqueue that found the record: %+v, %v; want revision %d unmoved", again, err, now.Revision)
 	}
 }
@@ -128,26 +128,26 @@ func TestEnqueueIfValueThen(t *testing.T) {
 	prefix := testPrefix(t)
 	s := newStore(t, cli, prefix)
 	ctx := testCtx(t)
-	v, _, err := s.SetValue(ctx, "s/jobs/tick", []byte("prev=1"), 0)
+	v, _, err := s.setValue(ctx, "s/jobs/tick", []byte("prev=1"), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	key, fp := Key{Tenant: "jobs", ID: "tick@1"}, fpOf(t, `1`)
-	rec, err := s.Enqueue(ctx, key, fp, []byte("d"), IfValueThen("s/jobs/tick", v.Revision, []byte("prev=1 submitted=1")))
+	rec, err := s.Enqueue(ctx, key, fp, []byte("d"), ifValueThen("s/jobs/tick", v.Revision, []byte("prev=1 submitted=1")))
 	if err != nil {
 		t.Fatal(err)
 	}
-	now, err := s.Value(ctx, "s/jobs/tick")
+	now, err := s.getValue(ctx, "s/jobs/tick")
 	if err != nil || now.Revision != rec.Revision || string(now.Value) != "prev=1 submitted=1" {
 		t.Fatalf("value after Enqueue with IfValueThen = %+v, %v; want %q at the record's revision %d", now, err, "prev=1 submitted=1", rec.Revision)
 	}
-	if _, err := s.Enqueue(ctx, key, fp, []byte("d"), IfValueThen("s/jobs/tick", now.Revision, []byte("other"))); err != nil {
+	if _, err := s.Enqueue(ctx, key, fp, []byte("d"), ifValueThen("s/jobs/tick", now.Revision, []byte("other"))); err != nil {
 		t.Fatal(err)
 	}
-	if again, err := s.Value(ctx, "s/jobs/tick"); err != nil || string(again.Value) != "prev=1 submitted=1" || again.Revision != now.Revision {
+	if again, err := s.getValue(ctx, "s/jobs/tick"); err != nil || string(again.Value) != "prev=1 submitted=1" || again.Revision != now.Revision {
 		t.Fatalf("value after an Enqueue that found the record = %+v, %v; want it unchanged", again, err)
 	}
-	if _, err := s.Enqueue(ctx, Key{Tenant: "jobs", ID: "tick@2"}, fp, nil, IfValueThen("s/jobs/tick", 0, []byte("x"))); !errors.Is(err, ErrInvalidArgument) {
+	if _, err := s.Enqueue(ctx, Key{Tenant: "jobs", ID: "tick@2"}, fp, nil, ifValueThen("s/jobs/tick", 0, []byte("x"))); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("IfValueThen at revision 0 = %v; want ErrInvalidArgument", err)
 	}
 	clk := newShiftClock()
@@ -157,10 +157,10 @@ func TestEnqueueIfValueThen(t *testing.T) {
 	if _, err := later.Get(ctx, key); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Get past the retention = %v; want ErrNotFound", err)
 	}
-	if got, err := later.Peek(ctx, key); err != nil || got.Revision != rec.Revision {
+	if got, err := later.peek(ctx, key); err != nil || got.Revision != rec.Revision {
 		t.Fatalf("Peek past the retention = %+v, %v; want the record at revision %d", got, err, rec.Revision)
 	}
-	if _, err := later.Peek(ctx, Key{Tenant: "jobs", ID: "none"}); !errors.Is(err, ErrNotFound) {
+	if _, err := later.peek(ctx, Key{Tenant: "jobs", ID: "none"}); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Peek of no record = %v; want ErrNotFound", err)
 	}
 }

@@ -23,11 +23,11 @@ import (
 // on its old shard: from then on that shard refuses to claim it
 // (ErrMoved), and the key lives where the record says.
 
-// WithEpochs makes the store one shard of a set (package shard): tokens
+// withEpochs makes the store one shard of a set (package shard): tokens
 // carry the shard's epoch, and keys can be handed over (Forward). Every
 // claim's Txn then compares the epoch key too. Without it (one etcd
 // cluster) tokens are revisions, as always.
-func WithEpochs() Option {
+func withEpochs() Option {
 	return option(func(c *config) error {
 		c.epochs = true
 		return nil
@@ -36,31 +36,31 @@ func WithEpochs() Option {
 
 func (s *Store) epochKey() string { return s.ks.prefix + "epoch" }
 
-// Epoch returns the shard epoch this store last saw (0 without WithEpochs).
-func (s *Store) Epoch() int64 { return s.epoch.Load() }
+// currentEpoch returns the shard epoch this store last saw (0 without WithEpochs).
+func (s *Store) currentEpoch() int64 { return s.epoch.Load() }
 
-// ShardSetValue is the name of the Value (SetValue) that holds the shard
+// shardSetValue is the name of the Value (SetValue) that holds the shard
 // set in force (package shard's placement and its generation) in each
 // shard. A store WithEpochs guards every claim, enqueue and Forward with
 // it: the Txn compares the value's revision with the one the store last
 // read, so that a process that routed a key by an older shard set is
 // refused (ErrSetChanged) and routes it again, whatever order processes
 // learn a change in.
-const ShardSetValue = "shard/set"
+const shardSetValue = "shard/set"
 
-func (s *Store) setKey() string { return s.ks.values() + ShardSetValue }
+func (s *Store) setKey() string { return s.ks.values() + shardSetValue }
 
-// ShardSet returns the shard set value this store last read from its etcd
+// shardSet returns the shard set value this store last read from its etcd
 // (Revision 0: none there). It is read by New, and again whenever a
 // guarded write finds it changed.
-func (s *Store) ShardSet() Value {
+func (s *Store) shardSet() namedValue {
 	if v := s.set.Load(); v != nil {
 		return *v
 	}
-	return Value{Name: ShardSetValue}
+	return namedValue{Name: shardSetValue}
 }
 
-func (s *Store) noteSet(v Value) { s.set.Store(&v) }
+func (s *Store) noteSet(v namedValue) { s.set.Store(&v) }
 
 func parseEpoch(v []byte) (int64, error) {
 	e, err := kernel.ParseEpoch(v)
@@ -82,7 +82,7 @@ func (s *Store) loadEpoch(ctx context.Context) (int64, error) {
 	}); err != nil {
 		return 0, fmt.Errorf("read the shard epoch and set: %w: %w", ErrUnavailable, err)
 	}
-	set := Value{Name: ShardSetValue}
+	set := namedValue{Name: shardSetValue}
 	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
 		set.Value, set.Revision = kvs[0].Value, kvs[0].ModRevision
 	}
@@ -98,25 +98,25 @@ func (s *Store) loadEpoch(ctx context.Context) (int64, error) {
 	return e, nil
 }
 
-// LoadShardSet reads the shard set (ShardSetValue) and the epoch from etcd
+// loadShardSet reads the shard set (ShardSetValue) and the epoch from etcd
 // again, and returns the set.
-func (s *Store) LoadShardSet(ctx context.Context) (Value, error) {
+func (s *Store) loadShardSet(ctx context.Context) (namedValue, error) {
 	if !s.epochs {
-		return Value{}, fmt.Errorf("%w: load shard set: the store has no epochs (WithEpochs)", ErrInvalidArgument)
+		return namedValue{}, fmt.Errorf("%w: load shard set: the store has no epochs (WithEpochs)", ErrInvalidArgument)
 	}
 	if _, err := s.loadEpoch(ctx); err != nil {
-		return Value{}, err
+		return namedValue{}, err
 	}
-	return s.ShardSet(), nil
+	return s.shardSet(), nil
 }
 
-// RaiseEpoch makes the shard's epoch greater than above (if it is not
+// raiseEpoch makes the shard's epoch greater than above (if it is not
 // already) and returns it: before a key moves here from a shard whose
 // epoch was above, so that its tokens keep growing. Every token this shard
 // hands out afterwards is greater than every token of the old shard. The
 // claims of other processes that still believe in the older epoch fail
 // their compare, read the new one, and try again.
-func (s *Store) RaiseEpoch(ctx context.Context, above int64) (int64, error) {
+func (s *Store) raiseEpoch(ctx context.Context, above int64) (int64, error) {
 	if !s.epochs {
 		return 0, fmt.Errorf("%w: raise epoch: the store has no epochs (WithEpochs)", ErrInvalidArgument)
 	}
@@ -142,10 +142,10 @@ func (s *Store) RaiseEpoch(ctx context.Context, above int64) (int64, error) {
 	}
 }
 
-// Forward hands key over to the shard named to, unless this shard holds it:
-// when a live record of key is here (in flight or done), Forward returns
+// forwardKey hands key over to the shard named to, unless this shard holds it:
+// when a live record of key is here (in flight or done), forwardKey returns
 // it, and the key stays here, where every retry finds it. When the key is
-// absent or its retention passed, Forward writes a Moved record naming to
+// absent or its retention passed, forwardKey writes a Moved record naming to
 // (on a retention lease, like any record), so that from then on this shard
 // refuses to claim it. A Moved record naming to is returned as it is; one
 // naming another shard (written under an older shard set) is replaced. The
@@ -154,7 +154,7 @@ func (s *Store) RaiseEpoch(ctx context.Context, above int64) (int64, error) {
 // the revision UnderShardSet names).
 // The returned record says which: State Moved (go to MovedTo; its Epoch is
 // this shard's at the move), or a live record of this shard.
-func (s *Store) Forward(ctx context.Context, key Key, to string, opts ...ClaimOption) (*Record, error) {
+func (s *Store) forwardKey(ctx context.Context, key Key, to string, opts ...ClaimOption) (*Record, error) {
 	if err := key.Validate(); err != nil {
 		return nil, fmt.Errorf("forward: %w", err)
 	}
@@ -199,21 +199,21 @@ func (s *Store) forwarded(key Key, a kernel.Answer) (*Record, error) {
 	case kernel.Landed, kernel.Found:
 		return storeRecord(key, a.Record), nil
 	case kernel.SetChanged:
-		return nil, fmt.Errorf("forward %s: %w", key, ErrSetChanged)
+		return nil, fmt.Errorf("forward %s: %w", key, errSetChanged)
 	case kernel.Error:
 		return nil, wrapEtcd("forward", key, a.Err)
 	}
 	return nil, fmt.Errorf("forward %s: %w: the record kept changing", key, ErrUnavailable)
 }
 
-// DefaultRestoreEpochBump is how far BumpEpoch raises a shard epoch after
+// defaultRestoreEpochBump is how far BumpEpoch raises a shard epoch after
 // a restore: more than the epoch can have grown between a backup and its
 // restore (it grows by one when a key moves to a shard whose epoch is not
 // already above the old shard's).
-const DefaultRestoreEpochBump = 1024
+const defaultRestoreEpochBump = 1024
 
-// Epoch reads the shard epoch under the Admin's prefix (0: none).
-func (a *Admin) Epoch(ctx context.Context) (int64, error) {
+// readEpoch reads the shard epoch under the Admin's prefix (0: none).
+func (a *Admin) readEpoch(ctx context.Context) (int64, error) {
 	ctx, cancel := a.bound(ctx)
 	defer cancel()
 	var resp *clientv3.GetResponse
@@ -229,7 +229,7 @@ func (a *Admin) Epoch(ctx context.Context) (int64, error) {
 	return parseEpoch(resp.Kvs[0].Value)
 }
 
-// BumpEpoch raises the shard epoch under the Admin's prefix by by (at
+// bumpEpoch raises the shard epoch under the Admin's prefix by by (at
 // least 1), creating it if there is none, and returns it: run it once
 // after etcd is restored from a snapshot, before any idem process serves
 // from it. A restore brings the epoch key back to its value at the
@@ -238,8 +238,8 @@ func (a *Admin) Epoch(ctx context.Context) (int64, error) {
 // token lower than those handed out before the restore once an epoch was
 // raised since the backup. idem serve does it on the first start after
 // idem snapshot restore. It is harmless on a store without epochs.
-func (a *Admin) BumpEpoch(ctx context.Context, by int64) (int64, error) {
-	if by < 1 || by >= 1<<(63-EpochShift) {
+func (a *Admin) bumpEpoch(ctx context.Context, by int64) (int64, error) {
+	if by < 1 || by >= 1<<(63-epochShift) {
 		return 0, fmt.Errorf("%w: epoch bump %d", ErrInvalidArgument, by)
 	}
 	key := a.ks.prefix + "epoch"
@@ -262,7 +262,7 @@ func (a *Admin) BumpEpoch(ctx context.Context, by int64) (int64, error) {
 			cmp = clientv3.Compare(clientv3.ModRevision(key), "=", resp.Kvs[0].ModRevision)
 		}
 		next := cur + by
-		if next >= 1<<(63-EpochShift) {
+		if next >= 1<<(63-epochShift) {
 			return 0, fmt.Errorf("%w: shard epoch %d cannot be raised by %d", ErrInvalidArgument, cur, by)
 		}
 		tctx, tcancel := a.try(ctx)

@@ -7,6 +7,8 @@ import (
 
 	"github.com/idem-dev/idem/etcdstore/internal/send"
 	"github.com/idem-dev/idem/fencing"
+
+	"github.com/idem-dev/idem/internal/storeext"
 )
 
 // Errors of the decision table. The HTTP edge maps them to statuses; the
@@ -66,26 +68,11 @@ var (
 	// attempt id lets a retry recognise its own claim.
 	ErrUnavailable = errors.New("etcd unavailable")
 
-	// ErrMoved is returned (in a *MovedError) when a key was handed over to
-	// another shard of a shard set (package shard): claim it there.
-	ErrMoved = errors.New("idempotency key moved to another shard")
-
 	// ErrNotSent is wrapped by the error of a write that never left this
 	// process (its caller's context ended while it waited for its turn in
 	// a batch): it did not land, and is the only failure of a write that
 	// says so. Every other failure of a write may have landed.
 	ErrNotSent = send.ErrNotSent
-
-	// ErrSetChanged is returned by a claim, enqueue or Forward of a store
-	// WithEpochs when the shard set in its etcd (ShardSetValue) changed
-	// since the store last read it: nothing was written; route the key
-	// again by the new set (package shard does).
-	ErrSetChanged = errors.New("the shard set changed")
-
-	// ErrValueChanged is returned by Store.Enqueue with IfValue when the
-	// value moved from the revision the write was decided under. Nothing
-	// was written.
-	ErrValueChanged = errors.New("value changed")
 
 	// ErrStoreFull is returned (together with ErrUnavailable) when etcd
 	// refuses a write because its database reached its quota (the NOSPACE
@@ -126,22 +113,16 @@ func (e *MismatchError) Error() string {
 // Is reports whether target is ErrMismatch.
 func (e *MismatchError) Is(target error) bool { return target == ErrMismatch }
 
-// MovedError reports a key handed over to another shard.
-type MovedError struct {
-	Key Key
-	// To names the shard the key lives on now.
-	To string
-	// Epoch is the shard epoch of this shard when the key moved: every
-	// token the key had here is below epoch+1<<EpochShift.
-	Epoch int64
-}
+// movedError reports a key handed over to another shard
+// (storeext.MovedError).
+type movedError = storeext.MovedError[Key]
 
-func (e *MovedError) Error() string {
-	return fmt.Sprintf("key %s: %v (to %s)", e.Key, ErrMoved, e.To)
-}
-
-// Is reports whether target is ErrMoved.
-func (e *MovedError) Is(target error) bool { return target == ErrMoved }
+// The shard set's errors (storeext).
+var (
+	errMoved        = storeext.ErrMoved
+	errSetChanged   = storeext.ErrSetChanged
+	errValueChanged = storeext.ErrValueChanged
+)
 
 // ConflictError reports a key in flight under a live owner.
 type ConflictError struct {

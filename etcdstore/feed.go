@@ -16,33 +16,22 @@ import (
 
 	"github.com/idem-dev/idem/clock"
 	"github.com/idem-dev/idem/internal/watch"
+
+	"github.com/idem-dev/idem/internal/storeext"
 )
 
-// FollowOptions selects what Follow follows.
-type FollowOptions struct {
-	// ID follows this one key of the tenant instead of all of its records.
-	ID string
-	// Sessions follows the live sessions of every process too.
-	Sessions bool
-	// Values, when set, follows the values (Store.SetValue) whose names
-	// start with any of these prefixes too.
-	Values []string
-	// Stall bounds how long the feed may go without proving itself
-	// current (the watch answers a progress request every Stall/4) before
-	// Next fails with ErrUnavailable: a watch whose connection stops moving
-	// bytes delivers nothing and says nothing. Default 10 s.
-	Stall time.Duration
-}
+// followOptions selects what Follow follows.
+type followOptions = storeext.FollowOptions
 
-// Feed follows records and sessions from a read at one revision on: every
+// recordFeed follows records and sessions from a read at one revision on: every
 // change after that read, in revision order. Package jobs' completer runs
-// on one. A Feed is used by one goroutine at a time.
-type Feed struct {
+// on one. A recordFeed is used by one goroutine at a time.
+type recordFeed struct {
 	s       *Store
 	tenant  string
 	records []*Record
 	owners  []string
-	values  []Value
+	values  []namedValue
 	rev     int64
 
 	stream *watch.Stream
@@ -57,29 +46,14 @@ type Feed struct {
 	stalled bool
 }
 
-// Change is one change a Feed delivers: of a record (Key set) or of a
-// session (Owner set).
-type Change struct {
-	// Key is the record's key; Record is the record as written, nil when
-	// it was deleted, or when it cannot be read (Err says why).
-	Key    Key
-	Record *Record
-	Err    error
-	// Owner is a session's owner id, Alive whether it began or ended.
-	Owner string
-	Alive bool
-	// Value is a value that was written (FollowOptions.Values) or, with
-	// Revision 0 and no Value, deleted (its lease expired, say).
-	Value *Value
-	// Revision is the etcd revision of the change.
-	Revision int64
-}
+// change is one change a feed delivers (storeext.change).
+type change = storeext.Change[Key, Record]
 
-// Follow reads tenant's records (or one of them, FollowOptions.ID) and,
+// follow reads tenant's records (or one of them, FollowOptions.ID) and,
 // with FollowOptions.Sessions, the live sessions, at one revision, and
 // returns a Feed of every change after it. Records past their retention
 // are left out of the read. The Feed ends with ctx or Close.
-func (s *Store) Follow(ctx context.Context, tenant string, o FollowOptions) (*Feed, error) {
+func (s *Store) follow(ctx context.Context, tenant string, o followOptions) (*recordFeed, error) {
 	if tenant == "" {
 		tenant = DefaultTenant
 	}
@@ -99,7 +73,7 @@ func (s *Store) Follow(ctx context.Context, tenant string, o FollowOptions) (*Fe
 	if o.Stall <= 0 {
 		o.Stall = 10 * time.Second
 	}
-	f := &Feed{s: s, tenant: tenant, stall: o.Stall}
+	f := &recordFeed{s: s, tenant: tenant, stall: o.Stall}
 	if err := f.read(ctx, o); err != nil {
 		return nil, err
 	}
@@ -142,7 +116,7 @@ func (s *Store) Follow(ctx context.Context, tenant string, o FollowOptions) (*Fe
 var feeds atomic.Int64 // each feed has a gRPC stream of its own
 
 // read reads what the feed starts from, at one revision.
-func (f *Feed) read(ctx context.Context, o FollowOptions) error {
+func (f *recordFeed) read(ctx context.Context, o followOptions) error {
 	s := f.s
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
@@ -157,7 +131,7 @@ func (f *Feed) read(ctx context.Context, o FollowOptions) error {
 	}
 	for _, p := range o.Values {
 		err := r.scan(ctx, s.ks.values()+p, func(kv *mvccpb.KeyValue) {
-			f.values = append(f.values, Value{Name: strings.TrimPrefix(string(kv.Key), s.ks.values()), Value: kv.Value, Revision: kv.ModRevision})
+			f.values = append(f.values, namedValue{Name: strings.TrimPrefix(string(kv.Key), s.ks.values()), Value: kv.Value, Revision: kv.ModRevision})
 		})
 		if err != nil {
 			return err
@@ -237,23 +211,23 @@ func (r *snapshot) scan(ctx context.Context, prefix string, each func(*mvccpb.Ke
 }
 
 // Records returns the records the feed started from.
-func (f *Feed) Records() []*Record { return f.records }
+func (f *recordFeed) Records() []*Record { return f.records }
 
 // Owners returns the sessions alive when the feed started (with
 // FollowOptions.Sessions).
-func (f *Feed) Owners() []string { return f.owners }
+func (f *recordFeed) Owners() []string { return f.owners }
 
 // Values returns the values the feed started from (with
 // FollowOptions.Values), in name order.
-func (f *Feed) Values() []Value { return f.values }
+func (f *recordFeed) Values() []namedValue { return f.values }
 
 // Revision returns the revision the feed started from.
-func (f *Feed) Revision() int64 { return f.rev }
+func (f *recordFeed) Revision() int64 { return f.rev }
 
 // Next returns the next changes, waiting for them, or an error wrapping
 // ErrUnavailable when the watch broke or stalled (follow again, from a new
 // read), or ctx's cause.
-func (f *Feed) Next(ctx context.Context) ([]Change, error) {
+func (f *recordFeed) Next(ctx context.Context) ([]change, error) {
 	for {
 		r, err := f.stream.Next(ctx)
 		if err != nil {
@@ -274,11 +248,11 @@ func (f *Feed) Next(ctx context.Context) ([]Change, error) {
 		if len(r.Events) == 0 {
 			continue // a progress notification
 		}
-		out := make([]Change, 0, len(r.Events))
+		out := make([]change, 0, len(r.Events))
 		for _, ev := range r.Events {
-			c := Change{Revision: ev.Kv.ModRevision}
+			c := change{Revision: ev.Kv.ModRevision}
 			if f.valW[r.Watch] {
-				v := &Value{Name: strings.TrimPrefix(string(ev.Kv.Key), f.s.ks.values())}
+				v := &namedValue{Name: strings.TrimPrefix(string(ev.Kv.Key), f.s.ks.values())}
 				if ev.Type == mvccpb.PUT {
 					v.Value, v.Revision = ev.Kv.Value, ev.Kv.ModRevision
 				}
@@ -306,7 +280,7 @@ func (f *Feed) Next(ctx context.Context) ([]Change, error) {
 }
 
 // Close ends the feed.
-func (f *Feed) Close() {
+func (f *recordFeed) Close() {
 	f.cancel()
 	f.work.Wait(f.s.clock, context.Background())
 }

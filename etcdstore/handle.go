@@ -53,7 +53,7 @@ func (s *Store) Attach(ctx context.Context, h Handle) (*Claim, error) {
 	if err != nil {
 		return nil, err
 	}
-	if rec == nil || rec.State != InFlight || rec.Owner == "" || rec.Token != h.Token || !SameAttempt(rec.Attempt, h.Attempt) {
+	if rec == nil || rec.State != InFlight || rec.Owner == "" || rec.Token != h.Token || !sameAttempt(rec.Attempt, h.Attempt) {
 		return nil, fmt.Errorf("attach %s: %w", h.Key, ErrFenced)
 	}
 	c := s.newClaim(h.Key, rec.Fingerprint, rec.Attempt, rec.Owner)
@@ -77,8 +77,8 @@ func (c *Claim) Renew(ctx context.Context, d time.Duration) error {
 	return c.write(ctx, kernel.WriteRequest{Kind: kernel.Renew, Deadline: deadline}, nil)
 }
 
-// SameAttempt reports whether two attempt ids are the same, in time that
+// sameAttempt reports whether two attempt ids are the same, in time that
 // does not depend on where they differ: an attempt id is a secret.
-func SameAttempt(a, b string) bool {
+func sameAttempt(a, b string) bool {
 	return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1
 }

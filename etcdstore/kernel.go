@@ -30,7 +30,7 @@ func (s *Store) kcfg() kernel.Config {
 func (s *Store) view(k Key) kernel.View {
 	v := kernel.View{Now: s.now(), Epoch: s.epoch.Load(), HeldHere: func(a string) bool { return s.runningHere(k, a) }}
 	if s.epochs {
-		v.SetRev = s.ShardSet().Revision
+		v.SetRev = s.shardSet().Revision
 	}
 	return v
 }
@@ -41,7 +41,7 @@ func (s *Store) learn(n kernel.Notes) {
 		s.observe(true)
 	}
 	if n.NewSet {
-		s.noteSet(Value{Name: ShardSetValue, Value: n.Set.Value, Revision: n.Set.Rev})
+		s.noteSet(namedValue{Name: shardSetValue, Value: n.Set.Value, Revision: n.Set.Rev})
 	}
 	if n.NewEpoch {
 		s.epoch.Store(n.Epoch) // the shard's epoch was raised: claim under it

@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+
+	"github.com/idem-dev/idem/internal/storeext"
 )
 
 // Option configures a Store (New). WithPrefix and WithRequestTimeout are
@@ -169,9 +171,8 @@ func WithRequestTimeout(d time.Duration) AdminOption {
 // this process attaches to one retention lease before its bucket moves on
 // to a fresh lease (default lease.DefaultMaxUses, 20000). Processes count
 // apart, so one lease holds the records of at most that many writes per
-// process. etcd deletes a lease's keys in one raft entry
-// when it expires and applies nothing else meanwhile: measured on one
-// member, a lease of a million keys stalled every request for 6 s.
+// process: etcd deletes a lease's keys in one raft entry, applying nothing
+// else meanwhile (docs/OPERATIONS.md).
 func WithKeysPerLease(n int64) Option {
 	return option(func(c *config) error {
 		if n < 1 {
@@ -184,15 +185,11 @@ func WithKeysPerLease(n int64) Option {
 
 // WithCache keeps up to bytes of done records in memory, fed and
 // invalidated by an etcd Watch of every record, so that a replay needs no
-// etcd round trip at all (default: no cache). A record evicted from
-// another process may be replayed from the cache until its deletion
-// reaches the watch, typically milliseconds; Evict through this store
-// invalidates it at once.
-//
-// The cache answers only while it can prove that it lags etcd by less than
-// WithCacheStaleness (default DefaultCacheStaleness); past that, every
-// claim goes to etcd, so a process cut off from etcd stops replaying from
-// memory within that bound.
+// etcd round trip at all (default: no cache). It is the one read that may
+// replay a record deleted elsewhere (until the deletion reaches its watch,
+// typically milliseconds; Evict through this store invalidates it at once),
+// and it answers only while it can prove that it lags etcd by less than
+// WithCacheStaleness: a process cut off stops replaying within that bound.
 func WithCache(bytes int64) Option {
 	return option(func(c *config) error {
 		if bytes < 0 {
@@ -274,12 +271,10 @@ func WithRecordFormat(n int) Option {
 // conditional writes issued at the same time by different callers go to
 // etcd together, as the inner Txns of one outer Txn, applied in one raft
 // entry at one revision: under load, many claims cost about one raft round
-// and one fsync. A write never waits for a batch while the store is idle.
-// Writes in one batch share a revision, so claims of different keys may get
-// the same fencing token; a key's tokens still only grow.
-//
-// Turn it off for an etcd older than 3.3 (no nested Txns), or when every
-// write must be its own etcd request (to trace or account each one apart).
+// and one fsync; an idle store never waits for a batch. Claims of different
+// keys in one batch may share a fencing token; a key's tokens still only
+// grow. Turn it off for an etcd older than 3.3 (no nested Txns), or to make
+// every write its own etcd request.
 func WithBatching(on bool) Option {
 	return option(func(c *config) error { c.noBatching = !on; return nil })
 }
@@ -304,13 +299,11 @@ func WithBatchLimits(members, bytes int) Option {
 
 // WithExpirySweep turns the expiry sweeper on (the default) or off. On, the
 // store deletes the records of a retention bucket a few at a time once they
-// have all expired, at about the rate they were written, and its leases
-// live two bucket widths longer as a backstop; off, etcd deletes them when
-// their lease expires, all of a lease's records in one raft entry, during
-// which it applies nothing else (a lease of 20,000 records: about 130 ms on
-// this project's test machine). Processes share the work: each lease is
-// swept by one of them. Turn it off only to compare, or where no store
-// process runs long enough to sweep.
+// have all expired, at about the rate they were written (each lease by one
+// process), and its leases live two bucket widths longer as a backstop;
+// off, etcd deletes them when their lease expires, all of a lease's
+// records in one raft entry (docs/PERFORMANCE.md). Turn it off only to
+// compare, or where no store process runs long enough to sweep.
 func WithExpirySweep(on bool) Option {
 	return option(func(c *config) error { c.noSweep = !on; return nil })
 }
@@ -332,13 +325,13 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 	})
 }
 
-// WithTxnObserver has f told how long each of the store's conditional
+// withTxnObserver has f told how long each of the store's conditional
 // write transactions took (claims, completes, checkpoints...; one call per
 // etcd Txn, batched or not): etcd's latency as the store sees it, without
 // the work or any wait. idem serve exports it as
 // idem_etcd_txn_duration_seconds. f must be quick and safe for concurrent
 // use.
-func WithTxnObserver(f func(time.Duration)) Option {
+func withTxnObserver(f func(time.Duration)) Option {
 	return option(func(c *config) error { c.observeTxn = f; return nil })
 }
 
@@ -386,12 +379,12 @@ type claimConfig struct {
 	run       bool  // made by Run, which calls the work and ends the claim
 }
 
-// UnderShardSet guards a claim (or Forward) with the shard set recorded at
+// underShardSet guards a claim (or Forward) with the shard set recorded at
 // revision rev (ShardSetValue, as ShardSet returned it), instead of the one
 // the store last read: package shard routes a key by a set, and the claim
 // must be refused if that is no longer the set in force, even when the
 // store has learnt of a newer one meanwhile.
-func UnderShardSet(rev int64) ClaimOption {
+func underShardSet(rev int64) ClaimOption {
 	return claimOption(func(c *claimConfig) error {
 		if rev <= 0 {
 			return fmt.Errorf("%w: shard set revision %d", ErrInvalidArgument, rev)
@@ -401,26 +394,26 @@ func UnderShardSet(rev int64) ClaimOption {
 	})
 }
 
-// WithoutCreate makes a claim take only a key that has a live record in
+// withoutCreate makes a claim take only a key that has a live record in
 // this store (in flight: recognised or taken over as usual; done:
 // replayed): when the key has none (absent, past its retention, or Moved),
 // the claim writes nothing and fails with an error wrapping ErrNotFound.
 // Package shard claims a key this way on the shard it is moving away from,
 // where it may stay only while its operation lives.
-func WithoutCreate() ClaimOption {
+func withoutCreate() ClaimOption {
 	return claimOption(func(c *claimConfig) error {
 		c.existing = true
 		return nil
 	})
 }
 
-// ReplaceMoved makes a claim treat a Moved record of the key in this store
+// replaceMoved makes a claim treat a Moved record of the key in this store
 // as stale: the key is claimed here as a new operation, replacing the
 // record (compared by its revision), instead of failing with a
 // *MovedError. Package shard claims a key this way on the shard the set in
 // force places it on, where a Moved record can only have been left by an
 // older shard set.
-func ReplaceMoved() ClaimOption {
+func replaceMoved() ClaimOption {
 	return claimOption(func(c *claimConfig) error {
 		c.overMoved = true
 		return nil
@@ -560,19 +553,16 @@ const (
 	DefaultBatchBytes   = send.DefaultMaxBytes
 )
 
-// Settings are the limits a store opened with some options keeps, known
+// storeSettings are the limits a store opened with some options keeps, known
 // before it connects: package shard answers with them for all its shards.
-type Settings struct {
-	Retention     time.Duration
-	MaxRecordSize int
-}
+type storeSettings = storeext.Settings
 
-// SettingsOf returns the settings a store opened with opts would have, or
+// settingsOf returns the settings a store opened with opts would have, or
 // the error New would give for them.
-func SettingsOf(opts ...Option) (Settings, error) {
+func settingsOf(opts ...Option) (storeSettings, error) {
 	c, err := newConfig(opts)
 	if err != nil {
-		return Settings{}, err
+		return storeSettings{}, err
 	}
-	return Settings{Retention: c.retention, MaxRecordSize: c.maxRecord}, nil
+	return storeSettings{Retention: c.retention, MaxRecordSize: c.maxRecord}, nil
 }

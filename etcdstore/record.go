@@ -73,19 +73,15 @@ type Record struct {
 	Lease int64
 	// MovedTo names the shard a Moved record hands the key over to.
 	MovedTo string
-	// Epoch is the shard epoch (WithEpochs) in force when the record's
-	// claim, or its move, was written: its token is Epoch<<EpochShift plus
-	// the claim's revision.
+	// Epoch is the shard epoch (package shard) of the record's claim or
+	// move: the high bits of its token.
 	Epoch int64
-	// Fence marks a placeholder, in flight with no owner, that the store
-	// wrote on a key that had no record, to fence a claim write of its own
-	// whose outcome was unknown (so that it can never land later). The key
-	// is free, as if absent: every read and claim treats it so.
+	// Fence marks a placeholder the store wrote to fence a claim write of
+	// its own whose outcome was unknown: the key is free, as if absent.
 	Fence bool
-	// Kind says what the record is: KindKey for a key claimed by Claim, Run
-	// or Do (whatever its outcome, a saved error included), KindJob for
-	// one written by Enqueue (package jobs). Every write keeps it. It is
-	// empty on a moved record, and on records written before idem 0.6.
+	// Kind says what the record is, whatever its outcome: KindKey (Claim,
+	// Run, Do) or KindJob (Enqueue); empty on a moved record, and on
+	// records written before idem 0.6.
 	Kind Kind
 }
 
@@ -97,14 +93,14 @@ const (
 	KindJob Kind = "job" // a job: Enqueue
 )
 
-// EpochShift is where a shard epoch starts in a fencing token: a token is
-// epoch<<EpochShift | revision. Without epochs (one etcd cluster) the
+// epochShift is where a shard epoch starts in a fencing token: a token is
+// epoch<<epochShift | revision. Without epochs (one etcd cluster) the
 // epoch is 0 and a token is the revision, as always. 44 bits hold
 // revisions for 55 years at 10,000 writes a second.
-const EpochShift = 44
+const epochShift = 44
 
 // tokenOf is the fencing token of a claim written at rev under epoch.
-func tokenOf(epoch, rev int64) fencing.Token { return fencing.Token(epoch<<EpochShift | rev) }
+func tokenOf(epoch, rev int64) fencing.Token { return fencing.Token(epoch<<epochShift | rev) }
 
 // toMillis rounds t down to the millisecond, the precision of times stored
 // in records, so a claim's in-memory deadline equals the stored one.

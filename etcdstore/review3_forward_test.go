@@ -10,10 +10,10 @@ import (
 // returns. It is still not: the answer lacks the retention lease the
 // record was written on (a read, and a second Forward, report it).
 func TestReview3ForwardAnswerIsTheStoredRecord(t *testing.T) {
-	s := newStore(t, client(t), testPrefix(t), WithEpochs())
+	s := newStore(t, client(t), testPrefix(t), withEpochs())
 	ctx := testCtx(t)
 	key := Key{ID: "gone"}
-	landed, err := s.Forward(ctx, key, "b")
+	landed, err := s.forwardKey(ctx, key, "b")
 	if err != nil || landed.State != Moved {
 		t.Fatalf("Forward = %+v, %v; want a Moved record", landed, err)
 	}
@@ -21,7 +21,7 @@ func TestReview3ForwardAnswerIsTheStoredRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	found, err := s.Forward(ctx, key, "b")
+	found, err := s.forwardKey(ctx, key, "b")
 	if err != nil {
 		t.Fatal(err)
 	}

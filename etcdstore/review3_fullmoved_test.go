@@ -24,17 +24,17 @@ func TestReview3FullClaimOfAMovedKeyIsMoved(t *testing.T) {
 		}
 		return invoke()
 	})
-	s := newStore(t, cli, testPrefix(t), WithEpochs())
+	s := newStore(t, cli, testPrefix(t), withEpochs())
 	key := Key{ID: "gone"}
-	if _, err := s.Forward(ctx, key, "b"); err != nil {
+	if _, err := s.forwardKey(ctx, key, "b"); err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range []bool{false, true} {
 		full.Store(f)
 		_, _, err := s.Claim(ctx, key, fpOf(t, "p"))
-		var me *MovedError
+		var me *movedError
 		if !errors.As(err, &me) || me.To != "b" {
-			t.Errorf("claim of a moved key (etcd full: %v) = %v; want a MovedError to b", f, err)
+			t.Errorf("claim of a moved key (etcd full: %v) = %v; want a movedError to b", f, err)
 		}
 	}
 }

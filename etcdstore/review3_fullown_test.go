@@ -60,7 +60,7 @@ func TestReview3FullOwnClaimUnderDeadSession(t *testing.T) {
 				t.Fatalf("the claim sent %d Txns; want the lost one and a retry", txns.Load())
 			}
 			if c != nil {
-				alive, aerr := s.OwnerAlive(ctx, c.owner)
+				alive, aerr := s.ownerLives(ctx, c.owner)
 				t.Errorf("a claim whose session ended in etcd was won (full=%v): token %d, its owner key alive %v (%v); want ErrSessionLost, no claim, as when etcd has room",
 					full, c.Token(), alive, aerr)
 			} else if done != nil || !errors.Is(err, ErrSessionLost) && (!full || !errors.Is(err, ErrStoreFull)) {

@@ -27,25 +27,25 @@ func TestReviewEnqueueIfValueRefusedByEpochIsNotValueChanged(t *testing.T) {
 	cli := client(t)
 	ctx := testCtx(t)
 
-	s := newStore(t, cli, prefix, WithEpochs())
-	v, ok, err := s.SetValue(ctx, "cursor", []byte("c1"), 0)
+	s := newStore(t, cli, prefix, withEpochs())
+	v, ok, err := s.setValue(ctx, "cursor", []byte("c1"), 0)
 	if err != nil || !ok {
 		t.Fatalf("SetValue = %v, %v, %v", v, ok, err)
 	}
 	// Another process raises the shard's epoch; s still believes in the old one.
-	other := newStore(t, cli, prefix, WithEpochs())
-	if e, err := other.RaiseEpoch(ctx, 0); err != nil || e != 1 {
+	other := newStore(t, cli, prefix, withEpochs())
+	if e, err := other.raiseEpoch(ctx, 0); err != nil || e != 1 {
 		t.Fatalf("RaiseEpoch = %d, %v", e, err)
 	}
-	if s.Epoch() != 0 {
-		t.Fatalf("s already knows epoch %d", s.Epoch())
+	if s.currentEpoch() != 0 {
+		t.Fatalf("s already knows epoch %d", s.currentEpoch())
 	}
 
-	rec, err := s.Enqueue(ctx, Key{ID: "job"}, fpOf(t, "p"), []byte("data"), IfValue("cursor", v.Revision))
-	if errors.Is(err, ErrValueChanged) {
-		now, _, _ := other.SetValue(ctx, "cursor", nil, -1) // reads it back (refused)
+	rec, err := s.Enqueue(ctx, Key{ID: "job"}, fpOf(t, "p"), []byte("data"), ifValue("cursor", v.Revision))
+	if errors.Is(err, errValueChanged) {
+		now, _, _ := other.setValue(ctx, "cursor", nil, -1) // reads it back (refused)
 		t.Fatalf("Enqueue IfValue(cursor, %d) = %v; the value is still at revision %d (%v) and only the epoch moved "+
-			"(s learnt epoch %d): it should try again under the new epoch", v.Revision, err, now.Revision, now, s.Epoch())
+			"(s learnt epoch %d): it should try again under the new epoch", v.Revision, err, now.Revision, now, s.currentEpoch())
 	}
 	if err != nil {
 		t.Fatalf("Enqueue: %v", err)

@@ -40,8 +40,8 @@ func TestReviewReaperIgnoresLostReplaceMovedWrite(t *testing.T) {
 	key, fp := Key{ID: "k"}, fpOf(t, "p")
 
 	// A Moved record, left on this shard by an older shard set.
-	fwd := newStore(t, cli, prefix, WithEpochs())
-	if rec, err := fwd.Forward(ctx, key, "elsewhere"); err != nil || rec.State != Moved {
+	fwd := newStore(t, cli, prefix, withEpochs())
+	if rec, err := fwd.forwardKey(ctx, key, "elsewhere"); err != nil || rec.State != Moved {
 		t.Fatalf("Forward = %+v, %v; want a Moved record", rec, err)
 	}
 
@@ -75,8 +75,8 @@ func TestReviewReaperIgnoresLostReplaceMovedWrite(t *testing.T) {
 		}
 		return invoke()
 	}
-	s = newStore(t, hookedClient(t, hook), prefix, WithEpochs(), WithBatching(false))
-	_, _, err := s.Claim(ctx, key, fp, ReplaceMoved())
+	s = newStore(t, hookedClient(t, hook), prefix, withEpochs(), WithBatching(false))
+	_, _, err := s.Claim(ctx, key, fp, replaceMoved())
 	armed.Store(false)
 	if err == nil {
 		t.Fatal("Claim succeeded; the test expects its write over the Moved record to be lost")
@@ -96,8 +96,8 @@ func TestReviewReaperIgnoresLostReplaceMovedWrite(t *testing.T) {
 	}
 
 	// Another process claims the key at its home, as shard's route does.
-	other := newStore(t, cli, prefix, WithEpochs())
-	c, _, err := other.Claim(ctx, key, fp, ReplaceMoved())
+	other := newStore(t, cli, prefix, withEpochs())
+	c, _, err := other.Claim(ctx, key, fp, replaceMoved())
 	var ce *ConflictError
 	if errors.As(err, &ce) || errors.Is(err, ErrConflict) {
 		rec, _ := other.Get(ctx, key)

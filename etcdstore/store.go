@@ -41,14 +41,9 @@ const (
 
 // Store is an idempotency store on etcd. It is safe for concurrent use.
 //
-// New starts the store's background work, on its clock (WithClock), all
-// of it stopped by Close: keeping the process's session lease alive and
-// replacing the session when it is lost, the expiry sweeper, following the
-// current compression dictionary, and, WithCache, feeding the cache from a
-// Watch. A claim whose final write failed with an unknown outcome also runs
-// background work that retries that write until it lands or is fenced out;
-// Close waits for those (up to WithEndTimeout) before it revokes the
-// session.
+// New starts its background work (the session lease, the expiry sweeper,
+// the compression dictionary, the cache's Watch, final writes retried
+// after an unknown outcome), on its clock (WithClock); Close stops it.
 type Store struct {
 	Admin // Get, List, Evict, Stats
 
@@ -65,9 +60,9 @@ type Store struct {
 
 	full atomic.Bool // etcd refused the last write for lack of space
 
-	epochs bool                  // one shard of a set (WithEpochs)
-	epoch  atomic.Int64          // the shard epoch last seen
-	set    atomic.Pointer[Value] // the shard set last seen (WithEpochs); nil: none read yet
+	epochs bool                       // one shard of a set (WithEpochs)
+	epoch  atomic.Int64               // the shard epoch last seen
+	set    atomic.Pointer[namedValue] // the shard set last seen (WithEpochs); nil: none read yet
 
 	cache     *cache.Cache[*Record] // nil without WithCache
 	claimPath ClaimPath
@@ -367,10 +362,9 @@ func (s *Store) noteFull(full bool) {
 // final writes still pending in the background (outcomes of finished work
 // that etcd did not acknowledge) to land, stops the background work, and
 // only then revokes the session lease, which lets other processes take over
-// unfinished claims at once. An outcome that could not be saved within the
-// bound is lost: its key is taken over later with a greater token, so the
-// work must be fenced downstream. Wait for running work to finish before
-// calling Close when that matters. Close does not close the etcd client.
+// unfinished claims at once. An outcome not saved within the bound is lost:
+// its key is taken over later with a greater token (fence the work
+// downstream). Close does not close the etcd client.
 func (s *Store) Close() error {
 	ctx := context.Background()
 	s.mu.Lock()

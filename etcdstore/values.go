@@ -12,17 +12,15 @@ import (
 
 	"github.com/idem-dev/idem/etcdstore/internal/kpb"
 	"github.com/idem-dev/idem/internal/kernel"
+
+	"github.com/idem-dev/idem/internal/storeext"
 )
 
-// Value is a small value that a package built on a store keeps beside the
+// namedValue is a small value that a package built on a store keeps beside the
 // store's records, under a name of its own: package jobs keeps its
 // schedules' cursors there (names s/<tenant>/<schedule>). Revision is the
 // etcd revision of its last write, for SetValue's compare-and-set.
-type Value struct {
-	Name     string
-	Value    []byte
-	Revision int64
-}
+type namedValue = storeext.Value
 
 // validValueName checks a value's name: 1 to 512 bytes of visible ASCII,
 // not starting with '/'.
@@ -38,21 +36,21 @@ func validValueName(name string) error {
 	return nil
 }
 
-// Value returns the value under name, with a linearizable read; its
-// Revision is 0 (and Value nil) when there is none.
-func (a *Admin) Value(ctx context.Context, name string) (Value, error) {
+// getValue returns the value under name, with a linearizable read; its
+// Revision is 0 (and getValue nil) when there is none.
+func (a *Admin) getValue(ctx context.Context, name string) (namedValue, error) {
 	if err := validValueName(name); err != nil {
-		return Value{}, fmt.Errorf("value: %w", err)
+		return namedValue{}, fmt.Errorf("value: %w", err)
 	}
 	vs, err := a.values(ctx, a.ks.values()+name, false)
 	if err != nil || len(vs) == 0 {
-		return Value{Name: name}, err
+		return namedValue{Name: name}, err
 	}
 	return vs[0], nil
 }
 
-// Values returns every value whose name starts with prefix, in name order.
-func (a *Admin) Values(ctx context.Context, prefix string) ([]Value, error) {
+// listValues returns every value whose name starts with prefix, in name order.
+func (a *Admin) listValues(ctx context.Context, prefix string) ([]namedValue, error) {
 	if prefix != "" {
 		if err := validValueName(prefix); err != nil {
 			return nil, fmt.Errorf("values: %w", err)
@@ -61,8 +59,8 @@ func (a *Admin) Values(ctx context.Context, prefix string) ([]Value, error) {
 	return a.values(ctx, a.ks.values()+prefix, true)
 }
 
-func (a *Admin) values(ctx context.Context, key string, prefix bool) ([]Value, error) {
-	var out []Value
+func (a *Admin) values(ctx context.Context, key string, prefix bool) ([]namedValue, error) {
+	var out []namedValue
 	end := ""
 	if prefix {
 		end = clientv3.GetPrefixRangeEnd(key)
@@ -81,7 +79,7 @@ func (a *Admin) values(ctx context.Context, key string, prefix bool) ([]Value, e
 			return nil, fmt.Errorf("values %q: %w: %w", key, ErrUnavailable, err)
 		}
 		for _, kv := range resp.Kvs {
-			out = append(out, Value{Name: strings.TrimPrefix(string(kv.Key), a.ks.values()), Value: kv.Value, Revision: kv.ModRevision})
+			out = append(out, namedValue{Name: strings.TrimPrefix(string(kv.Key), a.ks.values()), Value: kv.Value, Revision: kv.ModRevision})
 		}
 		if !resp.More || len(resp.Kvs) == 0 || end == "" {
 			return out, nil
@@ -90,68 +88,63 @@ func (a *Admin) values(ctx context.Context, key string, prefix bool) ([]Value, e
 	}
 }
 
-// ValueOption configures SetValue.
-type ValueOption func(*valueConfig)
+// valueOption configures setValue (storeext.ValueOption).
+type valueOption = storeext.ValueOption
 
-type valueConfig struct {
-	retained, session bool
-	setRev            int64 // ValueUnderShardSet
-}
-
-// ValueUnderShardSet guards the write with the shard set recorded at
+// valueUnderShardSet guards the write with the shard set recorded at
 // revision rev (ShardSetValue), as UnderShardSet guards a claim: a write
 // decided under a set that is no longer this shard's is refused with an
 // error wrapping ErrSetChanged (and the store notes the new set). Package
 // shard writes the values it places by key so (shard.Store.SetValue).
-func ValueUnderShardSet(rev int64) ValueOption {
-	return func(c *valueConfig) { c.setRev = rev }
+func valueUnderShardSet(rev int64) valueOption {
+	return func(c *storeext.ValueConfig) { c.SetRev = rev }
 }
 
-// Retained puts the value on a retention lease, as a record: it is deleted
+// retained puts the value on a retention lease, as a record: it is deleted
 // once the store's retention has passed since this write, instead of being
 // kept until it is deleted. Package jobs keeps its events so.
-func Retained() ValueOption { return func(c *valueConfig) { c.retained = true } }
+func retained() valueOption { return func(c *storeext.ValueConfig) { c.Retained = true } }
 
-// OnSession puts the value on this process's current session lease: it is
+// onSession puts the value on this process's current session lease: it is
 // deleted when the session ends (the process died, was cut off past the
 // session's TTL, or closed the store). The process starts a new session
 // then, under a new owner (Store.Owner): write the value again for it.
 // Package jobs' workers advertise themselves so.
-func OnSession() ValueOption { return func(c *valueConfig) { c.session = true } }
+func onSession() valueOption { return func(c *storeext.ValueConfig) { c.Session = true } }
 
-// SetValue writes value under name if the value's revision is still rev (0:
+// setValue writes value under name if the value's revision is still rev (0:
 // only if there is none), and reports whether it did; if not, it returns
 // the value as it stands. A write whose outcome is unknown is an error
 // wrapping ErrUnavailable: read the value again.
-func (s *Store) SetValue(ctx context.Context, name string, value []byte, rev int64, opts ...ValueOption) (Value, bool, error) {
+func (s *Store) setValue(ctx context.Context, name string, value []byte, rev int64, opts ...valueOption) (namedValue, bool, error) {
 	if err := validValueName(name); err != nil {
-		return Value{}, false, fmt.Errorf("set value: %w", err)
+		return namedValue{}, false, fmt.Errorf("set value: %w", err)
 	}
-	var cfg valueConfig
+	var cfg storeext.ValueConfig
 	for _, o := range opts {
 		o(&cfg)
 	}
-	if cfg.setRev < 0 {
-		return Value{}, false, fmt.Errorf("set value %q: %w: shard set revision %d", name, ErrInvalidArgument, cfg.setRev)
+	if cfg.SetRev < 0 {
+		return namedValue{}, false, fmt.Errorf("set value %q: %w: shard set revision %d", name, ErrInvalidArgument, cfg.SetRev)
 	}
 	l := kernel.NoLease
 	switch {
-	case cfg.session:
+	case cfg.Session:
 		l = kernel.SessionLease
-	case cfg.retained:
+	case cfg.Retained:
 		l = kernel.BucketLease
 	}
-	t := s.kcfg().Keys.SetValue(s.ks.values()+name, value, rev, l, cfg.setRev)
+	t := s.kcfg().Keys.SetValue(s.ks.values()+name, value, rev, l, cfg.SetRev)
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	resp, err := s.sendValue(ctx, t)
 	if errors.Is(err, ErrSessionLost) || errors.Is(err, ErrClosed) {
-		return Value{}, false, fmt.Errorf("set value %q: %w", name, err)
+		return namedValue{}, false, fmt.Errorf("set value %q: %w", name, err)
 	}
 	if err != nil {
-		return Value{}, false, fmt.Errorf("set value %q: %w: %w", name, ErrUnavailable, err)
+		return namedValue{}, false, fmt.Errorf("set value %q: %w: %w", name, ErrUnavailable, err)
 	}
-	return s.valueSet(name, value, cfg.setRev, resp)
+	return s.valueSet(name, value, cfg.SetRev, resp)
 }
 
 // sendValue sends a value's Txn, refreshing a bucket lease etcd no longer
@@ -188,39 +181,39 @@ func (s *Store) sendValue(ctx context.Context, t *kernel.Txn) (*clientv3.TxnResp
 }
 
 // valueSet reads the answer to SetValue's Txn.
-func (s *Store) valueSet(name string, value []byte, setRev int64, resp *clientv3.TxnResponse) (Value, bool, error) {
+func (s *Store) valueSet(name string, value []byte, setRev int64, resp *clientv3.TxnResponse) (namedValue, bool, error) {
 	if resp.Succeeded {
-		v := Value{Name: name, Value: value, Revision: resp.Header.Revision}
-		if s.epochs && name == ShardSetValue {
+		v := namedValue{Name: name, Value: value, Revision: resp.Header.Revision}
+		if s.epochs && name == shardSetValue {
 			s.noteSet(v)
 		}
 		return v, true, nil
 	}
 	if setRev != 0 {
-		set := Value{Name: ShardSetValue}
+		set := namedValue{Name: shardSetValue}
 		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) == 1 {
 			set.Value, set.Revision = kvs[0].Value, kvs[0].ModRevision
 		}
 		if set.Revision != setRev {
 			s.noteSet(set)
-			return Value{}, false, fmt.Errorf("set value %q: %w", name, ErrSetChanged)
+			return namedValue{}, false, fmt.Errorf("set value %q: %w", name, errSetChanged)
 		}
 	}
-	cur := Value{Name: name}
+	cur := namedValue{Name: name}
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
 		cur.Value, cur.Revision = kvs[0].Value, kvs[0].ModRevision
 	}
-	if s.epochs && name == ShardSetValue {
+	if s.epochs && name == shardSetValue {
 		s.noteSet(cur)
 	}
 	return cur, false, nil
 }
 
-// DeleteValue deletes the value under name if its revision is still rev,
+// deleteValue deletes the value under name if its revision is still rev,
 // and reports whether it did (false: it changed, or is gone). A delete
 // whose outcome is unknown is an error wrapping ErrUnavailable: read the
 // value again.
-func (s *Store) DeleteValue(ctx context.Context, name string, rev int64) (bool, error) {
+func (s *Store) deleteValue(ctx context.Context, name string, rev int64) (bool, error) {
 	if err := validValueName(name); err != nil {
 		return false, fmt.Errorf("delete value: %w", err)
 	}

@@ -46,12 +46,9 @@ func (c *Claim) Complete(ctx context.Context, out Outcome, ops ...clientv3.Op) e
 // may not have been saved; the claim's next write finds out and keeps
 // whichever is newer, so a checkpoint never moves backwards.
 //
-// ops, when given, commit in the same etcd Txn, as Complete's do: the
-// effect of a step that lives in etcd is applied exactly once, atomically
-// with the recovery point that says the step is finished. After an error
-// wrapping ErrUnavailable, call Checkpoint again with the same data and ops:
-// a write that landed is recognised (its ops landed with it) and not
-// repeated.
+// ops, when given, commit in the same etcd Txn, as Complete's do: once,
+// atomically with the recovery point. After ErrUnavailable, call it again
+// with the same data and ops: a write that landed is not repeated.
 func (c *Claim) Checkpoint(ctx context.Context, data []byte, ops ...clientv3.Op) error {
 	if err := c.s.checkOps(ops); err != nil {
 		return fmt.Errorf("checkpoint %s: %w", c.key, err)

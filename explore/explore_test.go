@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 	"github.com/idem-dev/idem/jobs"
 )
 
@@ -915,7 +916,7 @@ func (w *world) raiseEpoch(p *process) error {
 	if w.cfg.shards {
 		adm = w.admins()[shardNames[w.s.rng.IntN(len(shardNames))]]
 	}
-	e, err := adm.BumpEpoch(ctx, 1)
+	e, err := storex.BumpEpoch(adm, ctx, 1)
 	if err != nil {
 		return err
 	}

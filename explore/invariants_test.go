@@ -16,6 +16,7 @@ import (
 
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/fencing"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // The invariants checked after every schedule (and liveness, checked when
@@ -245,7 +246,7 @@ func (w *world) history(ctx context.Context) (map[string][]version, error) {
 }
 
 // tokenRev is the revision part of a token.
-func tokenRev(t int64) int64 { return t & (1<<etcdstore.EpochShift - 1) }
+func tokenRev(t int64) int64 { return t & (1<<storex.EpochShift - 1) }
 
 // check returns every invariant violation of the schedule.
 func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Record) []string {

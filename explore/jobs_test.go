@@ -14,6 +14,7 @@ import (
 
 	"github.com/idem-dev/idem/clock"
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 	"github.com/idem-dev/idem/jobs"
 )
 
@@ -95,7 +96,7 @@ func (w *world) ranOnShard(p *process, r *jobs.Run) {
 		return
 	}
 	w.ledger.hit("path:job step ran on a shard set")
-	if p.set.Shard(p.set.Place(r.Key())) != r.Claim().Store() {
+	if p.set.Shard(p.set.Place(r.Key())) != storex.StoreOf(r.Claim()) {
 		w.ledger.hit("path:job step ran on its old shard while keys moved")
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idem-dev/idem/clock"
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // What a process knows, and what it must then not do: invariants 13-17,
@@ -195,7 +196,7 @@ func (w *world) checkKnown(hist map[string][]version, claims func(key string, to
 		case e.kind == evNotSent:
 			// 16.
 			for _, v := range hist[e.key] {
-				if v.rev > e.token && !v.deleted && etcdstore.SameAttempt(v.rec.Attempt, e.attempt) {
+				if v.rev > e.token && !v.deleted && storex.SameAttempt(v.rec.Attempt, e.attempt) {
 					fail("%s: a claim was told it was not sent (%s), yet a record of its attempt %s exists (revision %d)", e.key, e.err, e.attempt, v.rev)
 					break
 				}

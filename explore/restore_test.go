@@ -10,7 +10,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 func leaseID(id int64) clientv3.LeaseID { return clientv3.LeaseID(id) }
@@ -237,12 +237,12 @@ func (w *world) snapshotOrRestore() error {
 // from one of a greater epoch since the snapshot).
 func (w *world) bumpRestored(ctx context.Context, scope string) (int64, error) {
 	if !w.cfg.shards {
-		return w.decoder.BumpEpoch(ctx, etcdstore.DefaultRestoreEpochBump)
+		return storex.BumpEpoch(w.decoder, ctx, storex.DefaultRestoreEpochBump)
 	}
 	epochs := map[string]int64{}
 	high := int64(0)
 	for n, adm := range w.admins() {
-		e, err := adm.BumpEpoch(ctx, 1) // the smallest raise reads it too
+		e, err := storex.BumpEpoch(adm, ctx, 1) // the smallest raise reads it too
 		if err != nil {
 			return 0, err
 		}
@@ -253,7 +253,7 @@ func (w *world) bumpRestored(ctx context.Context, scope string) (int64, error) {
 		if scope != w.prefix && scope != w.shardPrefix(n) {
 			continue
 		}
-		e, err := adm.BumpEpoch(ctx, high+etcdstore.DefaultRestoreEpochBump-epochs[n])
+		e, err := storex.BumpEpoch(adm, ctx, high+storex.DefaultRestoreEpochBump-epochs[n])
 		if err != nil {
 			return 0, err
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/idem-dev/idem/clock"
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/idemhttp"
+	"github.com/idem-dev/idem/internal/storex"
 	"github.com/idem-dev/idem/shard"
 )
 
@@ -200,7 +201,7 @@ func (w *world) liveRecord(ctx context.Context, key etcdstore.Key) (*etcdstore.R
 // its shard (dictionaries are per shard).
 func (w *world) decodeRecord(kv *mvccpb.KeyValue) (*etcdstore.Record, error) {
 	if !w.cfg.shards {
-		return w.decoder.DecodeRecord(kv)
+		return storex.DecodeRecord(w.decoder, kv)
 	}
 	name, _, _ := w.shardOf(string(kv.Key))
 	adm := w.shardDecoders[name]
@@ -211,7 +212,7 @@ func (w *world) decodeRecord(kv *mvccpb.KeyValue) (*etcdstore.Record, error) {
 		}
 		w.shardDecoders[name] = adm
 	}
-	return adm.DecodeRecord(kv)
+	return storex.DecodeRecord(adm, kv)
 }
 
 // shardChange writes the next shard file and rolls it out.

@@ -29,6 +29,7 @@ import (
 	"github.com/idem-dev/idem/fencing"
 	"github.com/idem-dev/idem/idemgrpc"
 	"github.com/idem-dev/idem/idemhttp"
+	"github.com/idem-dev/idem/internal/storex"
 	"github.com/idem-dev/idem/jobs"
 	"github.com/idem-dev/idem/shard"
 )
@@ -285,7 +286,7 @@ func (w *world) newProcess(slot, gen int) (*process, error) {
 		opts = append(opts, etcdstore.WithCache(1<<20))
 	}
 	if w.cfg.epochs {
-		opts = append(opts, etcdstore.WithEpochs())
+		opts = append(opts, storex.WithEpochs())
 	}
 	if w.jobs.tight {
 		opts = append(opts, etcdstore.WithMaxRecordSize(4096))

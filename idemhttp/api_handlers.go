@@ -12,6 +12,7 @@ import (
 
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/fencing"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 func (a *API) claim(w http.ResponseWriter, r *http.Request) {
@@ -241,7 +242,7 @@ func (a *API) withClaim(w http.ResponseWriter, r *http.Request, req any, hj *Han
 	}
 	c, err := a.claimFor(r.Context(), h)
 	if err != nil && errors.Is(err, etcdstore.ErrFenced) && landed != nil {
-		if rec, gerr := a.cfg.Store.Get(r.Context(), h.Key); gerr == nil && rec.Token == h.Token && (rec.State == etcdstore.Done || etcdstore.SameAttempt(rec.Attempt, h.Attempt)) && landed(rec) {
+		if rec, gerr := a.cfg.Store.Get(r.Context(), h.Key); gerr == nil && rec.Token == h.Token && (rec.State == etcdstore.Done || storex.SameAttempt(rec.Attempt, h.Attempt)) && landed(rec) {
 			a.labelIs(w, labelClaimed)
 			writeJSON(w, http.StatusOK, HandleResponse{State: stateOf(rec)})
 			return

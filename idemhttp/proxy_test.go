@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 func TestReplayIsIdenticalAndUpstreamCalledOnce(t *testing.T) {
@@ -146,7 +147,7 @@ func TestBadRequestsAreRefusedBeforeAnyClaim(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			before, err := store.Stats(t.Context(), 0)
+			before, err := storex.ReadStats(store, t.Context(), 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -154,7 +155,7 @@ func TestBadRequestsAreRefusedBeforeAnyClaim(t *testing.T) {
 			if r.status != tc.status || problemType(t, r) != tc.kind {
 				t.Fatalf("%d %q; want %d %s", r.status, r.body, tc.status, tc.kind)
 			}
-			after, err := store.Stats(t.Context(), 0)
+			after, err := storex.ReadStats(store, t.Context(), 0)
 			if err != nil || after.Records != before.Records {
 				t.Fatalf("records %d -> %d (%v): a refused request was claimed", before.Records, after.Records, err)
 			}

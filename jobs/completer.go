@@ -14,6 +14,7 @@ import (
 
 	"github.com/idem-dev/idem/clock"
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // completer finds the jobs a worker may run without anyone asking: queued
@@ -149,7 +150,7 @@ func (c *completer) wakeLocked() {
 // whenever the feed breaks or stalls.
 func (c *completer) follow(ctx context.Context) {
 	for fails := 0; ctx.Err() == nil; fails++ {
-		feed, err := c.st.Follow(ctx, c.w.q.tenant, etcdstore.FollowOptions{Sessions: true, Stall: stallAfter,
+		feed, err := storex.Follow(c.st, ctx, c.w.q.tenant, storex.FollowOptions{Sessions: true, Stall: stallAfter,
 			Values: []string{eventPrefix(c.w.q.tenant), limitPrefix(c.w.q.tenant), advertPrefix(c.w.q.tenant)}})
 		if err == nil {
 			fails = 0
@@ -168,7 +169,7 @@ func (c *completer) follow(ctx context.Context) {
 }
 
 // load rebuilds the index from what a feed started from.
-func (c *completer) load(feed *etcdstore.Feed) {
+func (c *completer) load(feed storex.Feed) {
 	owners := map[string]bool{}
 	for _, o := range feed.Owners() {
 		owners[o] = true
@@ -221,7 +222,7 @@ func (c *completer) load(feed *etcdstore.Feed) {
 }
 
 // watch applies a feed's changes until it breaks or stalls, or ctx ends.
-func (c *completer) watch(ctx context.Context, feed *etcdstore.Feed) error {
+func (c *completer) watch(ctx context.Context, feed storex.Feed) error {
 	for {
 		changes, err := feed.Next(ctx)
 		if err != nil {
@@ -256,7 +257,7 @@ func (c *completer) watch(ctx context.Context, feed *etcdstore.Feed) error {
 }
 
 // recordChanged applies one change of a job record.
-func (c *completer) recordChanged(ch etcdstore.Change) {
+func (c *completer) recordChanged(ch storex.Change) {
 	c.unblockHeldBy(ch.Key.ID)
 	e := c.entryOf(ch.Record)
 	if e == nil {
@@ -276,7 +277,7 @@ func (c *completer) recordChanged(ch etcdstore.Change) {
 
 // eventChanged notes an event signalled (or deleted, its retention past),
 // and wakes the job that waits for it.
-func (c *completer) eventChanged(v *etcdstore.Value) {
+func (c *completer) eventChanged(v *storex.Value) {
 	id, created, name, ok := parseEvent(strings.TrimPrefix(v.Name, eventPrefix(c.w.q.tenant)))
 	if !ok {
 		return
@@ -588,7 +589,7 @@ const rateSuffix = " (rate)"
 
 // setSlot notes a concurrency slot's value (a deletion: Revision 0) in
 // slots, by its prefix (a limit and key).
-func setSlot(slots map[string]map[string]holder, v etcdstore.Value) {
+func setSlot(slots map[string]map[string]holder, v storex.Value) {
 	i := strings.LastIndex(v.Name, "/c/")
 	if i < 0 {
 		return // a rate slot
@@ -613,7 +614,7 @@ func setSlot(slots map[string]map[string]holder, v etcdstore.Value) {
 
 // slotChanged notes a slot taken or freed, and lets the jobs held back by
 // its key try again.
-func (c *completer) slotChanged(v *etcdstore.Value) {
+func (c *completer) slotChanged(v *storex.Value) {
 	setSlot(c.slots, *v)
 	if i := strings.LastIndex(v.Name, "/r/"); i >= 0 {
 		setRate(c.rates, *v)

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // gauge counts the jobs of each key inside a step at once, and the most
@@ -106,7 +108,7 @@ func TestConcurrencyLimitHoldsAcrossWorkers(t *testing.T) {
 		}
 	}
 	// Every slot was released.
-	vals, err := qs[0].store.Values(ctx, limitPrefix(qs[0].tenant))
+	vals, err := storex.Values(qs[0].store, ctx, limitPrefix(qs[0].tenant))
 	if err != nil || len(vals) != 0 {
 		t.Errorf("slots left after every job ended: %v (%v)", vals, err)
 	}
@@ -180,7 +182,7 @@ func TestStaleSlotIsTaken(t *testing.T) {
 	st := newStore(t, prefix)
 	q := newQueue(t, st)
 	// A slot left by an attempt of a job that has ended since.
-	if _, ok, err := st.SetValue(ctx, limitPrefix(q.tenant)+"tenant/a/c/0", []byte(`{"job":"gone","token":7}`), 0); err != nil || !ok {
+	if _, ok, err := storex.SetValue(st, ctx, limitPrefix(q.tenant)+"tenant/a/c/0", []byte(`{"job":"gone","token":7}`), 0); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
 	k := Kind{Name: "one", Limits: []Limit{{Name: "tenant", Key: ParamKey("t"), Concurrency: 1}},

@@ -12,6 +12,7 @@ import (
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/fencing"
 	"github.com/idem-dev/idem/internal/kernel"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // Kind is a kind of job: its name and its ordered steps. Workers register
@@ -362,7 +363,7 @@ func (r *Run) Await(name string, timeout time.Duration) ([]byte, error) {
 	case w.TimedOut:
 		return nil, fmt.Errorf("await %s: %w", name, ErrTimeout)
 	}
-	v, err := r.claim.Store().Value(r.ctx, eventName(r.tenant, r.Key().ID, r.claim.Created(), name))
+	v, err := storex.GetValue(storex.StoreOf(r.claim), r.ctx, eventName(r.tenant, r.Key().ID, r.claim.Created(), name))
 	if err != nil {
 		// Not known: neither the payload nor a timeout. The job is given
 		// back, and looked at again in a second.

@@ -18,6 +18,7 @@ import (
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/fencing"
 	"github.com/idem-dev/idem/internal/kernel"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // Limit bounds the attempts of the jobs that share a key: "at most 2 jobs
@@ -266,7 +267,7 @@ func (w *Worker) takeSlot(ctx context.Context, c *etcdstore.Claim, kl keyedLimit
 	id, token := c.Key().ID, int64(c.Token())
 	mine, _ := json.Marshal(holder{Job: id, Token: token, At: w.q.clock.Now().UnixMilli(), Key: kl.key})
 	for try := 0; try < 8; try++ {
-		vals, err := w.q.store.Values(ctx, prefix)
+		vals, err := storex.Values(w.q.store, ctx, prefix)
 		if err != nil {
 			return fmt.Errorf("limit %s: reading its slots: %w", kl.label(), err)
 		}
@@ -285,7 +286,7 @@ func (w *Worker) takeSlot(ctx context.Context, c *etcdstore.Claim, kl keyedLimit
 			// Full, as far as the names say: find which holders' claims
 			// are over.
 			for _, o := range p.Others {
-				ok, err := w.q.store.ClaimHeld(ctx, w.q.Key(o.Job), fencing.Token(o.Token))
+				ok, err := storex.ClaimHeld(&w.q.store.Admin, ctx, w.q.Key(o.Job), fencing.Token(o.Token))
 				if err != nil && !errors.Is(err, etcdstore.ErrInvalidArgument) {
 					return fmt.Errorf("limit %s: reading a slot's job: %w", kl.label(), err)
 				}
@@ -300,7 +301,7 @@ func (w *Worker) takeSlot(ctx context.Context, c *etcdstore.Claim, kl keyedLimit
 			return &errLimited{label: kl.label(), retry: w.q.clock.Now().Add(limitPoll)}
 		}
 		name := prefix + strconv.Itoa(i)
-		v, ok, err := w.q.store.SetValue(ctx, name, mine, rev)
+		v, ok, err := storex.SetValue(w.q.store, ctx, name, mine, rev)
 		switch {
 		case err != nil && errors.Is(err, etcdstore.ErrUnavailable):
 			// It may have landed: ours until we know (released later),
@@ -320,8 +321,8 @@ func (w *Worker) takeSlot(ctx context.Context, c *etcdstore.Claim, kl keyedLimit
 
 // slotsOf reads a limit key's concurrency slots (values under prefix) for
 // the kernel, and returns them by index too.
-func slotsOf(prefix string, vals []etcdstore.Value) (map[int]etcdstore.Value, []kernel.Slot) {
-	byIndex := map[int]etcdstore.Value{}
+func slotsOf(prefix string, vals []storex.Value) (map[int]storex.Value, []kernel.Slot) {
+	byIndex := map[int]storex.Value{}
 	var slots []kernel.Slot
 	for _, v := range vals {
 		i, err := strconv.Atoi(strings.TrimPrefix(v.Name, prefix))
@@ -342,7 +343,7 @@ func slotsOf(prefix string, vals []etcdstore.Value) (map[int]etcdstore.Value, []
 }
 
 // note records a slot the attempt holds at a known revision.
-func note(held *[]heldSlot, v etcdstore.Value) {
+func note(held *[]heldSlot, v storex.Value) {
 	for i := range *held {
 		if (*held)[i].name == v.Name {
 			(*held)[i].rev, (*held)[i].value = v.Revision, v.Value
@@ -363,7 +364,7 @@ const limitPoll = 2 * time.Second
 func (w *Worker) takeRate(ctx context.Context, c *etcdstore.Claim, kl keyedLimit) (startBy, until time.Time, err error) {
 	prefix := kl.slots(w.q.tenant, "r")
 	for try := 0; try < 8; try++ {
-		vals, err := w.q.store.Values(ctx, prefix)
+		vals, err := storex.Values(w.q.store, ctx, prefix)
 		if err != nil {
 			return time.Time{}, time.Time{}, fmt.Errorf("limit %s: reading its rate slots: %w", kl.label(), err)
 		}
@@ -388,7 +389,7 @@ func (w *Worker) takeRate(ctx context.Context, c *etcdstore.Claim, kl keyedLimit
 		slack := kernel.RateSlack(kl.period())
 		until := now.Add(kl.period() + slack)
 		val, _ := json.Marshal(rateSlot{Until: ceilMilli(until), Job: c.Key().ID})
-		_, ok, err = w.q.store.SetValue(ctx, name, val, rev, etcdstore.Retained())
+		_, ok, err = storex.SetValue(w.q.store, ctx, name, val, rev, storex.Retained())
 		switch {
 		case err != nil && errors.Is(err, etcdstore.ErrUnavailable):
 			// It may have landed: the slot counts as used (an outcome that
@@ -417,13 +418,13 @@ func (w *Worker) release(held []heldSlot) {
 	for _, h := range held {
 		rev := h.rev
 		if rev == 0 {
-			v, err := w.q.store.Value(ctx, h.name)
+			v, err := storex.GetValue(w.q.store, ctx, h.name)
 			if err != nil || v.Revision == 0 || string(v.Value) != string(h.value) {
 				continue
 			}
 			rev = v.Revision
 		}
-		if _, err := w.q.store.DeleteValue(ctx, h.name, rev); err != nil {
+		if _, err := storex.DeleteValue(w.q.store, ctx, h.name, rev); err != nil {
 			w.log.Info("idem: a limit's slot was not released; the next job that needs it frees it", "slot", h.name, "err", err)
 		}
 	}
@@ -499,7 +500,7 @@ func Slots(ctx context.Context, admin *etcdstore.Admin, tenant, limit string) ([
 		}
 		prefix += limit + "/"
 	}
-	vals, err := admin.Values(ctx, prefix)
+	vals, err := storex.Values(admin, ctx, prefix)
 	if err != nil {
 		return nil, fmt.Errorf("slots: %w", err)
 	}
@@ -528,7 +529,7 @@ func Slots(ctx context.Context, admin *etcdstore.Admin, tenant, limit string) ([
 
 // setRate notes a rate slot's time (a deletion: Revision 0) in rates, by
 // its prefix (a limit and key).
-func setRate(rates map[string]map[string]int64, v etcdstore.Value) {
+func setRate(rates map[string]map[string]int64, v storex.Value) {
 	i := strings.LastIndex(v.Name, "/r/")
 	if i < 0 {
 		return

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idem-dev/idem/clock"
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 	"github.com/idem-dev/idem/shard"
 )
 
@@ -27,7 +28,7 @@ type Queue struct {
 	store  *etcdstore.Store // one cluster (New); nil on a shard set
 	set    *shard.Store     // a shard set (NewOnShards); nil on one cluster
 	recs   records          // store or set: where each job's record is
-	limits etcdstore.Settings
+	limits storex.Settings
 	tenant string
 	log    *slog.Logger
 	clock  clock.Clock
@@ -81,7 +82,7 @@ func New(store *etcdstore.Store, opts ...Option) (*Queue, error) {
 		return nil, fmt.Errorf("new queue: %w: nil store", ErrInvalid)
 	}
 	q := &Queue{store: store, recs: store, tenant: DefaultTenant, log: slog.New(slog.DiscardHandler), clock: store.Clock(),
-		limits: etcdstore.Settings{Retention: store.Retention(), MaxRecordSize: store.MaxRecordSize()}}
+		limits: storex.Settings{Retention: store.Retention(), MaxRecordSize: store.MaxRecordSize()}}
 	for _, o := range opts {
 		if err := o(q); err != nil {
 			return nil, fmt.Errorf("new queue: %w", err)
@@ -397,9 +398,9 @@ func (q *Queue) Wait(ctx context.Context, id string) (*Job, error) {
 				st = nil
 			}
 		}
-		var feed *etcdstore.Feed
+		var feed storex.Feed
 		if st != nil {
-			feed, err = st.Follow(ctx, q.tenant, etcdstore.FollowOptions{ID: id})
+			feed, err = storex.Follow(st, ctx, q.tenant, storex.FollowOptions{ID: id})
 		}
 		if st == nil || err != nil {
 			if ctx.Err() != nil {
@@ -427,7 +428,7 @@ func (q *Queue) Wait(ctx context.Context, id string) (*Job, error) {
 }
 
 // waitFeed follows feed until job key is over, or the feed breaks.
-func (q *Queue) waitFeed(ctx context.Context, key etcdstore.Key, feed *etcdstore.Feed) (*Job, bool, error) {
+func (q *Queue) waitFeed(ctx context.Context, key etcdstore.Key, feed storex.Feed) (*Job, bool, error) {
 	for {
 		changes, err := feed.Next(ctx)
 		if err != nil {
@@ -550,7 +551,7 @@ func (q *Queue) operate(ctx context.Context, name, id string, check func(*Job) e
 			}
 		}
 		return out, end
-	}, etcdstore.WithoutCreate()) // a job gone since the Get is not made again, empty
+	}, storex.WithoutCreate()) // a job gone since the Get is not made again, empty
 	var ce *etcdstore.ConflictError
 	switch {
 	case errors.As(err, &ce):

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // reviewPick returns an id (prefix-N) whose preferred worker, between the
@@ -120,7 +121,7 @@ func TestReviewSlotTakenFromNewerClaimOfSameJob(t *testing.T) {
 		var held []heldSlot
 		took <- w1.takeSlot(context.Background(), c, keyedLimit{&w1.kinds["pay"].Limits[0], "m"}, &held)
 		return etcdstore.Outcome{}, etcdstore.EndAbandon
-	}, etcdstore.WithoutCreate())
+	}, storex.WithoutCreate())
 	t1 := <-claimed
 	// Its session expires; worker 2 takes J over and runs its step under
 	// slot 0.
@@ -139,7 +140,7 @@ func TestReviewSlotTakenFromNewerClaimOfSameJob(t *testing.T) {
 	if err := <-took; err != nil {
 		t.Logf("worker 1's superseded claim did not take a slot: %v", err)
 	}
-	if held, err := s1.ClaimHeld(ctx, q1.Key("J"), t2); err != nil || !held {
+	if held, err := storex.ClaimHeld(&s1.Admin, ctx, q1.Key("J"), t2); err != nil || !held {
 		t.Fatalf("J's takeover (token %d) should still hold J: %v, %v", t2, held, err)
 	}
 	// K is tried while J's takeover still runs its step.
@@ -402,7 +403,7 @@ func TestReviewRateSlotOutlivesRetention(t *testing.T) {
 	slot := limitPrefix(q.tenant) + "merchant/m/r/0"
 	// Wait, within the period, for the rate slot to go.
 	for time.Since(first) < period-time.Second {
-		v, err := st.Value(ctx, slot)
+		v, err := storex.GetValue(st, ctx, slot)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -582,7 +583,7 @@ func TestReviewTwoWorkersOnOneStoreBothAdvertised(t *testing.T) {
 		log.mu.Unlock()
 	}
 	if elsewhere > 0 {
-		vals, _ := qa.store.Values(ctx, advertPrefix(qa.tenant))
+		vals, _ := storex.Values(qa.store, ctx, advertPrefix(qa.tenant))
 		var ads []string
 		for _, v := range vals {
 			ads = append(ads, string(v.Value))

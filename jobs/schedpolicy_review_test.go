@@ -12,7 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idem-dev/idem/clock"
-	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // armedView is a clock view that reports each timer armed on it (a
@@ -123,7 +123,7 @@ func TestReviewSkipOverACursorWithoutPrev(t *testing.T) {
 			if how == "older version's cursor" {
 				// What the version before the policies wrote: last, kind, spec.
 				old := []byte(`{"last":"` + at(1).Format(time.RFC3339) + `","kind":"sync","spec":"every 1m0s"}`)
-				if _, ok, err := q.store.SetValue(ctx, cursorName(q.tenant, "sync"), old, 0); err != nil || !ok {
+				if _, ok, err := storex.SetValue(q.store, ctx, cursorName(q.tenant, "sync"), old, 0); err != nil || !ok {
 					t.Fatal(ok, err)
 				}
 				if _, err := q.Submit(ctx, OccurrenceID("sync", at(1)), "sync", sc.params(at(1)), RunAt(at(1))); err != nil {
@@ -239,7 +239,7 @@ func TestReviewCatchUpNoneWithOverlapMovesTheCursor(t *testing.T) {
 			}
 			cv.describe(&sc2)
 			b, _ := json.Marshal(cv)
-			if _, ok, err := q.store.SetValue(ctx, cursorName(q.tenant, "sync"), b, 0); err != nil || !ok {
+			if _, ok, err := storex.SetValue(q.store, ctx, cursorName(q.tenant, "sync"), b, 0); err != nil || !ok {
 				t.Fatal(ok, err)
 			}
 			s, err := NewScheduler(q, []Schedule{sc})
@@ -286,7 +286,7 @@ func TestReviewDecidedButNotSubmittedIsSubmitted(t *testing.T) {
 	cv := cursorValue{Last: at(1), Prev: at(1)}
 	cv.describe(&sc2)
 	b, _ := json.Marshal(cv)
-	if _, ok, err := q.store.SetValue(ctx, cursorName(q.tenant, "sync"), b, 0); err != nil || !ok {
+	if _, ok, err := storex.SetValue(q.store, ctx, cursorName(q.tenant, "sync"), b, 0); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
 	s, err := NewScheduler(q, []Schedule{sc})
@@ -327,7 +327,7 @@ func TestReviewStaleDecisionIsFenced(t *testing.T) {
 		t.Fatal(r2, err)
 	}
 	err = s.submit(ctx, &sc, base.Add(time.Minute), &cursorFence{rev: r1, cur: cursorValue{Last: base.Add(time.Minute), Prev: base.Add(time.Minute)}})
-	if !errors.Is(err, etcdstore.ErrValueChanged) || exists(t, q, OccurrenceID("sync", base.Add(time.Minute))) {
+	if !errors.Is(err, storex.ErrValueChanged) || exists(t, q, OccurrenceID("sync", base.Add(time.Minute))) {
 		t.Fatalf("late submit of a stale decision = %v, job exists %v; want ErrValueChanged and no job", err, exists(t, q, OccurrenceID("sync", base.Add(time.Minute))))
 	}
 }

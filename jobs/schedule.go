@@ -14,6 +14,7 @@ import (
 	"github.com/idem-dev/idem/clock"
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/internal/kernel"
+	"github.com/idem-dev/idem/internal/storex"
 	"github.com/idem-dev/idem/shard"
 )
 
@@ -420,7 +421,7 @@ type cursorFence struct {
 // fence (an occurrence decided under an overlap policy, whose late
 // submission could overlap a later one) makes the submission land only
 // while the schedule's cursor is at the fence's revision, else it is an
-// error wrapping etcdstore.ErrValueChanged; and the job's write marks the
+// error wrapping storex.ErrValueChanged; and the job's write marks the
 // cursor with the occurrence (Submitted) in the same transaction.
 func (s *Scheduler) submit(ctx context.Context, sc *Schedule, t time.Time, fence *cursorFence) error {
 	// Held back until its time on the workers' clocks: this scheduler's
@@ -433,7 +434,7 @@ func (s *Scheduler) submit(ctx context.Context, sc *Schedule, t time.Time, fence
 		marked.describe(sc)
 		b, _ := json.Marshal(marked)
 		opts = append(opts, func(c *submitConfig) {
-			c.fence = []etcdstore.EnqueueOption{etcdstore.IfValueThen(cursorName(s.q.tenant, sc.Name), fence.rev, b)}
+			c.fence = []etcdstore.EnqueueOption{storex.IfValueThen(cursorName(s.q.tenant, sc.Name), fence.rev, b)}
 			c.found = &found
 		})
 		defer func() {
@@ -471,7 +472,7 @@ func (s *Scheduler) submit(ctx context.Context, sc *Schedule, t time.Time, fence
 // that may have happened is treated as having happened.
 func (s *Scheduler) exclusive(ctx context.Context, sc *Schedule, cur cursorValue, rev int64, submit []time.Time, last, now time.Time) (waitFor string, moved bool, err error) {
 	running, undecided, err := s.prevRunning(ctx, sc, cur, rev, now)
-	if errors.Is(err, etcdstore.ErrValueChanged) {
+	if errors.Is(err, storex.ErrValueChanged) {
 		return "", true, nil
 	}
 	if err != nil {
@@ -490,7 +491,7 @@ func (s *Scheduler) exclusive(ctx context.Context, sc *Schedule, cur cursorValue
 		cur, running = nv, true
 		s.q.log.Info("idem: schedule: submitting the buffered occurrence: the previous one ended", "schedule", sc.Name, "occurrence", cur.Prev)
 		if err := s.submit(ctx, sc, cur.Prev, &cursorFence{rev, cur}); err != nil {
-			return "", errors.Is(err, etcdstore.ErrValueChanged), ignoreMoved(err)
+			return "", errors.Is(err, storex.ErrValueChanged), ignoreMoved(err)
 		}
 	}
 	for _, t := range submit {
@@ -516,7 +517,7 @@ func (s *Scheduler) exclusive(ctx context.Context, sc *Schedule, cur cursorValue
 		case nv.Prev.Equal(t):
 			running = true
 			if err := s.submit(ctx, sc, t, &cursorFence{rev, cur}); err != nil {
-				return "", errors.Is(err, etcdstore.ErrValueChanged), ignoreMoved(err)
+				return "", errors.Is(err, storex.ErrValueChanged), ignoreMoved(err)
 			}
 			if now.Before(t.Add(sc.MaxSkew)) {
 				// Its job has not started (it is held back until its time
@@ -545,7 +546,7 @@ func (s *Scheduler) exclusive(ctx context.Context, sc *Schedule, cur cursorValue
 // ignoreMoved is err, or nil when it says the cursor moved (the caller
 // reads it again).
 func ignoreMoved(err error) error {
-	if errors.Is(err, etcdstore.ErrValueChanged) {
+	if errors.Is(err, storex.ErrValueChanged) {
 		return nil
 	}
 	return err
@@ -602,7 +603,7 @@ func (s *Scheduler) prevRunning(ctx context.Context, sc *Schedule, cur cursorVal
 		if _, err := s.setCursor(ctx, sc, rev, marked); err != nil {
 			return false, false, err
 		}
-		return false, false, fmt.Errorf("schedule %s: marked the submission of %s: %w", sc.Name, id, etcdstore.ErrValueChanged)
+		return false, false, fmt.Errorf("schedule %s: marked the submission of %s: %w", sc.Name, id, storex.ErrValueChanged)
 	}
 	if errors.Is(err, etcdstore.ErrNotFound) {
 		if !decided {
@@ -657,7 +658,7 @@ func (s *Scheduler) forget(ctx context.Context, sc *Schedule, id string, now tim
 	}
 	key := s.q.Key(id)
 	for try := 0; try < 8; try++ {
-		rec, err := s.q.store.Peek(ctx, key)
+		rec, err := storex.Peek(&s.q.store.Admin, ctx, key)
 		if errors.Is(err, etcdstore.ErrNotFound) {
 			return nil, false, nil
 		}
@@ -751,7 +752,7 @@ func (cv *cursorValue) describe(sc *Schedule) {
 }
 
 // cursorName is the name of a schedule's cursor among the store's values
-// (etcdstore.Value): s/<tenant>/<schedule>.
+// (storex.Value): s/<tenant>/<schedule>.
 func cursorName(tenant, schedule string) string { return "s/" + tenant + "/" + schedule }
 
 // cursorKey is the key a schedule's cursor goes with on a shard set: the
@@ -785,7 +786,7 @@ func (q *Queue) cursorGet(ctx context.Context, schedule string) ([]byte, cursorA
 		}
 		return p.Value, cursorAt{placed: p}, nil
 	}
-	v, err := q.store.Value(ctx, cursorName(q.tenant, schedule))
+	v, err := storex.GetValue(q.store, ctx, cursorName(q.tenant, schedule))
 	if err != nil || v.Revision == 0 {
 		return nil, cursorAt{rev: v.Revision}, err
 	}
@@ -803,7 +804,7 @@ func (q *Queue) cursorPut(ctx context.Context, schedule string, b []byte, at cur
 		}
 		return p.Value, cursorAt{placed: p}, ok, nil
 	}
-	v, ok, err := q.store.SetValue(ctx, cursorName(q.tenant, schedule), b, at.rev)
+	v, ok, err := storex.SetValue(q.store, ctx, cursorName(q.tenant, schedule), b, at.rev)
 	if err != nil || v.Revision == 0 {
 		return nil, cursorAt{rev: v.Revision}, ok, err
 	}
@@ -838,7 +839,7 @@ func (s *Scheduler) cursor(ctx context.Context, sc *Schedule, now time.Time) (cu
 		return cv, now2.revision(), nil
 	}
 	if cur == nil {
-		return cursorValue{}, 0, fmt.Errorf("schedule %s: %w: its cursor changed while it was made", sc.Name, etcdstore.ErrValueChanged)
+		return cursorValue{}, 0, fmt.Errorf("schedule %s: %w: its cursor changed while it was made", sc.Name, storex.ErrValueChanged)
 	}
 	// Another scheduler made it first.
 	if err := json.Unmarshal(cur, &cv); err != nil {
@@ -857,7 +858,7 @@ func (s *Scheduler) setCursor(ctx context.Context, sc *Schedule, rev int64, cv c
 		// NewScheduler refuses them on a shard set.)
 		return 0, fmt.Errorf("schedule %s: %w: an overlap policy on a shard set", sc.Name, ErrInvalid)
 	}
-	v, ok, err := s.q.store.SetValue(ctx, cursorName(s.q.tenant, sc.Name), b, rev)
+	v, ok, err := storex.SetValue(s.q.store, ctx, cursorName(s.q.tenant, sc.Name), b, rev)
 	if err != nil || !ok {
 		return 0, err
 	}
@@ -978,7 +979,7 @@ func Schedules(ctx context.Context, admin *etcdstore.Admin, tenant string) ([]Sc
 	// on a shard, those it holds; a value handed over reads as a marker,
 	// which is no cursor).
 	for _, prefix := range []string{cursorName(tenant, ""), shard.ValueName(etcdstore.Key{Tenant: tenant, ID: "schedule."})} {
-		vs, err := admin.Values(ctx, prefix)
+		vs, err := storex.Values(admin, ctx, prefix)
 		if err != nil {
 			return nil, fmt.Errorf("schedules: %w", err)
 		}

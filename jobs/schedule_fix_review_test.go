@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // Review of 6af8eb6: forget() takes a fence placeholder for a job.
@@ -56,7 +57,7 @@ func TestReviewFenceOnThePreviousJobDoesNotStallTheSchedule(t *testing.T) {
 	}
 	// Past its retention; its record deleted (the sweeper, or a forget).
 	master.set(base.Add(71 * time.Second))
-	rec, err := st.Peek(ctx, q.Key(id1))
+	rec, err := storex.Peek(&st.Admin, ctx, q.Key(id1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +129,7 @@ func TestReviewBackfilledOccurrenceGoneEarlyIsNotSubmittedAgain(t *testing.T) {
 	}
 	// Its 2 s pass and its record is swept (its lease ends).
 	master.set(base.Add(6 * time.Second))
-	ended, err := long.Peek(ctx, qL.Key(id1))
+	ended, err := storex.Peek(&long.Admin, ctx, qL.Key(id1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +143,7 @@ func TestReviewBackfilledOccurrenceGoneEarlyIsNotSubmittedAgain(t *testing.T) {
 	}
 	t.Logf("cursor: prev %v, submitted %v", cur.Prev, cur.Submitted)
 	running, _, err := sL.prevRunning(ctx, &sc, cur, rev, now)
-	if err != nil && !errors.Is(err, etcdstore.ErrValueChanged) {
+	if err != nil && !errors.Is(err, storex.ErrValueChanged) {
 		t.Fatal(err)
 	}
 	if j, err := qL.Get(ctx, id1); err == nil || running {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // decideAndSubmit makes occurrence at the cursor's Prev, decided at its
@@ -75,7 +76,7 @@ func TestReviewForgottenJobIsNotTakenOverBesideTheNext(t *testing.T) {
 	_, err = slow.Run(ctx, rec.Key, rec.Fingerprint, func(ctx context.Context, c *etcdstore.Claim) (etcdstore.Outcome, etcdstore.End) {
 		ran = true
 		return etcdstore.Outcome{}, etcdstore.EndAbandon
-	}, etcdstore.WithoutCreate())
+	}, storex.WithoutCreate())
 	if ran || !errors.Is(err, etcdstore.ErrNotFound) {
 		t.Fatalf("a takeover of job 1 read live before occurrence 2 was decided: ran=%v err=%v; want it refused (etcdstore.ErrNotFound), job 1 never run beside occurrence 2", ran, err)
 	}
@@ -110,7 +111,7 @@ func TestReviewEndedOccurrenceGoneEarlyIsNotSubmittedAgain(t *testing.T) {
 	}
 	// Its 2 s pass and its record is swept (its lease ends).
 	master.set(base.Add(3 * time.Second))
-	ended, err := long.Peek(ctx, qL.Key(id1))
+	ended, err := storex.Peek(&long.Admin, ctx, qL.Key(id1))
 	if err != nil {
 		t.Fatal(err)
 	}

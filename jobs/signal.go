@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // ErrSignalMismatch is returned by Queue.Signal for an event that was
@@ -78,7 +79,7 @@ func (q *Queue) Signal(ctx context.Context, id, name string, payload []byte) err
 	if payload == nil {
 		payload = []byte{}
 	}
-	v, ok, err := st.SetValue(ctx, eventName(q.tenant, id, j.Created, name), payload, 0, etcdstore.Retained())
+	v, ok, err := storex.SetValue(st, ctx, eventName(q.tenant, id, j.Created, name), payload, 0, storex.Retained())
 	switch {
 	case err != nil:
 		return fmt.Errorf("signal %s %s: %w", key, name, err)
@@ -95,6 +96,6 @@ func (q *Queue) eventCame(ctx context.Context, st *etcdstore.Store, event, id st
 	if event == "" {
 		return false
 	}
-	v, err := st.Value(ctx, eventName(q.tenant, id, created, event))
+	v, err := storex.GetValue(st, ctx, eventName(q.tenant, id, created, event))
 	return err == nil && v.Revision != 0
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idem-dev/idem/clock"
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // How work is spread. Every worker with a completer advertises itself: a
@@ -98,20 +99,20 @@ func (c *completer) advertise(ctx context.Context) {
 	defer func() {
 		if done != "" {
 			dctx, cancel := c.w.q.clock.WithTimeout(context.Background(), 5*time.Second)
-			c.st.DeleteValue(dctx, name(done), rev)
+			storex.DeleteValue(c.st, dctx, name(done), rev)
 			cancel()
 		}
 	}()
 	for fails := 0; ctx.Err() == nil; {
 		owner := c.st.Owner()
 		if owner != "" && owner != done {
-			v, ok, err := c.st.SetValue(ctx, name(owner), val, 0, etcdstore.OnSession())
+			v, ok, err := storex.SetValue(c.st, ctx, name(owner), val, 0, storex.OnSession())
 			switch {
 			case err == nil && c.st.Owner() != owner:
 				// The session changed between the two: the advert may be on
 				// the new session's lease under the old owner. Take it back.
 				if ok {
-					c.st.DeleteValue(ctx, name(owner), v.Revision)
+					storex.DeleteValue(c.st, ctx, name(owner), v.Revision)
 				}
 			case err == nil && (ok || string(v.Value) == string(val)):
 				done, rev, fails = owner, v.Revision, 0
@@ -135,7 +136,7 @@ func (c *completer) advertise(ctx context.Context) {
 
 // advertChanged notes a worker's advert written or gone, and reconsiders
 // every job: its preferred worker may have changed.
-func (c *completer) advertChanged(v *etcdstore.Value) {
+func (c *completer) advertChanged(v *storex.Value) {
 	owner := strings.TrimPrefix(v.Name, advertPrefix(c.w.q.tenant)) // owner/worker
 	if v.Revision == 0 {
 		delete(c.workers, owner)

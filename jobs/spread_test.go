@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // runLog records which worker (by name) ran each job.
@@ -33,7 +35,7 @@ func waitAdverts(t *testing.T, q *Queue, n int) map[string]bool {
 	t.Helper()
 	var owners map[string]bool
 	waitFor(t, func() bool {
-		vals, err := q.store.Values(context.Background(), advertPrefix(q.tenant))
+		vals, err := storex.Values(q.store, context.Background(), advertPrefix(q.tenant))
 		owners = map[string]bool{}
 		for _, v := range vals {
 			owners[v.Name[len(advertPrefix(q.tenant)):]] = true

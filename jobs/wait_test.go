@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // waitUntil follows job id on a Watch until ok says yes, and returns it.
@@ -21,7 +22,7 @@ func waitUntil(t *testing.T, q *Queue, id string, ok func(*Job) bool) *Job {
 		if err != nil {
 			t.Fatalf("follow %s: %v", id, err)
 		}
-		feed, err := st.Follow(ctx, q.tenant, etcdstore.FollowOptions{ID: id})
+		feed, err := storex.Follow(st, ctx, q.tenant, storex.FollowOptions{ID: id})
 		if err != nil {
 			t.Fatalf("follow %s: %v", id, err)
 		}
@@ -299,7 +300,7 @@ func TestSignalRefusals(t *testing.T) {
 			t.Errorf("Signal(%q, %q, %d bytes) = %v; want %v", c.id, c.name, len(c.payload), err, c.want)
 		}
 	}
-	if vs, err := s.Values(ctx, eventPrefix(q.tenant)); err != nil || len(vs) != 0 {
+	if vs, err := storex.Values(s, ctx, eventPrefix(q.tenant)); err != nil || len(vs) != 0 {
 		t.Fatalf("events after refused signals: %v, %v; want none", vs, err)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // DEFECT. docs/JOBS.md, "Submitting from anywhere": past its dedup window, a
@@ -338,7 +339,7 @@ func TestReviewCancelWaitingThenSignal(t *testing.T) {
 	if err := q.Signal(ctx, "x-1", "go", nil); !errors.Is(err, ErrFinal) {
 		t.Fatalf("Signal after Cancel = %v; want ErrFinal", err)
 	}
-	if vs, err := s.Values(ctx, eventPrefix(q.tenant)); err != nil || len(vs) != 0 {
+	if vs, err := storex.Values(s, ctx, eventPrefix(q.tenant)); err != nil || len(vs) != 0 {
 		t.Fatalf("events: %v, %v; want none", vs, err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idem-dev/idem/clock"
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // Worker runs jobs of the kinds it registered: the ones it is asked to run
@@ -222,7 +223,7 @@ func (w *Worker) execute(ctx context.Context, id string, fp etcdstore.Fingerprin
 	// retention since it was read names no job, and a claim must not
 	// make one (an in-flight record with no job in it, for anyone who
 	// reads the key meanwhile).
-	opts := []etcdstore.RunOption{etcdstore.WithoutCreate()}
+	opts := []etcdstore.RunOption{storex.WithoutCreate()}
 	if k.Deadline > 0 {
 		opts = append(opts, etcdstore.WithDeadline(k.Deadline))
 	}
@@ -259,7 +260,7 @@ func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind, held 
 	}
 	n := c.Takeovers() - st.Base
 	switch {
-	case st.Parked || st.NotBefore > w.q.clock.Now().UnixMilli() && st.Limited == "" && !w.q.eventCame(ctx, c.Store(), st.Awaiting, c.Key().ID, c.Created()):
+	case st.Parked || st.NotBefore > w.q.clock.Now().UnixMilli() && st.Limited == "" && !w.q.eventCame(ctx, storex.StoreOf(c), st.Awaiting, c.Key().ID, c.Created()):
 		// (A job held back by a limit is tried whenever it is claimed:
 		// its workers claim it when a slot frees.)
 		return w.giveBack(ctx, c, st) // not this attempt's to run now

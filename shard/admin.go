@@ -6,6 +6,7 @@ import (
 	"sort"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // Admin reads and evicts records across a shard set without sessions, for
@@ -81,7 +82,7 @@ func (a *Admin) SetOf(ctx context.Context, name string) (SetStatus, error) {
 
 func (a *Admin) setOf(ctx context.Context, name string) (SetStatus, error) {
 	adm := a.admins[name]
-	v, err := adm.Value(ctx, etcdstore.ShardSetValue)
+	v, err := storex.GetValue(adm, ctx, storex.ShardSetValue)
 	if err != nil {
 		return SetStatus{}, err
 	}
@@ -91,7 +92,7 @@ func (a *Admin) setOf(ctx context.Context, name string) (SetStatus, error) {
 			return SetStatus{}, err
 		}
 	}
-	d, err := adm.Value(ctx, drainedValue)
+	d, err := storex.GetValue(adm, ctx, drainedValue)
 	if err != nil {
 		return SetStatus{}, err
 	}

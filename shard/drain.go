@@ -6,6 +6,7 @@ import (
 
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/internal/kernel"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // drainPage is how many records one read of a drain looks at.
@@ -96,10 +97,10 @@ func (s *Store) drainOne(ctx context.Context, name string, set Set) (bool, error
 		after = &k
 	}
 	// Its epoch now bounds every token it gave those keys.
-	if _, err := st.LoadShardSet(ctx); err != nil {
+	if _, err := storex.LoadShardSet(st, ctx); err != nil {
 		return false, err
 	}
-	cur, err := st.Value(ctx, drainedValue)
+	cur, err := storex.GetValue(st, ctx, drainedValue)
 	if err != nil {
 		return false, err
 	}
@@ -107,9 +108,9 @@ func (s *Store) drainOne(ctx context.Context, name string, set Set) (bool, error
 		s.noteMark(name, m)
 		return m.Generation == set.Generation, nil
 	}
-	m := mark{Generation: set.Generation, Epoch: st.Epoch()}
+	m := mark{Generation: set.Generation, Epoch: storex.Epoch(st)}
 	b, _ := json.Marshal(m)
-	if _, ok, err := st.SetValue(ctx, drainedValue, b, cur.Revision); err != nil || !ok {
+	if _, ok, err := storex.SetValue(st, ctx, drainedValue, b, cur.Revision); err != nil || !ok {
 		return false, err // another process marked it: read next time
 	}
 	s.noteMark(name, m)

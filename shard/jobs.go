@@ -7,6 +7,7 @@ import (
 
 	"github.com/idem-dev/idem/clock"
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // This file holds what package jobs needs of a shard set beyond claims:
@@ -23,7 +24,7 @@ func (s *Store) Enqueue(ctx context.Context, key etcdstore.Key, fp etcdstore.Fin
 		return nil, fmt.Errorf("enqueue: %w", err)
 	}
 	err = s.do(ctx, key, func(t target) error {
-		rec, err = t.st.Enqueue(ctx, key, fp, data, append([]etcdstore.EnqueueOption{etcdstore.Routed(t.opts...)}, opts...)...)
+		rec, err = t.st.Enqueue(ctx, key, fp, data, append([]etcdstore.EnqueueOption{storex.Routed(t.opts...)}, opts...)...)
 		return err
 	})
 	return rec, err
@@ -61,11 +62,11 @@ func (s *Store) EvictIf(ctx context.Context, key etcdstore.Key, rev int64) (bool
 
 // Settings returns the settings every shard's store keeps at least: the
 // shortest retention and smallest record of the shards' options.
-func (s *Store) Settings() etcdstore.Settings {
-	var out etcdstore.Settings
+func (s *Store) Settings() storex.Settings {
+	var out storex.Settings
 	first := true
 	for _, n := range s.names {
-		got, err := etcdstore.SettingsOf(append(append([]etcdstore.Option{}, s.opts...), s.members[n].Options...)...)
+		got, err := storex.SettingsOf(append(append([]etcdstore.Option{}, s.opts...), s.members[n].Options...)...)
 		if err != nil {
 			continue // New fails on it, and keeps failing: it never connects
 		}

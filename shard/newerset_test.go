@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // A process whose store of a shard has learnt a newer shard set (a write
@@ -42,7 +43,7 @@ func TestRouteByAnOlderSetIsRefusedWhereANewerOneIsHeld(t *testing.T) {
 	if _, err := gen1.Do(ctx, keyOn(*two, old, 1+idx(k)), nil, work("gen1")); err != nil {
 		t.Fatal(err)
 	}
-	rev1 := gen1.Shard(old).ShardSet().Revision
+	rev1 := storex.ShardSet(gen1.Shard(old)).Revision
 	// Generation 2 takes over, and is written on the old home.
 	gen2 := open(t, prefix, 2, []string{"a", "b", "c"}, nil, 0, 2, "a", "b", "c")
 	inForce(t, gen2, 2)
@@ -55,10 +56,10 @@ func TestRouteByAnOlderSetIsRefusedWhereANewerOneIsHeld(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := gen1.Shard(old).Claim(ctx, etcdstore.Key{ID: "probe"}, fp, etcdstore.UnderShardSet(rev1)); !errors.Is(err, etcdstore.ErrSetChanged) {
+	if _, _, err := gen1.Shard(old).Claim(ctx, etcdstore.Key{ID: "probe"}, fp, storex.UnderShardSet(rev1)); !errors.Is(err, storex.ErrSetChanged) {
 		t.Fatalf("a claim under generation 1 on %s: %v; want ErrSetChanged", old, err)
 	}
-	if there, err := decodeSet(gen1.Shard(old).ShardSet().Value); err != nil || there.Generation != 2 {
+	if there, err := decodeSet(storex.ShardSet(gen1.Shard(old)).Value); err != nil || there.Generation != 2 {
 		t.Fatalf("the old process's store of %s holds %+v, %v; want generation 2", old, there, err)
 	}
 	if set, ok := gen1.current(); !ok || set.Generation != 1 {

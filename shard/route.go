@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // maxRoutes bounds how often one operation routes its key again (the set
@@ -50,14 +51,14 @@ func (s *Store) route(ctx context.Context, key etcdstore.Key) (target, error) {
 			if err != nil {
 				return target{}, err
 			}
-			under := etcdstore.UnderShardSet(rev)
-			rec, err := s.store(old).Forward(ctx, key, home, under)
+			under := storex.UnderShardSet(rev)
+			rec, err := storex.Forward(s.store(old), ctx, key, home, under)
 			if err != nil {
 				return target{}, fmt.Errorf("hand %s over from shard %s: %w", key, old, err)
 			}
 			if rec.State != etcdstore.Moved {
 				// It lives there: claimed under the previous placement.
-				return target{name: old, st: s.store(old), old: true, opts: []etcdstore.ClaimOption{under, etcdstore.WithoutCreate()}}, nil
+				return target{name: old, st: s.store(old), old: true, opts: []etcdstore.ClaimOption{under, storex.WithoutCreate()}}, nil
 			}
 			above = rec.Epoch
 		}
@@ -67,12 +68,12 @@ func (s *Store) route(ctx context.Context, key etcdstore.Key) (target, error) {
 		return target{}, err
 	}
 	st := s.store(home)
-	if above >= 0 && st.Epoch() <= above {
-		if _, err := st.RaiseEpoch(ctx, above); err != nil {
+	if above >= 0 && storex.Epoch(st) <= above {
+		if _, err := storex.RaiseEpoch(st, ctx, above); err != nil {
 			return target{}, fmt.Errorf("shard %s: %w", home, err)
 		}
 	}
-	return target{name: home, st: st, opts: []etcdstore.ClaimOption{etcdstore.UnderShardSet(rev), etcdstore.ReplaceMoved()}}, nil
+	return target{name: home, st: st, opts: []etcdstore.ClaimOption{storex.UnderShardSet(rev), storex.ReplaceMoved()}}, nil
 }
 
 // do runs op on the shard that may claim key, routing again when the set
@@ -82,15 +83,15 @@ func (s *Store) do(ctx context.Context, key etcdstore.Key, op func(t target) err
 	for try := 0; try < maxRoutes; try++ {
 		var t target
 		if t, err = s.route(ctx, key); err != nil {
-			if errors.Is(err, etcdstore.ErrSetChanged) {
+			if errors.Is(err, storex.ErrSetChanged) {
 				continue
 			}
 			return err
 		}
 		err = op(t)
-		var me *etcdstore.MovedError
+		var me *storex.MovedError
 		switch {
-		case errors.Is(err, etcdstore.ErrSetChanged):
+		case errors.Is(err, storex.ErrSetChanged):
 			s.refresh(ctx)
 		case t.old && (errors.Is(err, etcdstore.ErrNotFound) || errors.As(err, &me)):
 			// Its record on the old shard ended, or was handed over, since
@@ -205,7 +206,7 @@ func (s *Store) reload(ctx context.Context) Set {
 	for _, n := range s.names {
 		if st := s.store(n); st != nil {
 			tctx, cancel := s.clk.WithTimeout(ctx, reloadTimeout)
-			st.LoadShardSet(tctx)
+			storex.LoadShardSet(st, tctx)
 			cancel()
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"sort"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // Set is a shard set: the placement keys go by, the generation that orders
@@ -227,7 +228,7 @@ func (s *Store) install(ctx context.Context, want Set) (Set, error) {
 				if st == nil {
 					return cur, fmt.Errorf("%w: no shard set in force is known, and shard %s does not answer: a first set is installed only when every shard answers and records none", errPending, n)
 				}
-				v, err := st.LoadShardSet(ctx)
+				v, err := storex.LoadShardSet(st, ctx)
 				if err != nil {
 					return cur, fmt.Errorf("shard %s: %w", n, err)
 				}
@@ -251,16 +252,16 @@ func (s *Store) install(ctx context.Context, want Set) (Set, error) {
 			if st == nil {
 				return cur, fmt.Errorf("%w: shard %s does not answer, and its epoch is needed for the change", errPending, n)
 			}
-			if _, err := st.LoadShardSet(ctx); err != nil {
+			if _, err := storex.LoadShardSet(st, ctx); err != nil {
 				return cur, fmt.Errorf("shard %s: %w", n, err)
 			}
-			target.Floor = max(target.Floor, st.Epoch())
+			target.Floor = max(target.Floor, storex.Epoch(st))
 		}
 		st := s.store(arb)
 		if st == nil {
 			return cur, fmt.Errorf("%w: the change is decided on shard %s, which does not answer", errPending, arb)
 		}
-		v := st.ShardSet()
+		v := storex.ShardSet(st)
 		if v.Revision != 0 {
 			there, err := decodeSet(v.Value)
 			if err != nil {
@@ -271,7 +272,7 @@ func (s *Store) install(ctx context.Context, want Set) (Set, error) {
 				continue // decide again against it
 			}
 		}
-		got, ok, err := st.SetValue(ctx, etcdstore.ShardSetValue, target.encode(), v.Revision)
+		got, ok, err := storex.SetValue(st, ctx, storex.ShardSetValue, target.encode(), v.Revision)
 		if err != nil {
 			return cur, fmt.Errorf("shard %s: %w", arb, err)
 		}
@@ -326,7 +327,7 @@ func (s *Store) settle(ctx context.Context, set Set) error {
 	if st == nil {
 		return s.unreachable(arb)
 	}
-	v, err := st.LoadShardSet(ctx)
+	v, err := storex.LoadShardSet(st, ctx)
 	if err != nil {
 		return fmt.Errorf("shard %s: %w", arb, err)
 	}
@@ -340,7 +341,7 @@ func (s *Store) settle(ctx context.Context, set Set) error {
 			return nil
 		}
 	}
-	got, ok, err := st.SetValue(ctx, etcdstore.ShardSetValue, target.encode(), v.Revision)
+	got, ok, err := storex.SetValue(st, ctx, storex.ShardSetValue, target.encode(), v.Revision)
 	if err != nil {
 		return fmt.Errorf("shard %s: %w", arb, err)
 	}
@@ -371,7 +372,7 @@ func (s *Store) ensure(ctx context.Context, name string, set Set) (int64, error)
 		return 0, s.unreachable(name)
 	}
 	for try := 0; try < 8; try++ {
-		v := st.ShardSet()
+		v := storex.ShardSet(st)
 		if v.Revision != 0 {
 			there, err := decodeSet(v.Value)
 			if err != nil {
@@ -379,15 +380,15 @@ func (s *Store) ensure(ctx context.Context, name string, set Set) (int64, error)
 			}
 			switch {
 			case there.same(set):
-				if st.Epoch() <= set.Floor {
-					if _, err := st.RaiseEpoch(ctx, set.Floor); err != nil {
+				if storex.Epoch(st) <= set.Floor {
+					if _, err := storex.RaiseEpoch(st, ctx, set.Floor); err != nil {
 						return 0, fmt.Errorf("shard %s: %w", name, err)
 					}
 				}
 				return v.Revision, nil
 			case there.after(set):
 				s.adopt(there)
-				return 0, fmt.Errorf("shard %s: %w", name, etcdstore.ErrSetChanged)
+				return 0, fmt.Errorf("shard %s: %w", name, storex.ErrSetChanged)
 			case set.after(there):
 				// Older there (or the same set, not settled there yet):
 				// written below.
@@ -395,7 +396,7 @@ func (s *Store) ensure(ctx context.Context, name string, set Set) (int64, error)
 				return 0, fmt.Errorf("shard %s: %w: two shard sets of generation %d", name, etcdstore.ErrUnavailable, set.Generation)
 			}
 		}
-		if _, _, err := st.SetValue(ctx, etcdstore.ShardSetValue, set.encode(), v.Revision); err != nil {
+		if _, _, err := storex.SetValue(st, ctx, storex.ShardSetValue, set.encode(), v.Revision); err != nil {
 			return 0, fmt.Errorf("shard %s: %w", name, err)
 		}
 	}
@@ -412,7 +413,7 @@ func (s *Store) drainedFor(ctx context.Context, name string, gen int64) (bool, e
 	if st == nil {
 		return false, s.unreachable(name)
 	}
-	v, err := st.Value(ctx, drainedValue)
+	v, err := storex.GetValue(st, ctx, drainedValue)
 	if err != nil {
 		return false, err
 	}
@@ -423,7 +424,7 @@ func (s *Store) drainedFor(ctx context.Context, name string, gen int64) (bool, e
 	return ok && m.Generation == gen, nil
 }
 
-func parseMark(v etcdstore.Value) (mark, bool) {
+func parseMark(v storex.Value) (mark, bool) {
 	var m mark
 	if v.Revision == 0 || json.Unmarshal(v.Value, &m) != nil {
 		return mark{}, false

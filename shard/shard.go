@@ -16,7 +16,7 @@
 // # The shard set in force
 //
 // The placement in force is not each process's own: it is a Set, ordered
-// by its generation, recorded in every shard (etcdstore.ShardSetValue).
+// by its generation, recorded in every shard (storex.ShardSetValue).
 // A process asks for the set of its configuration (Config.Generation and
 // Config.Placement); the set in force is the newest any shard holds. A
 // process installs its own when it is newer and the change is safe (see
@@ -25,7 +25,7 @@
 // after one in force. It writes the set in force on every other shard it
 // uses before it claims there, and every claim, enqueue and hand-over of a
 // shard compares that shard's set in its Txn: a process still routing by
-// an older set is refused there (etcdstore.ErrSetChanged), learns the new
+// an older set is refused there (storex.ErrSetChanged), learns the new
 // set from the answer, and routes again. So processes may learn a change
 // in any order, or never restart with a new file: the first write of an
 // old process where the new set is recorded teaches it.
@@ -98,6 +98,7 @@ import (
 
 	"github.com/idem-dev/idem/clock"
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // Shard is one etcd cluster of a set.
@@ -216,7 +217,7 @@ func New(ctx context.Context, cfg Config, opts ...etcdstore.Option) (*Store, err
 	if s.skew = cfg.Skew; s.skew <= 0 {
 		s.skew = time.Minute
 	}
-	s.opts = append(append([]etcdstore.Option{}, opts...), etcdstore.WithClock(s.clk), etcdstore.WithEpochs())
+	s.opts = append(append([]etcdstore.Option{}, opts...), etcdstore.WithClock(s.clk), storex.WithEpochs())
 	for _, sh := range cfg.Shards {
 		s.names = append(s.names, sh.Name)
 		s.members[sh.Name] = &member{Shard: sh}
@@ -360,7 +361,7 @@ func (s *Store) load(ctx context.Context, timeout time.Duration) map[string]erro
 		g.Go(s.clk, ctx, "load shard set "+n, func(ctx context.Context) {
 			tctx, cancel := s.clk.WithTimeout(ctx, timeout)
 			defer cancel()
-			_, err := st.LoadShardSet(tctx)
+			_, err := storex.LoadShardSet(st, tctx)
 			mu.Lock()
 			out[n] = err
 			mu.Unlock()
@@ -461,7 +462,7 @@ func (s *Store) learn() {
 		if st == nil {
 			continue
 		}
-		v := st.ShardSet()
+		v := storex.ShardSet(st)
 		if v.Revision == 0 {
 			continue
 		}

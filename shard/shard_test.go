@@ -23,6 +23,7 @@ import (
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/etcdtest"
 	"github.com/idem-dev/idem/fencing"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // Three one-member clusters, a, b and c, shared by the package's tests;
@@ -461,7 +462,7 @@ func TestTokensGrowAcrossAMove(t *testing.T) {
 	prefix := testPrefix(t)
 	old := open(t, prefix, 1, []string{"a"}, nil, 0, 1, "a", "b")
 	ctx := testCtx(t)
-	if _, err := old.Shard("a").RaiseEpoch(ctx, 4); err != nil { // as after earlier moves
+	if _, err := storex.RaiseEpoch(old.Shard("a"), ctx, 4); err != nil { // as after earlier moves
 		t.Fatal(err)
 	}
 	// Find a key the new placement puts on b.
@@ -477,16 +478,16 @@ func TestTokensGrowAcrossAMove(t *testing.T) {
 		t.Fatal(err)
 	}
 	onA := res.Token
-	if onA>>etcdstore.EpochShift != 5 {
-		t.Fatalf("token %d on a: epoch %d; want 5", onA, onA>>etcdstore.EpochShift)
+	if onA>>storex.EpochShift != 5 {
+		t.Fatalf("token %d on a: epoch %d; want 5", onA, onA>>storex.EpochShift)
 	}
 	moving := open(t, prefix, 2, []string{"a", "b"}, nil, 0, 2, "a", "b")
 	res, err = moving.Do(ctx, k, nil, func(context.Context, *etcdstore.Claim) ([]byte, error) { return []byte("y"), nil })
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Token <= onA || res.Token>>etcdstore.EpochShift <= 5 {
-		t.Fatalf("token on b %d (epoch %d) after the move; want above a's %d (epoch 5)", res.Token, res.Token>>etcdstore.EpochShift, onA)
+	if res.Token <= onA || res.Token>>storex.EpochShift <= 5 {
+		t.Fatalf("token on b %d (epoch %d) after the move; want above a's %d (epoch 5)", res.Token, res.Token>>storex.EpochShift, onA)
 	}
 	if rec, err := moving.Shard("a").Get(ctx, k); err != nil || rec.State != etcdstore.Moved || rec.MovedTo != "b" {
 		t.Fatalf("a's record of %s = %+v, %v; want Moved to b", k, rec, err)
@@ -508,15 +509,15 @@ func TestStaleEpochIsCaught(t *testing.T) {
 	a1 := open(t, prefix, 1, nil, nil, 0, 1, "a")
 	a2 := open(t, prefix, 1, nil, nil, 0, 2, "a")
 	ctx := testCtx(t)
-	if a2.Shard("a").Epoch() != 0 {
+	if storex.Epoch(a2.Shard("a")) != 0 {
 		t.Fatal("a fresh shard has an epoch")
 	}
-	if e, err := a1.Shard("a").RaiseEpoch(ctx, 2); err != nil || e != 3 {
+	if e, err := storex.RaiseEpoch(a1.Shard("a"), ctx, 2); err != nil || e != 3 {
 		t.Fatalf("RaiseEpoch = %d, %v", e, err)
 	}
 	res, err := a2.Do(ctx, etcdstore.Key{ID: "k"}, nil, func(context.Context, *etcdstore.Claim) ([]byte, error) { return []byte("v"), nil })
-	if err != nil || res.Token>>etcdstore.EpochShift != 3 || a2.Shard("a").Epoch() != 3 {
-		t.Fatalf("claim under a stale epoch: token %d, epoch now %d, %v; want epoch 3", res.Token, a2.Shard("a").Epoch(), err)
+	if err != nil || res.Token>>storex.EpochShift != 3 || storex.Epoch(a2.Shard("a")) != 3 {
+		t.Fatalf("claim under a stale epoch: token %d, epoch now %d, %v; want epoch 3", res.Token, storex.Epoch(a2.Shard("a")), err)
 	}
 	rec, err := a1.Get(ctx, etcdstore.Key{ID: "k"})
 	if err != nil || rec.Token != res.Token {

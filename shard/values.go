@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // Values placed by key: a small value that belongs to a key of the set
@@ -63,7 +64,7 @@ func valueKey(name string) (etcdstore.Key, bool) {
 // movedMarker starts a marker: the value was handed over to another shard.
 var movedMarker = []byte("\x00moved ")
 
-func isMarker(v etcdstore.Value) bool {
+func isMarker(v storex.Value) bool {
 	return v.Revision != 0 && bytes.HasPrefix(v.Value, movedMarker)
 }
 
@@ -86,7 +87,7 @@ func (s *Store) GetValue(ctx context.Context, key etcdstore.Key) (Placed, error)
 		// a pause said "no such schedule".)
 		before, _ := s.current()
 		err := s.doValue(ctx, key, func(name string, st *etcdstore.Store, _ int64) error {
-			v, err := st.Value(ctx, ValueName(key))
+			v, err := storex.GetValue(st, ctx, ValueName(key))
 			if err != nil {
 				return err
 			}
@@ -120,14 +121,14 @@ func (s *Store) SetValue(ctx context.Context, key etcdstore.Key, value []byte, a
 		vn := ValueName(key)
 		if at.Shard != "" && at.Shard != name {
 			// Handed over since it was read: as it stands.
-			v, err := st.Value(ctx, vn)
+			v, err := storex.GetValue(st, ctx, vn)
 			if err != nil {
 				return err
 			}
 			out, wrote = placedOf(name, v), false
 			return nil
 		}
-		v, ok, err := st.SetValue(ctx, vn, value, at.Revision, etcdstore.ValueUnderShardSet(setRev))
+		v, ok, err := storex.SetValue(st, ctx, vn, value, at.Revision, storex.ValueUnderShardSet(setRev))
 		if err != nil {
 			return err
 		}
@@ -141,7 +142,7 @@ func (s *Store) SetValue(ctx context.Context, key etcdstore.Key, value []byte, a
 	return out, wrote, err
 }
 
-func placedOf(shard string, v etcdstore.Value) Placed {
+func placedOf(shard string, v storex.Value) Placed {
 	p := Placed{Shard: shard, Revision: v.Revision}
 	if v.Revision != 0 && !isMarker(v) {
 		p.Value, p.Exists = v.Value, true
@@ -164,7 +165,7 @@ func (s *Store) doValue(ctx context.Context, key etcdstore.Key, op func(name str
 		if name, rev, err = s.routeValue(ctx, key); err == nil {
 			err = op(name, s.store(name), rev)
 		}
-		if !errors.Is(err, etcdstore.ErrSetChanged) {
+		if !errors.Is(err, storex.ErrSetChanged) {
 			return err
 		}
 		s.refresh(ctx)
@@ -216,24 +217,24 @@ func (s *Store) handValue(ctx context.Context, name, old, home string, set Set) 
 		// The home first, then the old shard: a marker read after a
 		// copy found at the home means that copy (or a later write) is
 		// the value.
-		hv, err := hst.Value(ctx, name)
+		hv, err := storex.GetValue(hst, ctx, name)
 		if err != nil {
 			return fmt.Errorf("shard %s: %w", home, err)
 		}
-		ov, err := ost.Value(ctx, name)
+		ov, err := storex.GetValue(ost, ctx, name)
 		if err != nil {
 			return fmt.Errorf("shard %s: %w", old, err)
 		}
 		if ov.Revision == 0 || isMarker(ov) {
 			return nil // nothing there, or handed over
 		}
-		if _, ok, err := hst.SetValue(ctx, name, ov.Value, hv.Revision, etcdstore.ValueUnderShardSet(hrev)); err != nil {
+		if _, ok, err := storex.SetValue(hst, ctx, name, ov.Value, hv.Revision, storex.ValueUnderShardSet(hrev)); err != nil {
 			return fmt.Errorf("shard %s: %w", home, err)
 		} else if !ok {
 			continue
 		}
 		marker := append(append([]byte{}, movedMarker...), home...)
-		if _, ok, err := ost.SetValue(ctx, name, marker, ov.Revision, etcdstore.ValueUnderShardSet(orev)); err != nil {
+		if _, ok, err := storex.SetValue(ost, ctx, name, marker, ov.Revision, storex.ValueUnderShardSet(orev)); err != nil {
 			return fmt.Errorf("shard %s: %w", old, err)
 		} else if ok {
 			s.log.Info("idem: placed value handed over", "value", name, "from", old, "to", home, "generation", set.Generation)
@@ -256,7 +257,7 @@ func (s *Store) drainValues(ctx context.Context, name string, set Set) error {
 		return nil
 	}
 	st := s.store(name)
-	vals, err := st.Values(ctx, valuePrefix)
+	vals, err := storex.Values(st, ctx, valuePrefix)
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // This file is a review of values placed by key (values.go). Every test
@@ -77,7 +78,7 @@ func restoreShard(t *testing.T, ctx context.Context, cli *clientv3.Client, prefi
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := adm.BumpEpoch(ctx, 1<<16); err != nil {
+	if _, err := storex.BumpEpoch(adm, ctx, 1<<16); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // Values placed by key move with their keys: a set adds shard b; a value
@@ -74,11 +75,11 @@ func TestPlacedValuesMoveWithTheirKeys(t *testing.T) {
 	// settles.
 	waitFor(t, func() bool { in := s.Status().InForce; return in.Generation == 2 && in.Settled })
 	for _, k := range keys {
-		a, err := s.Shard("a").Value(ctx, ValueName(k))
+		a, err := storex.GetValue(s.Shard("a"), ctx, ValueName(k))
 		if err != nil || a.Revision != 0 && !isMarker(a) {
 			t.Fatalf("%s on a after the set settled: %+v, %v; want a marker", k, a, err)
 		}
-		b, err := s.Shard("b").Value(ctx, ValueName(k))
+		b, err := storex.GetValue(s.Shard("b"), ctx, ValueName(k))
 		if err != nil || string(b.Value) != want[k.ID] {
 			t.Fatalf("%s on b after the set settled: %q, %v; want %q", k, b.Value, err, want[k.ID])
 		}
@@ -97,7 +98,7 @@ func TestPlacedValuesMoveWithTheirKeys(t *testing.T) {
 		if err != nil || got.Shard != "a" || string(got.Value) != want[k.ID] {
 			t.Fatalf("%s after the change was taken back: %+v, %v; want %q on a", k, got, err, want[k.ID])
 		}
-		if b, err := back.Shard("b").Value(ctx, ValueName(k)); err != nil || b.Revision != 0 && !isMarker(b) {
+		if b, err := storex.GetValue(back.Shard("b"), ctx, ValueName(k)); err != nil || b.Revision != 0 && !isMarker(b) {
 			t.Fatalf("%s on b after it went back: %+v, %v; want a marker", k, b, err)
 		}
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/idemhttp"
+	"github.com/idem-dev/idem/internal/storex"
 	"github.com/idem-dev/idem/jobs"
 	"github.com/idem-dev/idem/shard"
 )
@@ -234,12 +235,12 @@ func adminEvict(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 
 // statusReport is idem status's output.
 type statusReport struct {
-	Shard   string          `json:"shard,omitempty"`
-	Error   string          `json:"error,omitempty"`
-	Set     *setReport      `json:"shard_set,omitempty"`
-	Members []memberStatus  `json:"members"`
-	Leader  string          `json:"leader"`
-	Keys    etcdstore.Stats `json:"keys"`
+	Shard   string         `json:"shard,omitempty"`
+	Error   string         `json:"error,omitempty"`
+	Set     *setReport     `json:"shard_set,omitempty"`
+	Members []memberStatus `json:"members"`
+	Leader  string         `json:"leader"`
+	Keys    storex.Stats   `json:"keys"`
 }
 
 type memberStatus struct {
@@ -381,7 +382,7 @@ func clusterStatus(ctx context.Context, c cluster, maxScan int64) (statusReport,
 		rep.Members = append(rep.Members, ms)
 	}
 	sort.Slice(rep.Members, func(i, j int) bool { return rep.Members[i].Name < rep.Members[j].Name })
-	rep.Keys, err = c.adm.Stats(ctx, maxScan)
+	rep.Keys, err = storex.ReadStats(c.adm, ctx, maxScan)
 	return rep, err
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/fencing"
 	"github.com/idem-dev/idem/idemhttp"
+	"github.com/idem-dev/idem/internal/storex"
 	"github.com/idem-dev/idem/shard"
 )
 
@@ -61,7 +62,7 @@ func (c *serveConfig) storeOptions(log *slog.Logger) []etcdstore.Option {
 func (s *server) connect(ctx context.Context, timeout time.Duration) error {
 	c := s.cfg
 	opts := c.storeOptions(s.log)
-	opts = append(opts, etcdstore.WithTxnObserver(func(d time.Duration) { s.txnSeconds.Observe(d.Seconds()) }))
+	opts = append(opts, storex.WithTxnObserver(func(d time.Duration) { s.txnSeconds.Observe(d.Seconds()) }))
 	where := strings.Join(c.etcd.endpoints, ",")
 	var clis []*clientv3.Client
 	closeAll := func() {
@@ -222,14 +223,14 @@ func (s *server) raiseRestoredEpoch(ctx context.Context, cli *clientv3.Client) e
 	if err != nil {
 		return err
 	}
-	epoch, err := adm.BumpEpoch(ctx, etcdstore.DefaultRestoreEpochBump)
+	epoch, err := storex.BumpEpoch(adm, ctx, storex.DefaultRestoreEpochBump)
 	if err != nil {
 		return fmt.Errorf("raise the shard epoch after a restore: %w", err)
 	}
 	if err := os.Remove(s.restored); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("restore marker: %w", err)
 	}
-	s.log.Info("raised the shard epoch after a restore", "by", etcdstore.DefaultRestoreEpochBump, "epoch", epoch)
+	s.log.Info("raised the shard epoch after a restore", "by", storex.DefaultRestoreEpochBump, "epoch", epoch)
 	s.restored = ""
 	return nil
 }

@@ -28,6 +28,7 @@ import (
 
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/idemhttp"
+	"github.com/idem-dev/idem/internal/storex"
 	"github.com/idem-dev/idem/jobs"
 	"github.com/idem-dev/idem/shard"
 )
@@ -620,7 +621,7 @@ func (k *console) ownerAlive(ctx context.Context, t jobsTarget, owner string) st
 	up, down := connected(t)
 	errs = append(errs, down...)
 	for _, c := range up.clusters {
-		alive, err := c.adm.OwnerAlive(ctx, owner)
+		alive, err := storex.OwnerAlive(c.adm, ctx, owner)
 		switch {
 		case err != nil:
 			errs = append(errs, err.Error())

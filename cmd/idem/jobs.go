@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 	"github.com/idem-dev/idem/jobs"
 	"github.com/idem-dev/idem/shard"
 )
@@ -92,7 +93,7 @@ type jobsTarget struct {
 // command's tenant: for the commands that write jobs.
 func (a *adminCmd) queue(ctx context.Context, t jobsTarget, retention time.Duration, opts ...jobs.Option) (*jobs.Queue, func(), error) {
 	sopts := []etcdstore.Option{etcdstore.WithPrefix(a.etcd.prefix), etcdstore.WithRetention(retention)}
-	if _, err := etcdstore.SettingsOf(sopts...); err != nil {
+	if _, err := storex.SettingsOf(sopts...); err != nil {
 		return nil, nil, usageError{err}
 	}
 	opts = append([]jobs.Option{jobs.WithTenant(a.tenant)}, opts...)

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 const snapshotUsage = `usage: idem snapshot save|restore|bump-epoch [flags]
@@ -265,7 +266,7 @@ func snapshotBumpEpoch(ctx context.Context, args []string, stdout, stderr io.Wri
 	withUsage(fs, stderr, "snapshot bump-epoch (--endpoints URL [--prefix P] | --shards-file F --shard NAME) [--by N]")
 	var e etcdFlags
 	e.register(fs, []string{socketURL("idem-data")})
-	by := fs.Int64("by", etcdstore.DefaultRestoreEpochBump, "raise the epoch by this much: more than the epoch was raised between the snapshot and the restore (keys moved in from other shards raise it by one each time)")
+	by := fs.Int64("by", storex.DefaultRestoreEpochBump, "raise the epoch by this much: more than the epoch was raised between the snapshot and the restore (keys moved in from other shards raise it by one each time)")
 	shardsFile := fs.String("shards-file", "", "with --shard: the shard set the restored shard belongs to; its epoch is raised --by above the greatest epoch of the set")
 	shardName := fs.String("shard", "", "with --shards-file: the shard restored")
 	timeout := fs.Duration("command-timeout", time.Minute, "timeout of the command")
@@ -297,7 +298,7 @@ func snapshotBumpEpoch(ctx context.Context, args []string, stdout, stderr io.Wri
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	epoch, err := adm.BumpEpoch(ctx, *by)
+	epoch, err := storex.BumpEpoch(adm, ctx, *by)
 	if err != nil {
 		if errors.Is(err, etcdstore.ErrInvalidArgument) {
 			return usageError{err}
@@ -341,7 +342,7 @@ func bumpShardEpoch(ctx context.Context, base etcdFlags, file, name string, by i
 			return usageError{err}
 		}
 		admins[n] = adm
-		e, err := adm.Epoch(ctx)
+		e, err := storex.AdminEpoch(adm, ctx)
 		if err != nil {
 			return fmt.Errorf("shard %s: %w", n, err)
 		}
@@ -350,7 +351,7 @@ func bumpShardEpoch(ctx context.Context, base etcdFlags, file, name string, by i
 			own = e
 		}
 	}
-	epoch, err := admins[name].BumpEpoch(ctx, high+by-own)
+	epoch, err := storex.BumpEpoch(admins[name], ctx, high+by-own)
 	if err != nil {
 		return fmt.Errorf("snapshot bump-epoch: shard %s: %w", name, err)
 	}

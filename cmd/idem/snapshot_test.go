@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // A backup and its restore, end to end: idem serve holds saved responses;
@@ -107,8 +107,8 @@ func TestSnapshotSaveRestoreReplays(t *testing.T) {
 		t.Fatalf("bump-epoch --by 0 was accepted: %s", out)
 	}
 	out, err = runCmd(t, "snapshot", "bump-epoch", "--endpoints", ep, "--by", "1")
-	if want := fmt.Sprintf("raised by 1 to %d", etcdstore.DefaultRestoreEpochBump+1); err != nil || !strings.Contains(out, want) {
-		t.Fatalf("bump-epoch after the restore: %v %q; want %q (idem serve raised it by %d first)", err, out, want, etcdstore.DefaultRestoreEpochBump)
+	if want := fmt.Sprintf("raised by 1 to %d", storex.DefaultRestoreEpochBump+1); err != nil || !strings.Contains(out, want) {
+		t.Fatalf("bump-epoch after the restore: %v %q; want %q (idem serve raised it by %d first)", err, out, want, storex.DefaultRestoreEpochBump)
 	}
 }
 

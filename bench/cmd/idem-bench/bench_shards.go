@@ -8,6 +8,7 @@ import (
 
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/etcdtest"
+	"github.com/idem-dev/idem/internal/storex"
 	"github.com/idem-dev/idem/shard"
 )
 
@@ -57,7 +58,7 @@ func suiteShards(ctx context.Context, b *bencher) ([]suiteReport, error) {
 	)
 	extra := map[string]string{}
 	for i, n := range sharded.Shards() {
-		st, err := sharded.Shard(n).Stats(ctx, 0)
+		st, err := storex.ReadStats(sharded.Shard(n), ctx, 0)
 		if err != nil {
 			return nil, err
 		}
