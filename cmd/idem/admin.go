@@ -440,8 +440,8 @@ func printRecords(w io.Writer, format string, recs []*etcdstore.Record, detail b
 	}
 	for _, r := range recs {
 		v := view(r)
-		fmt.Fprintf(w, "%s/%s type=%s state=%s token=%d status=%s body=%s created=%s expires=%s", v.Tenant, v.Key, typeOf(v), v.State, v.Token,
-			statusOf(v), bytesOf(int64(len(v.bodyBytes))), v.Created.Format(time.RFC3339), v.Expires.Format(time.RFC3339))
+		fmt.Fprintf(w, "%s/%s state=%s token=%d status=%s body=%s created=%s expires=%s type=%s", v.Tenant, v.Key, v.State, v.Token,
+			statusOf(v), bytesOf(int64(len(v.bodyBytes))), v.Created.Format(time.RFC3339), v.Expires.Format(time.RFC3339), typeOf(v))
 		if v.Job == nil && v.Outcome != nil && v.Outcome.Error != "" {
 			fmt.Fprintf(w, " error=%q", oneLine(v.Outcome.Error, 200))
 		}
