@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/fencing"
 )
@@ -60,8 +61,8 @@ const (
 	ReasonNotExecuted = "NOT_EXECUTED"
 )
 
-// Store is what the interceptor needs of idem's store: an
-// *etcdstore.Store, or a *shard.Store over several clusters.
+// Store is what the interceptor needs of idem's store: a part of the store
+// contract (idem.Store), which *etcdstore.Store and *shard.Store keep.
 type Store interface {
 	Run(ctx context.Context, key etcdstore.Key, fp etcdstore.Fingerprint, work etcdstore.RunWork, opts ...etcdstore.RunOption) (etcdstore.Result, error)
 	Get(ctx context.Context, key etcdstore.Key) (*etcdstore.Record, error)
@@ -69,7 +70,7 @@ type Store interface {
 	MaxRecordSize() int
 }
 
-var _ Store = (*etcdstore.Store)(nil)
+var _ Store = idem.Store(nil) // the edge needs nothing beyond the contract
 
 // Config configures the server interceptors. Store is required.
 type Config struct {

@@ -5,18 +5,19 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/etcdstore"
 )
 
 // goneAfterGet is a queue's records whose job is deleted right after each
 // Get returns it: the record an operator read expired and was swept (or
 // evicted) before the operator's claim.
-type goneAfterGet struct{ records }
+type goneAfterGet struct{ idem.Store }
 
 func (g goneAfterGet) Get(ctx context.Context, key etcdstore.Key) (*etcdstore.Record, error) {
-	rec, err := g.records.Get(ctx, key)
+	rec, err := g.Store.Get(ctx, key)
 	if err == nil {
-		if _, err := g.records.EvictIf(ctx, key, rec.Revision); err != nil {
+		if _, err := g.Store.EvictIf(ctx, key, rec.Revision); err != nil {
 			return nil, err
 		}
 	}

@@ -8,12 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"time"
 
+	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/clock"
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/internal/storex"
-	"github.com/idem-dev/idem/shard"
 )
 
 // DefaultTenant is the tenant a Queue keeps its jobs under unless told
@@ -26,8 +27,8 @@ const DefaultTenant = "jobs"
 // goroutines; Worker and Scheduler run on it.
 type Queue struct {
 	store  *etcdstore.Store // one cluster (New); nil on a shard set
-	set    *shard.Store     // a shard set (NewOnShards); nil on one cluster
-	recs   records          // store or set: where each job's record is
+	set    Shards           // a shard set (NewOnShards); nil on one cluster
+	recs   idem.Store       // store or set: where each job's record is
 	limits storex.Settings
 	tenant string
 	log    *slog.Logger
@@ -98,8 +99,8 @@ func New(store *etcdstore.Store, opts ...Option) (*Queue, error) {
 // cursor is on the shard its name is placed on. The shards' shortest
 // retention is the queue's. Per-key limits (Kind.Limits) need one
 // cluster: a Worker on a shard set refuses kinds with limits.
-func NewOnShards(set *shard.Store, opts ...Option) (*Queue, error) {
-	if set == nil {
+func NewOnShards(set Shards, opts ...Option) (*Queue, error) {
+	if v := reflect.ValueOf(set); set == nil || v.Kind() == reflect.Pointer && v.IsNil() {
 		return nil, fmt.Errorf("new queue: %w: nil shard set", ErrInvalid)
 	}
 	q := &Queue{set: set, recs: set, limits: set.Settings(), tenant: DefaultTenant, log: slog.New(slog.DiscardHandler), clock: set.Clock()}
@@ -111,14 +112,28 @@ func NewOnShards(set *shard.Store, opts ...Option) (*Queue, error) {
 	return q, nil
 }
 
-// records is what a queue needs of where its jobs' records are: one
-// store, or a shard set that routes each key to its shard.
-type records interface {
-	Enqueue(ctx context.Context, key etcdstore.Key, fp etcdstore.Fingerprint, data []byte, opts ...etcdstore.EnqueueOption) (*etcdstore.Record, error)
-	Get(ctx context.Context, key etcdstore.Key) (*etcdstore.Record, error)
-	EvictIf(ctx context.Context, key etcdstore.Key, rev int64) (bool, error)
-	List(ctx context.Context, tenant string, o etcdstore.ListOptions) ([]*etcdstore.Record, error)
-	Run(ctx context.Context, key etcdstore.Key, fp etcdstore.Fingerprint, work etcdstore.RunWork, opts ...etcdstore.RunOption) (etcdstore.Result, error)
+// Shards is what a queue needs of a shard set beyond the store contract
+// (idem.Store): the shards, each an etcd cluster's store, the shard that
+// holds a key (where its job's events are kept), and values placed with
+// keys (a schedule's cursor). *shard.Store implements it; package jobs
+// knows no implementation.
+type Shards interface {
+	idem.Store
+	// Shards names the set's shards; Shard returns one's store (nil while
+	// it is not connected).
+	Shards() []string
+	Shard(name string) *etcdstore.Store
+	// Holder returns the shard that holds key's record, and the record
+	// (ErrNotFound, with key's home shard, when none does).
+	Holder(ctx context.Context, key etcdstore.Key) (*etcdstore.Store, *etcdstore.Record, error)
+	// GetValue and SetValue read and compare-and-set the value placed
+	// with key, on the shard that holds it.
+	GetValue(ctx context.Context, key etcdstore.Key) (storex.Placed, error)
+	SetValue(ctx context.Context, key etcdstore.Key, value []byte, at storex.Placed) (storex.Placed, bool, error)
+	// Settings are the limits every shard keeps at least; Clock is the
+	// set's clock.
+	Settings() storex.Settings
+	Clock() clock.Clock
 }
 
 func (q *Queue) retention() time.Duration { return q.limits.Retention }
@@ -135,7 +150,7 @@ func (q *Queue) holder(ctx context.Context, id string) (*etcdstore.Store, *etcds
 }
 
 // Shards returns the queue's shard set, or nil on one cluster.
-func (q *Queue) Shards() *shard.Store { return q.set }
+func (q *Queue) Shards() Shards { return q.set }
 
 // Tenant returns the tenant the queue's jobs live under.
 func (q *Queue) Tenant() string { return q.tenant }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/etcdstore"
 )
 
@@ -15,7 +16,7 @@ import (
 // number of times, as a store reading from a lagging member (or a cache
 // that has not yet seen a delete) would: the record was deleted since.
 type staleReplays struct {
-	records
+	idem.Store
 	mu     sync.Mutex
 	stale  map[etcdstore.Key]*etcdstore.Record
 	left   int
@@ -31,7 +32,7 @@ func (s *staleReplays) Run(ctx context.Context, key etcdstore.Key, fp etcdstore.
 		return etcdstore.Result{Outcome: *r.Outcome, Replayed: true, Token: r.Token}, nil
 	}
 	s.mu.Unlock()
-	return s.records.Run(ctx, key, fp, work, opts...)
+	return s.Store.Run(ctx, key, fp, work, opts...)
 }
 
 // Issue 37: a worker whose claim replayed a replaced job's old end
@@ -42,7 +43,7 @@ func TestReplayOfAReplacedJobIsNotARun(t *testing.T) {
 	ctx := testCtx(t)
 	s := newStore(t, testPrefix(t))
 	q := newQueue(t, s)
-	stale := &staleReplays{records: q.recs, stale: map[etcdstore.Key]*etcdstore.Record{}}
+	stale := &staleReplays{Store: q.recs, stale: map[etcdstore.Key]*etcdstore.Record{}}
 	q.recs = stale
 	var runs atomic.Int32
 	k := Kind{Name: "k", Steps: []Step{{Name: "one", Run: func(ctx context.Context, r *Run) ([]byte, error) {

@@ -15,7 +15,6 @@ import (
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/internal/kernel"
 	"github.com/idem-dev/idem/internal/storex"
-	"github.com/idem-dev/idem/shard"
 )
 
 // Schedule turns a cron expression or an interval into jobs, one per
@@ -756,7 +755,7 @@ func (cv *cursorValue) describe(sc *Schedule) {
 func cursorName(tenant, schedule string) string { return "s/" + tenant + "/" + schedule }
 
 // cursorKey is the key a schedule's cursor goes with on a shard set: the
-// shard that places it keeps the cursor (shard.Store.GetValue), and hands
+// shard that places it keeps the cursor (Shards.GetValue), and hands
 // it over as keys are handed over.
 func (q *Queue) cursorKey(schedule string) etcdstore.Key {
 	return etcdstore.Key{Tenant: q.tenant, ID: "schedule." + schedule}
@@ -766,7 +765,7 @@ func (q *Queue) cursorKey(schedule string) etcdstore.Key {
 // or, on a shard set, the shard and revision of its placed value.
 type cursorAt struct {
 	rev    int64
-	placed shard.Placed
+	placed storex.Placed
 }
 
 func (a cursorAt) revision() int64 {
@@ -978,7 +977,7 @@ func Schedules(ctx context.Context, admin *etcdstore.Admin, tenant string) ([]Sc
 	// A queue of one cluster's cursors, and a shard set's (placed values:
 	// on a shard, those it holds; a value handed over reads as a marker,
 	// which is no cursor).
-	for _, prefix := range []string{cursorName(tenant, ""), shard.ValueName(etcdstore.Key{Tenant: tenant, ID: "schedule."})} {
+	for _, prefix := range []string{cursorName(tenant, ""), storex.PlacedName(etcdstore.Key{Tenant: tenant, ID: "schedule."})} {
 		vs, err := storex.Values(admin, ctx, prefix)
 		if err != nil {
 			return nil, fmt.Errorf("schedules: %w", err)

@@ -37,16 +37,10 @@ import (
 // a value read on one shard is never written on another.
 
 // valuePrefix starts the names of placed values.
-const valuePrefix = "k/"
+const valuePrefix = storex.PlacedPrefix
 
 // ValueName is the name of key's placed value on its shard.
-func ValueName(key etcdstore.Key) string {
-	tenant := key.Tenant
-	if tenant == "" {
-		tenant = etcdstore.DefaultTenant
-	}
-	return valuePrefix + tenant + "/" + key.ID
-}
+func ValueName(key etcdstore.Key) string { return storex.PlacedName(key) }
 
 // valueKey is the key a placed value's name belongs to.
 func valueKey(name string) (etcdstore.Key, bool) {
@@ -70,12 +64,7 @@ func isMarker(v storex.Value) bool {
 
 // Placed is a placed value as read: on shard Shard, at Revision (0: none;
 // a marker there reads as none, at its revision, to write over).
-type Placed struct {
-	Shard    string
-	Value    []byte
-	Revision int64
-	Exists   bool
-}
+type Placed = storex.Placed
 
 // GetValue reads key's placed value from the shard that holds it under the
 // set in force, handing it over first if the set moves it.

@@ -218,3 +218,25 @@ func WithTxnObserver(f func(time.Duration)) etcdstore.Option {
 func StoreOf(c *etcdstore.Claim) *etcdstore.Store {
 	return storeext.StoreOf.(func(*etcdstore.Claim) *etcdstore.Store)(c)
 }
+
+// Placed is a shard set's placed value as read: on shard Shard, at
+// Revision (0: none; a marker there reads as none, at its revision, to
+// write over). Package shard calls it shard.Placed.
+type Placed struct {
+	Shard    string
+	Value    []byte
+	Revision int64
+	Exists   bool
+}
+
+// PlacedPrefix starts the names of a shard set's placed values.
+const PlacedPrefix = "k/"
+
+// PlacedName is the name of key's placed value on its shard.
+func PlacedName(key etcdstore.Key) string {
+	tenant := key.Tenant
+	if tenant == "" {
+		tenant = etcdstore.DefaultTenant
+	}
+	return PlacedPrefix + tenant + "/" + key.ID
+}
