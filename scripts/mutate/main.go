@@ -101,6 +101,7 @@ var contract = map[string]backstop{
 	"records (issue 37): a claim's write forgets what the record is":                               {"./etcdstore", "TestConformanceOneMember"},
 	"jobs (issue 37): a plain key whose work failed is read as a failed job":                       {"./jobs", "TestAPlainKeyIsNeverAJob"},
 	"jobs (issue 37): a claim that replays an ended job counts as a run":                           {"./jobs", "TestReplayOfAReplacedJobIsNotARun"},
+	"docs (issue 37): JOBS.md says a job's claim is two Txns":                                      {"./jobs", "TestJobCostTableIsMeasured"},
 }
 
 // explorerKernel are the kernel's mutants measured by the explorer: the
@@ -223,13 +224,13 @@ var mutants = []mutant{
 		"	if h := s.handing(); h != nil && !p.equal(*h) {",
 		"	if h := s.handing(); false && h != nil && !p.equal(*h) {"},
 	{"shards (defect 2): a Moved record an older set left refuses claims on the key's home", "shard/route.go",
-		"opts: []etcdstore.ClaimOption{etcdstore.UnderShardSet(rev), etcdstore.ReplaceMoved()}}, nil",
-		"opts: []etcdstore.ClaimOption{etcdstore.UnderShardSet(rev)}}, nil"},
+		"opts: []etcdstore.ClaimOption{storex.UnderShardSet(rev), storex.ReplaceMoved()}}, nil",
+		"opts: []etcdstore.ClaimOption{storex.UnderShardSet(rev)}}, nil"},
 	{"shards: a set's floor epoch is not raised on its shards", "shard/set.go",
-		"				if st.Epoch() <= set.Floor {",
-		"				if false && st.Epoch() <= set.Floor {"},
+		"				if storex.Epoch(st) <= set.Floor {",
+		"				if false && storex.Epoch(st) <= set.Floor {"},
 	{"shards: a claim on a key's old shard may create a record there", "shard/route.go",
-		"opts: []etcdstore.ClaimOption{under, etcdstore.WithoutCreate()}}, nil",
+		"opts: []etcdstore.ClaimOption{under, storex.WithoutCreate()}}, nil",
 		"opts: []etcdstore.ClaimOption{under}}, nil"},
 	// (A mutant that guarded the home's claim by max(routed, last read)
 	// was nearly equivalent: ensure refuses a route when the shard holds
@@ -258,7 +259,7 @@ var mutants = []mutant{
 		"		if t.Before(now.Add(-r.Lateness - r.MaxSkew)) {",
 		"		if t.Before(now.Add(-r.Lateness)) {"},
 	{"schedules (review): a forgotten job's record is not deleted before the next occurrence", "jobs/schedule.go",
-		"		rec, err := s.q.store.Peek(ctx, key)",
+		"		rec, err := storex.Peek(&s.q.store.Admin, ctx, key)",
 		"		rec, err := (*etcdstore.Record)(nil), etcdstore.ErrNotFound"},
 	{"schedules (review): an occurrence the cursor says was submitted is submitted again once gone", "jobs/schedule.go",
 		"		case cur.Submitted.Equal(prev):",
@@ -342,6 +343,8 @@ var kernelMutants = []mutant{
 		old: "Takeovers: h.Takeovers, Kind: h.Kind,", new: "Takeovers: h.Takeovers,"},
 	{name: "jobs (issue 37): a plain key whose work failed is read as a failed job", file: "jobs/state.go",
 		old: "	if rec.Kind == etcdstore.KindKey {", new: "	if false {"},
+	{name: "docs (issue 37): JOBS.md says a job's claim is two Txns", file: "docs/JOBS.md",
+		old: "  | an attempt's claim of a queued job | 1 | 1 |", new: "  | an attempt's claim of a queued job | 2 | 0 |"},
 	{name: "jobs (issue 37): a claim that replays an ended job counts as a run", file: "jobs/worker.go",
 		old: "	if err == nil && res.Replayed {", new: "	if err == nil && res.Replayed && false {"},
 	{name: "reaper (review): a fence over a Moved record compares the reaper's shard set, not the lost claim's", file: "internal/kernel/reap.go",
