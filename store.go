@@ -98,8 +98,9 @@ type Store interface {
 	// List returns tenant's live records (every tenant's when tenant is
 	// empty) in key order, one page at a time (ListOptions.After, Limit).
 	List(ctx context.Context, tenant string, o etcdstore.ListOptions) ([]*etcdstore.Record, error)
-	// Retention is how long a record is kept after its last write: a key
-	// is a new operation after it.
+	// Retention is how long a record is kept at least after its last
+	// write (on a shard set, the shortest of the shards'): clients stop
+	// retrying well inside it; a key is a new operation after it.
 	Retention() time.Duration
 	// MaxRecordSize is the largest outcome plus checkpoint a claim saves;
 	// a larger one fails with ErrTooLarge and saves nothing.

@@ -8,6 +8,8 @@ import (
 
 	"github.com/idem-dev/idem/fencing"
 	"github.com/idem-dev/idem/internal/kernel"
+
+	"github.com/idem-dev/idem/internal/storeext"
 )
 
 // Work is the non-idempotent operation behind a key, for Do. ctx is
@@ -182,7 +184,7 @@ func (s *Store) end(ctx context.Context, c *Claim, end End, out Outcome) error {
 	case errors.Is(err, ErrTooLarge) && end == EndSave:
 		// The work ran but its outcome cannot be saved: save that fact, so
 		// a retry learns it instead of running the work again.
-		tooLarge := Outcome{Err: "the outcome could not be saved: " + truncate(err.Error(), 512)}
+		tooLarge := Outcome{Err: storeext.OutcomeNotSaved + truncate(err.Error(), 512)}
 		if e := s.end(ctx, c, EndSave, tooLarge); e != nil {
 			return fmt.Errorf("%w (and: %w)", err, e)
 		}

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/fencing"
+	"github.com/idem-dev/idem/internal/storex"
 )
 
 // state is a job's recovery point: what is saved as its record's
@@ -297,9 +299,12 @@ func FromRecord(rec *etcdstore.Record, now time.Time) (*Job, error) {
 		}
 	}
 	st, err := decodeState(raw)
-	if err != nil && rec.State == etcdstore.Done && rec.Outcome != nil && rec.Outcome.Err != "" && len(raw) == 0 {
+	if err != nil && rec.State == etcdstore.Done && rec.Outcome != nil && rec.Outcome.Err != "" && len(raw) == 0 &&
+		(rec.Kind == etcdstore.KindJob || strings.HasPrefix(rec.Outcome.Err, storex.OutcomeNotSaved)) {
 		// The store saved an error in the job's place (its final state
-		// was too large to save): the job ran, and failed.
+		// was too large to save): the job ran, and failed. A record
+		// written before kinds is read so only when its error is the
+		// store's: any other saved error is a plain key's work failing.
 		return &Job{Key: rec.Key, State: Failed, Err: rec.Outcome.Err, Token: rec.Token, Created: rec.Created, Expires: rec.Expires}, nil
 	}
 	if err != nil {

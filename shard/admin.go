@@ -167,8 +167,10 @@ type lister interface {
 
 // list merges the shards' listings, leaving Moved records out (each shard
 // fills its page with live records: a page of Moved records hides none),
-// sorted by tenant and key, at most o.Limit (default 100) of them: a page,
-// as one store's List, that o.After resumes.
+// in the order of their etcd keys (tenant, "/", id, as bytes: the order
+// each shard resumes o.After in; "t-b/x" comes before "t/y"), at most
+// o.Limit (default 100) of them: a page, as one store's List, that o.After
+// resumes.
 func list(ctx context.Context, names []string, shard func(string) (lister, error), tenant string, o etcdstore.ListOptions) ([]*etcdstore.Record, error) {
 	o.Live = true
 	var out []*etcdstore.Record
@@ -183,12 +185,7 @@ func list(ctx context.Context, names []string, shard func(string) (lister, error
 		}
 		out = append(out, recs...)
 	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Key.Tenant != out[j].Key.Tenant {
-			return out[i].Key.Tenant < out[j].Key.Tenant
-		}
-		return out[i].Key.ID < out[j].Key.ID
-	})
+	sort.Slice(out, func(i, j int) bool { return listOrder(out[i].Key) < listOrder(out[j].Key) })
 	limit := o.Limit
 	if limit == 0 {
 		limit = 100
@@ -197,4 +194,14 @@ func list(ctx context.Context, names []string, shard func(string) (lister, error
 		out = out[:limit]
 	}
 	return out, nil
+}
+
+// listOrder is where a key's record sorts among a store's: its etcd key
+// after the prefix.
+func listOrder(k etcdstore.Key) string {
+	t := k.Tenant
+	if t == "" {
+		t = etcdstore.DefaultTenant
+	}
+	return t + "/" + k.ID
 }

@@ -297,7 +297,12 @@ func (s *Store) connect(ctx context.Context, m *member) error {
 			return err
 		}
 	}
-	st, err := etcdstore.New(ctx, cli, append(append([]etcdstore.Option{}, s.opts...), m.Options...)...)
+	// Every shard saves what the smallest record of the set holds: a key's
+	// limit must not depend on the shard that places it (the contract's
+	// MaxRecordSize, and a key handed over to another shard).
+	opts := append(append([]etcdstore.Option{}, s.opts...), m.Options...)
+	opts = append(opts, etcdstore.WithMaxRecordSize(s.Settings().MaxRecordSize))
+	st, err := etcdstore.New(ctx, cli, opts...)
 	if err != nil {
 		if m.Client == nil {
 			cli.Close()
@@ -580,25 +585,13 @@ func (s *Store) Status() Status {
 	return st
 }
 
-// Retention is the retention of every shard.
-func (s *Store) Retention() time.Duration {
-	for _, n := range s.names {
-		if st := s.store(n); st != nil {
-			return st.Retention()
-		}
-	}
-	return etcdstore.DefaultRetention
-}
+// Retention is the retention every shard keeps at least: the shortest of
+// the shards' (a record on a shard with a longer one is kept longer).
+func (s *Store) Retention() time.Duration { return s.Settings().Retention }
 
-// MaxRecordSize is the record size limit of every shard.
-func (s *Store) MaxRecordSize() int {
-	for _, n := range s.names {
-		if st := s.store(n); st != nil {
-			return st.MaxRecordSize()
-		}
-	}
-	return etcdstore.DefaultMaxRecordSize
-}
+// MaxRecordSize is the record size limit of every shard: the smallest of
+// the shards' options, which every shard enforces.
+func (s *Store) MaxRecordSize() int { return s.Settings().MaxRecordSize }
 
 // Metrics adds up the connected shards' metrics (etcdstore.Metrics.Add):
 // Live while every shard has a session (none while one is not connected),

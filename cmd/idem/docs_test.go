@@ -236,7 +236,7 @@ func TestCLIDocsNameEveryFlag(t *testing.T) {
 	}
 	cmds := [][]string{{"serve"}, {"get"}, {"ls"}, {"evict"}, {"status"}, {"echo"},
 		{"snapshot", "save"}, {"snapshot", "restore"}, {"snapshot", "bump-epoch"}}
-	for _, c := range []string{"submit", "signal", "ls", "get", "retry", "cancel", "schedules", "pause", "resume", "backfill"} {
+	for _, c := range jobsCommands(t) {
 		cmds = append(cmds, []string{"jobs", c})
 	}
 	flagRe := regexp.MustCompile(`(?m)^  -([a-z0-9-]+)`)
@@ -272,3 +272,4 @@ func TestCLIDocsNameEveryFlag(t *testing.T) {
 		}
 	}
 }
+

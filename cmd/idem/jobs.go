@@ -34,6 +34,7 @@ Commands:
   pause      pause a schedule:          idem jobs pause SCHEDULE
   resume     resume a paused schedule:  idem jobs resume SCHEDULE
   backfill   run a past range again:    idem jobs backfill --from T --to T SCHEDULE
+  limits     the limits' held slots:    idem jobs limits [--limit NAME]
 
 Run "idem jobs COMMAND -h" for a command's flags.
 `

@@ -44,7 +44,7 @@ Commands:
   ls        list keys:              idem ls [--tenant T] [--state in_flight|done]
   evict     forget a key:           idem evict [--tenant T] KEY
   status    etcd cluster and keys:  idem status
-  jobs      jobs and schedules:     idem jobs ls|get|retry|cancel|schedules
+  jobs      jobs and schedules:     idem jobs submit|signal|ls|get|retry|cancel|schedules|pause|resume|backfill|limits
   snapshot  etcd backups:           idem snapshot save|restore|bump-epoch
   echo      a non-idempotent demo upstream, to put idem in front of
   version   print the version

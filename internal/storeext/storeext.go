@@ -147,3 +147,8 @@ type ValueConfig struct {
 	Retained, Session bool
 	SetRev            int64 // ValueUnderShardSet
 }
+
+// OutcomeNotSaved starts the error a store saves in place of an outcome it
+// cannot save (too large): package jobs tells a job's end by it on records
+// written before records had kinds.
+const OutcomeNotSaved = "the outcome could not be saved: "

@@ -32,6 +32,7 @@ var (
 )
 
 const (
+	OutcomeNotSaved         = storeext.OutcomeNotSaved
 	ShardSetValue           = storeext.ShardSetValue
 	EpochShift              = storeext.EpochShift
 	DefaultRestoreEpochBump = storeext.DefaultRestoreEpochBump

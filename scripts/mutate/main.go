@@ -102,6 +102,10 @@ var contract = map[string]backstop{
 	"jobs (issue 37): a plain key whose work failed is read as a failed job":                       {"./jobs", "TestAPlainKeyIsNeverAJob"},
 	"jobs (issue 37): a claim that replays an ended job counts as a run":                           {"./jobs", "TestReplayOfAReplacedJobIsNotARun"},
 	"docs (issue 37): JOBS.md says a job's claim is two Txns":                                      {"./jobs", "TestJobCostTableIsMeasured"},
+	"shards (issue 37 review): a set lists by tenant, then id, not in etcd's key order":            {"./shard", "TestConformanceShards"},
+	"shards (issue 37 review): a shard with a larger record limit keeps it":                        {"./shard", "TestReview5ConformanceShardsWithOptionsOfTheirOwn"},
+	"cache (issue 37 review): a progress answer proves the cache current whatever its revision":    {"./etcdstore", "TestReview5CacheOnCutOffMemberReplaysPastItsBound"},
+	"jobs (issue 37 review): a record written before kinds with a saved error is a failed job":     {"./jobs", "TestReview5LegacyFailedPlainKeyIsNotAJob"},
 }
 
 // explorerKernel are the kernel's mutants measured by the explorer: the
@@ -343,6 +347,14 @@ var kernelMutants = []mutant{
 		old: "Takeovers: h.Takeovers, Kind: h.Kind,", new: "Takeovers: h.Takeovers,"},
 	{name: "jobs (issue 37): a plain key whose work failed is read as a failed job", file: "jobs/state.go",
 		old: "	if rec.Kind == etcdstore.KindKey {", new: "	if false {"},
+	{name: "shards (issue 37 review): a set lists by tenant, then id, not in etcd's key order", file: "shard/admin.go",
+		old: "return listOrder(out[i].Key) < listOrder(out[j].Key)", new: "return out[i].Key.Tenant < out[j].Key.Tenant || out[i].Key.Tenant == out[j].Key.Tenant && out[i].Key.ID < out[j].Key.ID"},
+	{name: "shards (issue 37 review): a shard with a larger record limit keeps it", file: "shard/shard.go",
+		old: "	opts = append(opts, etcdstore.WithMaxRecordSize(s.Settings().MaxRecordSize))\n", new: ""},
+	{name: "cache (issue 37 review): a progress answer proves the cache current whatever its revision", file: "etcdstore/internal/cache/cache.go",
+		old: "for len(sent) > 0 && sent[0].rev <= r.Header.Revision {", new: "for len(sent) > 0 {"},
+	{name: "jobs (issue 37 review): a record written before kinds with a saved error is a failed job", file: "jobs/state.go",
+		old: "(rec.Kind == etcdstore.KindJob || strings.HasPrefix(rec.Outcome.Err, storex.OutcomeNotSaved))", new: "true"},
 	{name: "docs (issue 37): JOBS.md says a job's claim is two Txns", file: "docs/JOBS.md",
 		old: "  | an attempt's claim of a queued job | 1 | 1 |", new: "  | an attempt's claim of a queued job | 2 | 0 |"},
 	{name: "jobs (issue 37): a claim that replays an ended job counts as a run", file: "jobs/worker.go",

@@ -8,10 +8,15 @@
 // before it restarts, so no invalidation is ever missed.
 //
 // The cache answers only while its watch is known to be current: every
-// quarter of the staleness bound it asks etcd for a progress notification
+// quarter of the staleness bound it reads etcd's revision linearizably (a
+// read-index round at the leader), then asks for a progress notification
 // (RequestProgress), which etcd sends once the watch has delivered every
-// event up to the revision it answers at. A hit is served only if such an
-// answer, to a request sent at most the bound ago, has come back. A watch
+// event up to the revision it answers at. A hit is served only if an
+// answer at or past the revision read, for a read begun at most the bound
+// ago, has come back. The member the watch is on may lag, or be cut off
+// without having noticed (it still believes in its leader and answers
+// progress requests from its own old revision): its answers then stay
+// below the revision read, and prove nothing. A watch
 // whose connection stops moving bytes (a partition that keeps TCP open)
 // gets no answers, so after the bound every claim goes to etcd again: a
 // cut-off process never replays from memory for longer than the bound. A
@@ -277,7 +282,7 @@ func (c *Cache[V]) watch(ctx context.Context, rev int64, gen int) {
 	// than the request it really answers (some may be lost with a broken
 	// stream): the cache is never thought fresher than it is.
 	var mu sync.Mutex
-	var sent []int64
+	var sent []pending
 	var progress clock.Group
 	defer func() {
 		cancel()
@@ -288,13 +293,22 @@ func (c *Cache[V]) watch(ctx context.Context, rev int64, gen int) {
 		for clock.Sleep(c.cfg.Clock, ctx, every) == nil {
 			now := c.cfg.Clock.Now().UnixNano()
 			mu.Lock()
-			if len(sent) > 0 && time.Duration(now-sent[0]) > 2*c.cfg.Bound {
+			if len(sent) > 0 && time.Duration(now-sent[0].at) > 2*c.cfg.Bound {
 				mu.Unlock()
 				cancel() // no answer for too long: start again
 				return
 			}
+			mu.Unlock()
+			rev, err := c.revision(ctx)
+			if err != nil {
+				if ctx.Err() == nil {
+					c.cfg.Log.Debug("idem: cache revision read", "err", err)
+				}
+				continue
+			}
+			mu.Lock()
 			if len(sent) < 64 {
-				sent = append(sent, now)
+				sent = append(sent, pending{at: now, rev: rev})
 			}
 			mu.Unlock()
 			if err := c.cfg.Client.RequestProgress(wctx); err != nil && ctx.Err() == nil {
@@ -308,9 +322,12 @@ func (c *Cache[V]) watch(ctx context.Context, rev int64, gen int) {
 			return
 		}
 		if r.IsProgressNotify() {
+			// Every read at or below the revision the watch has delivered
+			// up to is proven; the newest of them is when the cache was
+			// last current. A read above it waits for a later answer.
 			mu.Lock()
-			if len(sent) > 0 {
-				c.current.Store(sent[0])
+			for len(sent) > 0 && sent[0].rev <= r.Header.Revision {
+				c.current.Store(sent[0].at)
 				sent = sent[1:]
 			}
 			mu.Unlock()
@@ -329,4 +346,23 @@ func (c *Cache[V]) watch(ctx context.Context, rev int64, gen int) {
 			}
 		}
 	}
+}
+
+// pending is a progress request: when the revision read before it began,
+// and the revision it read.
+type pending struct {
+	at  int64 // unix ns
+	rev int64
+}
+
+// revision reads etcd's current revision linearizably (a Get of a key
+// nobody writes), within the staleness bound.
+func (c *Cache[V]) revision(ctx context.Context) (int64, error) {
+	ctx, cancel := c.cfg.Clock.WithTimeout(ctx, c.cfg.Bound)
+	defer cancel()
+	resp, err := c.cfg.Client.Get(ctx, c.cfg.Prefix+"\x00revision")
+	if err != nil {
+		return 0, err
+	}
+	return resp.Header.Revision, nil
 }
