@@ -352,7 +352,7 @@ var kernelMutants = []mutant{
 	{name: "shards (issue 37 review): a shard with a larger record limit keeps it", file: "shard/shard.go",
 		old: "	opts = append(opts, etcdstore.WithMaxRecordSize(s.Settings().MaxRecordSize))\n", new: ""},
 	{name: "cache (issue 37 review): a progress answer proves the cache current whatever its revision", file: "etcdstore/internal/cache/cache.go",
-		old: "			rev, err := c.revision(ctx)\n", new: "			rev, err := int64(0), ctx.Err()\n"},
+		old: "		rev, err := c.revision(ctx)\n", new: "		rev, err := int64(0), ctx.Err()\n"},
 	{name: "jobs (issue 37 review): a record written before kinds with a saved error is a failed job", file: "jobs/state.go",
 		old: "(rec.Kind == etcdstore.KindJob || strings.HasPrefix(rec.Outcome.Err, storex.OutcomeNotSaved))", new: "(strings.HasPrefix(rec.Outcome.Err, storex.OutcomeNotSaved) || true)"},
 	{name: "docs (issue 37): JOBS.md says a job's claim is two Txns", file: "docs/JOBS.md",

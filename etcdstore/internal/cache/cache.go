@@ -281,41 +281,13 @@ func (c *Cache[V]) watch(ctx context.Context, rev int64, gen int) {
 	// order; an answer is credited to the oldest, which is never later
 	// than the request it really answers (some may be lost with a broken
 	// stream): the cache is never thought fresher than it is.
-	var mu sync.Mutex
-	var sent []pending
-	var progress clock.Group
+	p := &progress{}
+	var group clock.Group
 	defer func() {
 		cancel()
-		progress.Wait(c.cfg.Clock, context.WithoutCancel(ctx))
+		group.Wait(c.cfg.Clock, context.WithoutCancel(ctx))
 	}()
-	progress.Go(c.cfg.Clock, ctx, "cache progress", func(ctx context.Context) {
-		every := max(c.cfg.Bound/4, 10*time.Millisecond)
-		for clock.Sleep(c.cfg.Clock, ctx, every) == nil {
-			now := c.cfg.Clock.Now().UnixNano()
-			mu.Lock()
-			if len(sent) > 0 && time.Duration(now-sent[0].at) > 2*c.cfg.Bound {
-				mu.Unlock()
-				cancel() // no answer for too long: start again
-				return
-			}
-			mu.Unlock()
-			rev, err := c.revision(ctx)
-			if err != nil {
-				if ctx.Err() == nil {
-					c.cfg.Log.Debug("idem: cache revision read", "err", err)
-				}
-				continue
-			}
-			mu.Lock()
-			if len(sent) < 64 {
-				sent = append(sent, pending{at: now, rev: rev})
-			}
-			mu.Unlock()
-			if err := c.cfg.Client.RequestProgress(wctx); err != nil && ctx.Err() == nil {
-				c.cfg.Log.Debug("idem: cache progress request", "err", err)
-			}
-		}
-	})
+	group.Go(c.cfg.Clock, ctx, "cache progress", func(ctx context.Context) { c.askProgress(ctx, wctx, cancel, p) })
 	for {
 		r, err := stream.Next(ctx)
 		if err != nil || r.Closed || r.Canceled || r.Err() != nil {
@@ -325,12 +297,12 @@ func (c *Cache[V]) watch(ctx context.Context, rev int64, gen int) {
 			// Every read at or below the revision the watch has delivered
 			// up to is proven; the newest of them is when the cache was
 			// last current. A read above it waits for a later answer.
-			mu.Lock()
-			for len(sent) > 0 && sent[0].rev <= r.Header.Revision {
-				c.current.Store(sent[0].at)
-				sent = sent[1:]
+			p.mu.Lock()
+			for len(p.sent) > 0 && p.sent[0].rev <= r.Header.Revision {
+				c.current.Store(p.sent[0].at)
+				p.sent = p.sent[1:]
 			}
-			mu.Unlock()
+			p.mu.Unlock()
 			continue
 		}
 		for _, ev := range r.Events {
@@ -344,6 +316,44 @@ func (c *Cache[V]) watch(ctx context.Context, rev int64, gen int) {
 			if c.cfg.Applied != nil {
 				c.cfg.Applied(ev.Kv.ModRevision)
 			}
+		}
+	}
+}
+
+// progress holds a watch's progress requests in flight, oldest first.
+type progress struct {
+	mu   sync.Mutex
+	sent []pending
+}
+
+// askProgress asks, every quarter of the bound, for a progress answer
+// after a linearizable revision read; it cancels the watch (through
+// cancel) when no answer proved it current for twice the bound.
+func (c *Cache[V]) askProgress(ctx, wctx context.Context, cancel context.CancelFunc, p *progress) {
+	every := max(c.cfg.Bound/4, 10*time.Millisecond)
+	for clock.Sleep(c.cfg.Clock, ctx, every) == nil {
+		now := c.cfg.Clock.Now().UnixNano()
+		p.mu.Lock()
+		if len(p.sent) > 0 && time.Duration(now-p.sent[0].at) > 2*c.cfg.Bound {
+			p.mu.Unlock()
+			cancel() // no answer for too long: start again
+			return
+		}
+		p.mu.Unlock()
+		rev, err := c.revision(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				c.cfg.Log.Debug("idem: cache revision read", "err", err)
+			}
+			continue
+		}
+		p.mu.Lock()
+		if len(p.sent) < 64 {
+			p.sent = append(p.sent, pending{at: now, rev: rev})
+		}
+		p.mu.Unlock()
+		if err := c.cfg.Client.RequestProgress(wctx); err != nil && ctx.Err() == nil {
+			c.cfg.Log.Debug("idem: cache progress request", "err", err)
 		}
 	}
 }
