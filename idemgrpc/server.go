@@ -55,6 +55,10 @@ const (
 	ReasonMissingKey       = "IDEMPOTENCY_KEY_MISSING"
 	ReasonStoreUnavailable = "IDEMPOTENCY_STORE_UNAVAILABLE"
 	ReasonNotSaved         = "IDEMPOTENT_RESPONSE_NOT_SAVED"
+	// ReasonOutcomeUnknown marks the status saved by a takeover of an
+	// attempt that may have run (Config.OnUnknownOutcome): the handler was
+	// not called again.
+	ReasonOutcomeUnknown = "IDEMPOTENT_OUTCOME_UNKNOWN"
 	// ReasonNotExecuted marks a status by which a handler says it did
 	// nothing: the key is released and a retry runs the handler again
 	// (NotExecuted makes one).
@@ -97,6 +101,14 @@ type Config struct {
 	// the calls idem claims (keyed): calls without a key pass through, so
 	// authenticate every call with an interceptor of your own before idem's.
 	Tenant TenantFunc
+	// OnUnknownOutcome says what a takeover does when the attempt it
+	// replaces was cut short after its handler may have run (its process
+	// was killed, or lost its session or its deadline). EndSave, the
+	// default: the handler is not called; an UNKNOWN status saying so is
+	// saved and answered to every retry (reconcile, then use a new key).
+	// EndRelease or EndAbandon: the handler runs again, with a greater
+	// fencing token, for handlers that are idempotent downstream.
+	OnUnknownOutcome etcdstore.End
 	// OnStatus decides from a handler's status how its claim ends (default
 	// DefaultStatusPolicy).
 	OnStatus func(*status.Status) etcdstore.End
@@ -365,6 +377,14 @@ func (i *Interceptor) run(ctx context.Context, req any, info *grpc.UnaryServerIn
 	savedStatus := false // the handler's error status is saved as its outcome
 	res, err := i.cfg.Store.Run(ctx, key, fp, func(_ context.Context, c *etcdstore.Claim) (etcdstore.Outcome, etcdstore.End) {
 		ran = true
+		if prev := c.Previous(); c.TookOver() && prev != nil && prev.Owner != "" && i.cfg.OnUnknownOutcome == etcdstore.EndSave {
+			// The attempt it replaces may have run the handler: its
+			// outcome is unknown, and an outcome that may have happened
+			// is never run again under the default policy.
+			replaced = true
+			return saved(statusWithInfo(codes.Unknown, ReasonOutcomeUnknown, fmt.Sprintf(
+				"an earlier attempt at this call (token %d) was cut short, its process gone or its claim past its deadline, after its handler may have run: reconcile before using a new key", prev.Token))), etcdstore.EndSave
+		}
 		// Once the handler starts it runs to its end, even if the caller
 		// goes away or the claim is lost: cutting it short turns a definite
 		// answer into an unknown outcome. Its answer is saved if the claim

@@ -315,6 +315,18 @@ func (m *Middleware) run(w http.ResponseWriter, req *request, next http.Handler,
 		if c.TookOver() {
 			outcome = labelTakeover
 		}
+		if why := mayHaveRun(c); why != "" && m.cfg.OnUnknownOutcome == etcdstore.EndSave {
+			// The earlier attempt was cut short after it may have
+			// reached the handler (its process was killed, or lost its
+			// session or its deadline): its outcome is unknown, and under
+			// the default policy an outcome that may have happened is
+			// never run again. Its answer is saved, as the earlier
+			// attempt's own unknown outcome would have been.
+			rec = newRecorder(w, m.cfg.MaxResponseBody)
+			rec.req = r
+			ans = m.unknownOutcome(http.StatusBadGateway, why)
+			return ans.out, ans.end
+		}
 		// Once forwarded, the request runs to its end, even if its client
 		// hangs up or the claim is lost meanwhile: cutting it short would
 		// turn a definite answer into an unknown outcome. Its answer is
@@ -554,4 +566,16 @@ func readBody(r io.Reader, declared int64) ([]byte, error) {
 		return nil, err
 	}
 	return append(append(b, one[0]), rest...), nil
+}
+
+// mayHaveRun says why claim c, a takeover, replaces an attempt that may
+// have reached the handler ("" when it does not): the record it took over
+// was held by an owner that is gone or past its deadline, not abandoned
+// (an abandoned claim was given back on purpose, to run again).
+func mayHaveRun(c *etcdstore.Claim) string {
+	prev := c.Previous()
+	if !c.TookOver() || prev == nil || prev.Owner == "" {
+		return ""
+	}
+	return fmt.Sprintf("an earlier attempt at this key (token %d) was cut short, its idem process gone or its claim past its deadline, after it may have reached the upstream", prev.Token)
 }

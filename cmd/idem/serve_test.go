@@ -147,46 +147,67 @@ func TestServeProxy(t *testing.T) {
 }
 
 // idem is killed after the upstream took effect but before the response was
-// saved. Restarted, it forwards the retry again (with the same key and a
-// greater fencing token); the upstream honours the key, so there is one
-// effect, and the client gets the upstream's first answer.
+// saved, and restarted on the same data. Issue 38: the takeover forwarded
+// the retry again, so an upstream that does not honour the key charged
+// twice, and the client got the second charge as the only one. Under the
+// default policy (--on-unknown-outcome save) the takeover answers that the
+// outcome is unknown, saves that, and never forwards; with release, it
+// forwards again with a greater fencing token, as documented.
 func TestKilledAfterUpstreamCallNoDoubleEffect(t *testing.T) {
-	dir := tempDir(t)
-	up := newShop(t)
-	up.hold = make(chan struct{})
-	flags := append(embeddedFlags(t, filepath.Join(dir, "data")), "--upstream", up.URL, "--session-ttl", "2s")
-	idem := startIdem(t, dir, flags...)
-	go func() { // its answer never comes: idem dies first
-		req, _ := http.NewRequest("POST", idem.listen+"/pay", strings.NewReader(`{"amount":5}`))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Idempotency-Key", "order-9")
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
-		}
-	}()
-	<-up.entered // the charge happened
-	idem.kill()
-	up.mu.Lock()
-	close(up.hold)
-	up.hold = nil
-	up.mu.Unlock()
+	for _, policy := range []string{"save", "release"} {
+		t.Run(policy, func(t *testing.T) {
+			dir := tempDir(t)
+			up := newShop(t)
+			up.hold = make(chan struct{})
+			flags := append(embeddedFlags(t, filepath.Join(dir, "data")), "--upstream", up.URL, "--session-ttl", "2s", "--on-unknown-outcome", policy)
+			idem := startIdem(t, dir, flags...)
+			go func() { // its answer never comes: idem dies first
+				req, _ := http.NewRequest("POST", idem.listen+"/pay", strings.NewReader(`{"amount":5}`))
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("Idempotency-Key", "order-9")
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					resp.Body.Close()
+				}
+			}()
+			<-up.entered // the charge happened
+			idem.kill()
+			up.mu.Lock()
+			close(up.hold)
+			up.hold = nil
+			up.mu.Unlock()
 
-	idem = startIdem(t, dir, flags...)
-	// The dead process's claim stands until its session lease expires; the
-	// retry waits for that on a Watch and then takes the key over.
-	r := send(t, "POST", idem.listen+"/pay", "order-9", `{"amount":5}`, "Prefer", "wait=30")
-	if r.status != 201 || !strings.Contains(r.body, `"charge":"ch_1"`) {
-		t.Fatalf("retry after the crash = %d %q; want the first charge's answer", r.status, r.body)
-	}
-	calls, effects := up.counts()
-	if calls != 2 || effects != 1 {
-		t.Fatalf("upstream calls %d, effects %d; want 2 calls (re-forwarded) and 1 effect", calls, effects)
-	}
-	if up.fences[1] <= up.fences[0] {
-		t.Fatalf("fencing tokens %v: the takeover's is not greater", up.fences)
-	}
-	if again := send(t, "POST", idem.listen+"/pay", "order-9", `{"amount":5}`); again.body != r.body || again.header.Get("Idempotent-Replayed") != "true" {
-		t.Fatalf("later retry = %q; want the replay", again.body)
+			idem = startIdem(t, dir, flags...)
+			// The dead process's claim stands until its session lease
+			// expires; the retry waits for that on a Watch and then takes
+			// the key over.
+			r := send(t, "POST", idem.listen+"/pay", "order-9", `{"amount":5}`, "Prefer", "wait=30")
+			calls, effects := up.counts()
+			if policy == "save" {
+				if r.status != http.StatusBadGateway || !strings.Contains(r.body, "upstream-outcome-unknown") || calls != 1 {
+					t.Fatalf("retry after the crash = %d %q, %d upstream calls; want 502 upstream-outcome-unknown and the one call", r.status, r.body, calls)
+				}
+				again := send(t, "POST", idem.listen+"/pay", "order-9", `{"amount":5}`)
+				if again.body != r.body || again.header.Get("Idempotent-Replayed") != "true" {
+					t.Fatalf("later retry = %d %q; want the saved unknown outcome replayed", again.status, again.body)
+				}
+				if calls, _ := up.counts(); calls != 1 {
+					t.Fatalf("upstream calls %d; want 1", calls)
+				}
+				return
+			}
+			if r.status != 201 || !strings.Contains(r.body, `"charge":"ch_1"`) {
+				t.Fatalf("retry after the crash = %d %q; want the first charge's answer", r.status, r.body)
+			}
+			if calls != 2 || effects != 1 {
+				t.Fatalf("upstream calls %d, effects %d; want 2 calls (re-forwarded) and 1 effect", calls, effects)
+			}
+			if up.fences[1] <= up.fences[0] {
+				t.Fatalf("fencing tokens %v: the takeover's is not greater", up.fences)
+			}
+			if again := send(t, "POST", idem.listen+"/pay", "order-9", `{"amount":5}`); again.body != r.body || again.header.Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("later retry = %q; want the replay", again.body)
+			}
+		})
 	}
 }
 
