@@ -70,6 +70,11 @@ type Step struct {
 	// OnError Compensate. Optional: a step without it is left as it is.
 	// It is resumed like a step, so it must be idempotent.
 	Compensate func(ctx context.Context, r *Run) error
+
+	// waits is how long the step waits, when it says so when it is made
+	// (SleepStep, AwaitStep): checked against the retention when its kind
+	// is registered.
+	waits time.Duration
 }
 
 // OnError says what a step's failure does to its job.
@@ -127,6 +132,11 @@ func (k *Kind) validate(retention time.Duration) error {
 		}
 		if s.OnError < Retry || s.OnError > Compensate {
 			return fmt.Errorf("%w: kind %s, step %s: unknown OnError %d", ErrInvalid, k.Name, s.Name, s.OnError)
+		}
+		if s.waits >= retention/2 {
+			// Refused now, not when each of its jobs reaches the step.
+			return fmt.Errorf("%w: kind %s, step %s waits %v, past half the store's retention (%v): its jobs could be forgotten while they wait",
+				ErrInvalid, k.Name, s.Name, s.waits, retention)
 		}
 	}
 	k.Limits = slices.Clone(k.Limits)
@@ -448,12 +458,12 @@ func ceilMilli(t time.Time) int64 {
 // SleepStep is a step that sleeps for d, durably (Run.Sleep), and does
 // nothing else: a timer between two steps that nothing runs twice around.
 func SleepStep(name string, d time.Duration) Step {
-	return Step{Name: name, Run: func(ctx context.Context, r *Run) ([]byte, error) { return nil, r.Sleep(d) }}
+	return Step{Name: name, waits: d, Run: func(ctx context.Context, r *Run) ([]byte, error) { return nil, r.Sleep(d) }}
 }
 
 // AwaitStep is a step that waits for event (Run.Await) for at most
 // timeout, and whose output is the event's payload: later steps read it with
 // Run.Output(name). A timeout fails the step as onError says.
 func AwaitStep(name, event string, timeout time.Duration, onError OnError) Step {
-	return Step{Name: name, OnError: onError, Run: func(ctx context.Context, r *Run) ([]byte, error) { return r.Await(event, timeout) }}
+	return Step{Name: name, OnError: onError, waits: timeout, Run: func(ctx context.Context, r *Run) ([]byte, error) { return r.Await(event, timeout) }}
 }

@@ -58,8 +58,9 @@ type Limit struct {
 	Name string
 	// Key returns the job's key for this limit from its parameters ("":
 	// the job is not limited). An error fails the job: its parameters say
-	// nothing the limit can use. ParamKey reads a field of JSON
-	// parameters.
+	// nothing the limit can use; so does a panic (the error names it),
+	// which never takes the worker's process down. ParamKey reads a field
+	// of JSON parameters.
 	Key func(params []byte) (string, error)
 	// Concurrency is how many jobs of a key may run an attempt at once (0:
 	// no bound), at most 1000.
@@ -173,7 +174,7 @@ func (k *Kind) limitsOf(params []byte) ([]keyedLimit, error) {
 	var out []keyedLimit
 	for i := range k.Limits {
 		l := &k.Limits[i]
-		key, err := l.Key(params)
+		key, err := callLimitKey(l, params)
 		if err != nil {
 			return nil, fmt.Errorf("limit %s: the job's key: %w", l.Name, err)
 		}
@@ -591,4 +592,16 @@ func (c *completer) rateRoom(e *entry, now time.Time) (string, time.Time) {
 		return prefix, soonest
 	}
 	return "", time.Time{}
+}
+
+// callLimitKey calls a limit's Key function, turning a panic into an
+// error naming it: a function that panics on one job's parameters fails
+// that job, never the process (and every process that runs its kind).
+func callLimitKey(l *Limit, params []byte) (key string, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("its Key function panicked: %v", v)
+		}
+	}()
+	return l.Key(params)
 }

@@ -126,7 +126,8 @@ func TestReviewSkipOverACursorWithoutPrev(t *testing.T) {
 				if _, ok, err := storex.SetValue(q.store, ctx, cursorName(q.tenant, "sync"), old, 0); err != nil || !ok {
 					t.Fatal(ok, err)
 				}
-				if _, err := q.Submit(ctx, OccurrenceID("sync", at(1)), "sync", sc.params(at(1)), RunAt(at(1))); err != nil {
+				params, _ := sc.params(at(1))
+				if _, err := q.Submit(ctx, OccurrenceID("sync", at(1)), "sync", params, RunAt(at(1))); err != nil {
 					t.Fatal(err)
 				}
 			} else {

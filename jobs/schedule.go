@@ -46,7 +46,9 @@ type Schedule struct {
 	// Params returns an occurrence's job parameters; it must return the
 	// same bytes on every scheduler for the same time, or the schedulers'
 	// submissions conflict (etcdstore.ErrMismatch, logged). Default:
-	// {"schedule":Name,"occurrence":"<RFC 3339 time>"}.
+	// {"schedule":Name,"occurrence":"<RFC 3339 time>"}. A Params that
+	// panics skips that occurrence (logged, naming the panic), never the
+	// scheduler's process.
 	Params func(occurrence time.Time) []byte
 	// CatchUp says what happens to occurrences missed while no scheduler
 	// ran (default CatchUpLatest).
@@ -252,13 +254,20 @@ func (d interval) Next(t time.Time) time.Time {
 	return time.Unix(next, 0).UTC()
 }
 
-// params returns the parameters of the occurrence at t.
-func (s *Schedule) params(t time.Time) []byte {
+// params returns the parameters of the occurrence at t. A Params function
+// that panics is an error wrapping ErrInvalid, naming it: the occurrence
+// is skipped (logged), never the scheduler's process.
+func (s *Schedule) params(t time.Time) (b []byte, err error) {
 	if s.Params != nil {
-		return s.Params(t)
+		defer func() {
+			if v := recover(); v != nil {
+				err = fmt.Errorf("%w: schedule %s: its Params function panicked on occurrence %s: %v", ErrInvalid, s.Name, t.UTC().Format(occurrenceLayout), v)
+			}
+		}()
+		return s.Params(t), nil
 	}
-	b, _ := json.Marshal(map[string]string{"schedule": s.Name, "occurrence": t.UTC().Format(occurrenceLayout)})
-	return b
+	b, _ = json.Marshal(map[string]string{"schedule": s.Name, "occurrence": t.UTC().Format(occurrenceLayout)})
+	return b, nil
 }
 
 // Scheduler submits the occurrences of schedules as jobs of a Queue. Run one
@@ -448,7 +457,10 @@ func (s *Scheduler) submit(ctx context.Context, sc *Schedule, t time.Time, fence
 			}
 		}()
 	}
-	_, err := s.q.Submit(ctx, OccurrenceID(sc.Name, t), sc.Kind, sc.params(t), opts...)
+	params, err := sc.params(t)
+	if err == nil {
+		_, err = s.q.Submit(ctx, OccurrenceID(sc.Name, t), sc.Kind, params, opts...)
+	}
 	switch {
 	case errors.Is(err, etcdstore.ErrMismatch):
 		s.q.log.Error("idem: schedule: another scheduler submitted this occurrence with other params; keeping its job", "schedule", sc.Name, "occurrence", t, "err", err)
@@ -1068,7 +1080,10 @@ func (q *Queue) Backfill(ctx context.Context, sc Schedule, from, to time.Time) (
 	}
 	n := 0
 	for _, t := range times {
-		_, err := q.Submit(ctx, OccurrenceID(sc.Name, t), sc.Kind, sc.params(t), RunAt(t), RefuseDuplicate())
+		params, err := sc.params(t)
+		if err == nil {
+			_, err = q.Submit(ctx, OccurrenceID(sc.Name, t), sc.Kind, params, RunAt(t), RefuseDuplicate())
+		}
 		switch {
 		case err == nil:
 			n++

@@ -1,0 +1,111 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem/etcdstore"
+)
+
+// Issue 38: a kind's Limit key function that panicked on one job's
+// parameters crashed every process running that kind's completer, again at
+// each restart. Now that job fails, with an error naming the function and
+// the panic, and the worker runs the others.
+func TestALimitKeyThatPanicsFailsItsJobAlone(t *testing.T) {
+	q := newQueue(t, newStore(t, testPrefix(t)))
+	var runs atomic.Int32
+	key := func(params []byte) (string, error) {
+		if strings.Contains(string(params), "poison") {
+			panic("no merchant in " + string(params))
+		}
+		return ParamKey("merchant")(params)
+	}
+	k := Kind{Name: "charge", Limits: []Limit{{Name: "merchant", Key: key, Concurrency: 1}},
+		Steps: []Step{{Name: "charge", Run: func(ctx context.Context, r *Run) ([]byte, error) {
+			runs.Add(1)
+			return nil, nil
+		}}}}
+	newWorker(t, q, []Kind{k}, Concurrency(2))
+	ctx := testCtx(t)
+	if _, err := q.Submit(ctx, "bad", "charge", []byte(`{"poison":true}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Submit(ctx, "good", "charge", []byte(`{"merchant":"m1"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if j := waitJob(t, q, "good"); j.State != Succeeded || runs.Load() != 1 {
+		t.Fatalf("the good job = %s after %d runs; want it run once", j.State, runs.Load())
+	}
+	j := waitJob(t, q, "bad")
+	if j.State != Failed || !strings.Contains(j.Err, "Key function panicked") || !strings.Contains(j.Err, "no merchant") {
+		t.Fatalf("the poisoned job = %s %q; want failed with the panic named", j.State, j.Err)
+	}
+}
+
+// A schedule's Params function that panics skips that occurrence (the
+// error names the function), never the process: Backfill says so, and the
+// scheduler goes on to the next occurrence.
+func TestAParamsFunctionThatPanicsSkipsItsOccurrence(t *testing.T) {
+	ctx := testCtx(t)
+	base := time.Date(2026, 12, 2, 3, 0, 0, 0, time.UTC)
+	master := newFakeClock(base.Add(time.Hour))
+	q := newQueue(t, newStore(t, testPrefix(t)))
+	q.setClock(master.view(0))
+	poisoned := base.Add(2 * time.Minute)
+	sc := Schedule{Name: "sync", Every: time.Minute, Kind: "sync", Params: func(at time.Time) []byte {
+		if at.Equal(poisoned) {
+			panic("no params for " + at.String())
+		}
+		return []byte(`{}`)
+	}}
+	n, err := q.Backfill(ctx, sc, base.Add(time.Minute), base.Add(3*time.Minute))
+	if n != 1 || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "Params function panicked") {
+		t.Fatalf("Backfill over a panicking occurrence = %d, %v; want 1 submitted, then an error naming the function", n, err)
+	}
+	// The scheduler: the poisoned occurrence is skipped, the next one is
+	// submitted.
+	sched := Schedule{Name: "tick", Every: time.Minute, Kind: "sync", Lateness: 30 * time.Second, MaxSkew: time.Second,
+		Params: func(at time.Time) []byte {
+			if at.Equal(base.Add(62 * time.Minute)) {
+				panic("poisoned occurrence")
+			}
+			return []byte(`{}`)
+		}}
+	s, err := NewScheduler(q, []Schedule{sched})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	waitCursor(t, q, sched.Name)
+	for m := 61; m <= 63; m++ {
+		master.set(base.Add(time.Duration(m)*time.Minute + time.Second))
+		if m != 62 {
+			waitExists(t, q, OccurrenceID(sched.Name, base.Add(time.Duration(m)*time.Minute)))
+		}
+	}
+	if exists(t, q, OccurrenceID(sched.Name, base.Add(62*time.Minute))) {
+		t.Fatal("the occurrence whose Params panicked was submitted")
+	}
+}
+
+// A kind whose declared sleep or await is past half the retention is
+// refused when it is registered, not when each of its jobs reaches the
+// step.
+func TestAKindThatWaitsPastTheRetentionIsRefusedAtRegistration(t *testing.T) {
+	q := newQueue(t, newStore(t, testPrefix(t), etcdstore.WithRetention(time.Hour)))
+	for _, step := range []Step{SleepStep("nap", 31*time.Minute), AwaitStep("approval", "approved", 45*time.Minute, Fail)} {
+		_, err := NewWorker(q, []Kind{{Name: "k", Steps: []Step{step}}})
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "step "+step.Name+" waits") {
+			t.Errorf("NewWorker with step %s = %v; want ErrInvalid naming the step and its wait", step.Name, err)
+		}
+	}
+	w, err := NewWorker(q, []Kind{{Name: "k", Steps: []Step{SleepStep("nap", 29*time.Minute)}}})
+	if err != nil {
+		t.Fatalf("a sleep within half the retention = %v", err)
+	}
+	w.Close()
+}
