@@ -68,7 +68,9 @@ type Schedule struct {
 	// minutes). A scheduler counts an occurrence as missed only once it is
 	// late by more than Lateness plus MaxSkew on its own clock, so one whose
 	// clock runs ahead never skips, for the fleet, an occurrence the others
-	// would submit on time; a new schedule's cursor starts MaxSkew back. An
+	// would submit on time. A new schedule starts with its first occurrence
+	// after it was created (on the clock of the scheduler that made its
+	// cursor), never with its past. An
 	// occurrence a fast scheduler submits before its time is held back
 	// until then (RunAt) on each worker's clock.
 	MaxSkew time.Duration
@@ -822,9 +824,10 @@ func (q *Queue) cursorPut(ctx context.Context, schedule string, b []byte, at cur
 	return v.Value, cursorAt{rev: v.Revision}, ok, nil
 }
 
-// cursor reads sc's cursor, creating it MaxSkew before now when the
-// schedule is new (so a new schedule starts with its next occurrences, not
-// its past).
+// cursor reads sc's cursor, creating it at now when the schedule is new:
+// a new schedule's first occurrence is its first one after it was created
+// (issue 38: created MaxSkew back, a schedule every 10 s submitted 30 jobs
+// at its first tick, one every second 300).
 func (s *Scheduler) cursor(ctx context.Context, sc *Schedule, now time.Time) (cursorValue, int64, error) {
 	name := cursorName(s.q.tenant, sc.Name)
 	v, at, err := s.q.cursorGet(ctx, sc.Name)
@@ -838,8 +841,7 @@ func (s *Scheduler) cursor(ctx context.Context, sc *Schedule, now time.Time) (cu
 		}
 		return cv, at.revision(), nil
 	}
-	// MaxSkew back: this scheduler's clock may run ahead of the others'.
-	cv = cursorValue{Last: now.Add(-sc.MaxSkew).UTC().Truncate(time.Second)}
+	cv = cursorValue{Last: now.UTC().Truncate(time.Second)}
 	cv.describe(sc)
 	b, _ := json.Marshal(cv)
 	cur, now2, ok, err := s.q.cursorPut(ctx, sc.Name, b, at)

@@ -109,3 +109,35 @@ func TestAKindThatWaitsPastTheRetentionIsRefusedAtRegistration(t *testing.T) {
 	}
 	w.Close()
 }
+
+// Issue 38: a schedule created now submitted at once every occurrence of
+// the MaxSkew window before it existed (an every-10-seconds schedule, 30
+// jobs at its first tick). Its first occurrence is its first one after it
+// was created.
+func TestANewScheduleDoesNotRunItsPast(t *testing.T) {
+	base := time.Date(2026, 12, 2, 3, 0, 5, 0, time.UTC)
+	master := newFakeClock(base)
+	q := newQueue(t, newStore(t, testPrefix(t)))
+	q.setClock(master.view(0))
+	sc := Schedule{Name: "often", Every: 10 * time.Second, Kind: "k"}
+	s, err := NewScheduler(q, []Schedule{sc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	waitCursor(t, q, sc.Name)
+	first := base.Truncate(10 * time.Second).Add(10 * time.Second)
+	master.set(first.Add(time.Second))
+	waitExists(t, q, OccurrenceID(sc.Name, first))
+	jobs, err := q.List(testCtx(t), ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(jobs) != 1 {
+		var ids []string
+		for _, j := range jobs {
+			ids = append(ids, j.Key.ID)
+		}
+		t.Fatalf("a new schedule submitted %d jobs at its first occurrence: %v; want only %s", len(jobs), ids, OccurrenceID(sc.Name, first))
+	}
+}
