@@ -148,7 +148,7 @@ func (a *API) complete(w http.ResponseWriter, r *http.Request) {
 		o := req.Outcome
 		return "done", c.Complete(ctx, etcdstore.Outcome{Status: o.Status, Header: o.Headers, Body: o.Body, Err: o.Error})
 	}, func(rec *etcdstore.Record) bool {
-		return rec.State == etcdstore.Done && sameOutcome(rec.Outcome, req.Outcome)
+		return rec != nil && rec.State == etcdstore.Done && sameOutcome(rec.Outcome, req.Outcome)
 	})
 }
 
@@ -186,7 +186,11 @@ func (a *API) release(w http.ResponseWriter, r *http.Request) {
 			return "abandoned", c.Release(ctx) // a claim that took over is kept for the next owner
 		}
 		return "released", c.Release(ctx)
-	}, nil)
+	}, func(rec *etcdstore.Record) bool {
+		// A retry after the release landed: the key has no record (or,
+		// for a claim that took over, this claim's record abandoned).
+		return rec == nil || rec.State == etcdstore.InFlight && rec.Owner == ""
+	})
 }
 
 func (a *API) abandon(w http.ResponseWriter, r *http.Request) {
@@ -194,7 +198,7 @@ func (a *API) abandon(w http.ResponseWriter, r *http.Request) {
 	a.withClaim(w, r, &req, &req.Handle, nil, rewrite, func(ctx context.Context, c *etcdstore.Claim) (string, error) {
 		return "abandoned", c.Abandon(ctx)
 	}, func(rec *etcdstore.Record) bool {
-		return rec.State == etcdstore.InFlight && rec.Owner == ""
+		return rec != nil && rec.State == etcdstore.InFlight && rec.Owner == ""
 	})
 }
 
@@ -242,7 +246,15 @@ func (a *API) withClaim(w http.ResponseWriter, r *http.Request, req any, hj *Han
 	}
 	c, err := a.claimFor(r.Context(), h)
 	if err != nil && errors.Is(err, etcdstore.ErrFenced) && landed != nil {
-		if rec, gerr := a.cfg.Store.Get(r.Context(), h.Key); gerr == nil && rec.Token == h.Token && (rec.State == etcdstore.Done || storex.SameAttempt(rec.Attempt, h.Attempt)) && landed(rec) {
+		rec, gerr := a.cfg.Store.Get(r.Context(), h.Key)
+		switch {
+		case errors.Is(gerr, etcdstore.ErrNotFound) && landed(nil):
+			// Nobody holds the key: what this call does (a release) is
+			// done, by this call's first try or since.
+			a.labelIs(w, labelClaimed)
+			writeJSON(w, http.StatusOK, HandleResponse{State: "released"})
+			return
+		case gerr == nil && rec.Token == h.Token && (rec.State == etcdstore.Done || storex.SameAttempt(rec.Attempt, h.Attempt)) && landed(rec):
 			a.labelIs(w, labelClaimed)
 			writeJSON(w, http.StatusOK, HandleResponse{State: stateOf(rec)})
 			return
