@@ -313,7 +313,14 @@ func (s *Store) claimUntraced(ctx context.Context, key Key, fp Fingerprint, cfg 
 		c.cancel(ErrClaimEnded)
 		return nil, nil, fmt.Errorf("claim %s: %w", key, err)
 	}
-	ctx, cancel := s.bound(ctx)
+	// The request timeout bounds the claim, unless it waits for a held
+	// key: then the caller's context bounds the wait (issue 38: the
+	// worker API's wait_ms gave up at the request timeout), and each etcd
+	// request in it is bounded on its own.
+	cancel := context.CancelFunc(func() {})
+	if !cfg.wait {
+		ctx, cancel = s.bound(ctx)
+	}
 	defer cancel()
 	done, left, err := s.acquire(ctx, c, cfg)
 	if err != nil || done != nil {
