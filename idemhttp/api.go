@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -171,7 +173,12 @@ func NewAPI(cfg APIConfig) (*API, error) {
 func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rw := &statusWriter{ResponseWriter: w}
-	a.mux.ServeHTTP(rw, r)
+	if why := crossSite(r); why != "" {
+		a.problem(rw, NewProblem(http.StatusForbidden, KindCrossSite, why))
+		rw.outcome = labelError
+	} else {
+		a.mux.ServeHTTP(rw, r)
+	}
 	if m := a.cfg.Metrics; m != nil {
 		outcome := rw.outcome
 		if outcome == "" {
@@ -402,4 +409,36 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// crossSite says why a request that changes something must be refused as
+// one a browser could send from another site's page ("" when it need not
+// be): the worker API takes no cookies, but it is often reached on
+// loopback or a private network that a page can reach too (issue 38: a
+// page on another loopback port approved a refund through it). A browser
+// says where a request comes from (Sec-Fetch-Site, Origin), and sends a
+// body cross-site without asking first only as text/plain or a form:
+// every body the API takes is JSON. Programs (curl, SDKs) send neither
+// header, and any JSON content type, or none.
+func crossSite(r *http.Request) string {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions:
+		return ""
+	}
+	if s := r.Header.Get("Sec-Fetch-Site"); s != "" && s != "same-origin" && s != "none" {
+		return "a browser sent this request from another site (Sec-Fetch-Site: " + s + "); the worker API takes requests from programs, and from pages it serves itself"
+	}
+	if o := r.Header.Get("Origin"); o != "" {
+		u, err := url.Parse(o)
+		if err != nil || u.Host != r.Host {
+			return "a browser sent this request from another origin (Origin: " + o + ")"
+		}
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || mt != "application/json" && !strings.HasSuffix(mt, "+json") {
+			return "the body must be JSON (Content-Type: application/json), not " + ct + ": a browser sends other types from any site's page without asking"
+		}
+	}
+	return ""
 }

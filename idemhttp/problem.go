@@ -83,6 +83,7 @@ const (
 	KindDuplicateJob        = "duplicate-job"
 	KindSignalMismatch      = "signal-mismatch"
 	KindJobEnded            = "job-ended"
+	KindCrossSite           = "cross-site"
 )
 
 var titles = map[string]string{
