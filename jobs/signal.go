@@ -83,10 +83,23 @@ func (q *Queue) Signal(ctx context.Context, id, name string, payload []byte) err
 	switch {
 	case err != nil:
 		return fmt.Errorf("signal %s %s: %w", key, name, err)
-	case !ok && !bytes.Equal(v.Value, payload):
+	case !ok && !samePayload(v.Value, payload):
 		return fmt.Errorf("signal %s %s: %w", key, name, ErrSignalMismatch)
 	}
 	return nil
+}
+
+// samePayload reports whether two payloads are one: the same bytes, or
+// the same JSON in another spelling (member order, spacing, 2.0 for 2),
+// compared canonically as a job's parameters are (issue 38: a signal sent
+// again from another language was refused as another payload).
+func samePayload(a, b []byte) bool {
+	if bytes.Equal(a, b) {
+		return true
+	}
+	fa, errA := etcdstore.FingerprintOf(a)
+	fb, errB := etcdstore.FingerprintOf(b)
+	return errA == nil && errB == nil && fa == fb
 }
 
 // eventCame reports whether event (of job id, created then) was

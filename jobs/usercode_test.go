@@ -141,3 +141,23 @@ func TestANewScheduleDoesNotRunItsPast(t *testing.T) {
 		t.Fatalf("a new schedule submitted %d jobs at its first occurrence: %v; want only %s", len(jobs), ids, OccurrenceID(sc.Name, first))
 	}
 }
+
+// Issue 38: the same signal sent with its JSON in another spelling
+// (member order, spacing, 2.0 for 2) was refused as another payload,
+// though job parameters are compared canonically.
+func TestASignalInAnotherJSONSpellingIsTheSameSignal(t *testing.T) {
+	ctx := testCtx(t)
+	q := newQueue(t, newStore(t, testPrefix(t)))
+	if _, err := q.Submit(ctx, "refund-1", "k", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Signal(ctx, "refund-1", "approved", []byte(`{"by":"ada","amount":2}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Signal(ctx, "refund-1", "approved", []byte("{ \"amount\": 2.0,\n  \"by\": \"ada\" }")); err != nil {
+		t.Fatalf("the same signal in another spelling = %v; want it taken as the same", err)
+	}
+	if err := q.Signal(ctx, "refund-1", "approved", []byte(`{"by":"bob","amount":2}`)); !errors.Is(err, ErrSignalMismatch) {
+		t.Fatalf("another payload = %v; want ErrSignalMismatch", err)
+	}
+}
