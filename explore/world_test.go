@@ -39,6 +39,9 @@ import (
 var cluster *etcdtest.Cluster
 
 func TestMain(m *testing.M) {
+	// Package jobs logs to the process's logger by default: the explorer's
+	// thousands of worlds would flood the test's output.
+	slog.SetDefault(slog.New(slog.DiscardHandler))
 	dir, err := os.MkdirTemp("", "idem-explore-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

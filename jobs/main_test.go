@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -19,7 +20,12 @@ import (
 
 var cluster *etcdtest.Cluster
 
-func TestMain(m *testing.M) { os.Exit(etcdtest.Main(m, 1, etcdtest.Options{}, &cluster)) }
+func TestMain(m *testing.M) {
+	// The queues log to the process's logger by default: quiet in tests
+	// (TestJobsLogThroughTheProcesssLogger sets its own).
+	slog.SetDefault(slog.New(slog.DiscardHandler))
+	os.Exit(etcdtest.Main(m, 1, etcdtest.Options{}, &cluster))
+}
 
 var prefixSeq atomic.Int64
 

@@ -69,7 +69,8 @@ func WithZone(zone string) Option {
 func (q *Queue) Zone() string { return q.zone }
 
 // WithLogger sets the logger of the queue and of the workers and
-// schedulers on it (default: discard).
+// schedulers on it (default: slog.Default() when the queue is made, the
+// process's logger: the skips and failures it counts are logged there).
 func WithLogger(l *slog.Logger) Option {
 	return func(q *Queue) error { q.log = l; return nil }
 }
@@ -82,7 +83,7 @@ func New(store *etcdstore.Store, opts ...Option) (*Queue, error) {
 	if store == nil {
 		return nil, fmt.Errorf("new queue: %w: nil store", ErrInvalid)
 	}
-	q := &Queue{store: store, recs: store, tenant: DefaultTenant, log: slog.New(slog.DiscardHandler), clock: store.Clock(),
+	q := &Queue{store: store, recs: store, tenant: DefaultTenant, log: slog.Default(), clock: store.Clock(),
 		limits: storex.Settings{Retention: store.Retention(), MaxRecordSize: store.MaxRecordSize()}}
 	for _, o := range opts {
 		if err := o(q); err != nil {
@@ -103,7 +104,7 @@ func NewOnShards(set Shards, opts ...Option) (*Queue, error) {
 	if v := reflect.ValueOf(set); set == nil || v.Kind() == reflect.Pointer && v.IsNil() {
 		return nil, fmt.Errorf("new queue: %w: nil shard set", ErrInvalid)
 	}
-	q := &Queue{set: set, recs: set, limits: set.Settings(), tenant: DefaultTenant, log: slog.New(slog.DiscardHandler), clock: set.Clock()}
+	q := &Queue{set: set, recs: set, limits: set.Settings(), tenant: DefaultTenant, log: slog.Default(), clock: set.Clock()}
 	for _, o := range opts {
 		if err := o(q); err != nil {
 			return nil, fmt.Errorf("new queue: %w", err)

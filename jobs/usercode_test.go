@@ -1,9 +1,12 @@
 package jobs
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -161,3 +164,36 @@ func TestASignalInAnotherJSONSpellingIsTheSameSignal(t *testing.T) {
 		t.Fatalf("another payload = %v; want ErrSignalMismatch", err)
 	}
 }
+
+// Issue 38: package jobs logged nothing unless WithLogger was set, so
+// failures and skips that are "counted and logged" were silent. It logs
+// through the process's logger (slog.Default) by default.
+func TestJobsLogThroughTheProcesssLogger(t *testing.T) {
+	var buf syncBuf
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	defer slog.SetDefault(old)
+	q := newQueue(t, newStore(t, testPrefix(t)))
+	key := func([]byte) (string, error) { return "", errors.New("no merchant") }
+	k := Kind{Name: "charge", Limits: []Limit{{Name: "merchant", Key: key, Concurrency: 1}},
+		Steps: []Step{{Name: "s", Run: func(context.Context, *Run) ([]byte, error) { return nil, nil }}}}
+	newWorker(t, q, []Kind{k})
+	if _, err := q.Submit(testCtx(t), "j", "charge", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if j := waitJob(t, q, "j"); j.State != Failed {
+		t.Fatalf("job = %s; want failed", j.State)
+	}
+	if got := buf.String(); !strings.Contains(got, "job failed: its limits") {
+		t.Fatalf("the process's logger got %q; want the job's failure logged", got)
+	}
+}
+
+// syncBuf is a bytes.Buffer safe for the loggers of several goroutines.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
+func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }

@@ -45,6 +45,8 @@ Flags:
 
 // serveConfig is everything idem serve is told.
 type serveConfig struct {
+	jobsLog *slog.Logger // the process's logger, for the job queues it makes
+
 	// tracer is set when the OpenTelemetry environment asks for traces.
 	tracer trace.TracerProvider
 
@@ -474,6 +476,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	log := c.logger(stderr)
+	c.jobsLog = log
 	tp, err := setupTracing(ctx)
 	if err != nil {
 		log.Error("idem could not start", "err", err)

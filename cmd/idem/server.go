@@ -348,6 +348,9 @@ func (c *serveConfig) edge(store backend, metrics *idemhttp.Metrics, log *slog.L
 // shard set. The worker API and the console use it.
 func (c *serveConfig) queue(store backend, tenant string) (*jobs.Queue, error) {
 	opts := []jobs.Option{jobs.WithTenant(tenant)}
+	if c.jobsLog != nil {
+		opts = append(opts, jobs.WithLogger(c.jobsLog))
+	}
 	if c.zone != "" {
 		opts = append(opts, jobs.WithZone(c.zone))
 	}
