@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/canonjson"
 	"github.com/idem-dev/idem/jobs"
 )
 
@@ -326,6 +327,13 @@ func (a *API) decode(w http.ResponseWriter, r *http.Request, v any) (string, boo
 		} else {
 			a.problem(w, NewProblem(http.StatusBadRequest, KindInvalidRequest, err.Error()))
 		}
+		return "", false
+	}
+	if _, err := canonjson.Canonical(body); err != nil && json.Valid(body) {
+		// Valid JSON with no single meaning: a member named twice (one
+		// parser takes the first, another the last: {"key":"a","key":"b"}
+		// claimed b), a number that does not survive a round trip.
+		a.problem(w, NewProblem(http.StatusBadRequest, KindInvalidJSON, "request body: "+err.Error()))
 		return "", false
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))

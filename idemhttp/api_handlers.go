@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/fencing"
 	"github.com/idem-dev/idem/internal/storex"
@@ -141,7 +143,7 @@ func (a *API) complete(w http.ResponseWriter, r *http.Request) {
 			p := NewProblem(http.StatusBadRequest, KindInvalidRequest, "complete needs an outcome")
 			return &p
 		}
-		return nil
+		return validOutcome(req.Outcome)
 	}, func(*etcdstore.Claim) int {
 		return outcomeSize(req.Outcome.Status, req.Outcome.Headers, req.Outcome.Body, req.Outcome.Error)
 	}, func(ctx context.Context, c *etcdstore.Claim) (string, error) {
@@ -357,4 +359,27 @@ func (a *API) get(w http.ResponseWriter, r *http.Request) {
 	out := RecordView(rec)
 	a.labelIs(w, labelPassthrough)
 	writeJSON(w, http.StatusOK, out)
+}
+
+// validOutcome refuses an outcome a replay could not send as HTTP: a
+// status outside 100-599 (0: none, for outcomes that are not HTTP), a
+// header name or value HTTP does not allow.
+func validOutcome(o *OutcomeJSON) *Problem {
+	if o.Status != 0 && (o.Status < 100 || o.Status > 599) {
+		p := NewProblem(http.StatusBadRequest, KindInvalidRequest, fmt.Sprintf("outcome status %d: an HTTP status is 100 to 599 (0: none)", o.Status))
+		return &p
+	}
+	for name, vs := range o.Headers {
+		if !httpguts.ValidHeaderFieldName(name) {
+			p := NewProblem(http.StatusBadRequest, KindInvalidRequest, fmt.Sprintf("outcome header name %s is not a valid HTTP field name", strconv.QuoteToASCII(name)))
+			return &p
+		}
+		for _, v := range vs {
+			if !httpguts.ValidHeaderFieldValue(v) {
+				p := NewProblem(http.StatusBadRequest, KindInvalidRequest, fmt.Sprintf("outcome header %s has a value HTTP does not allow: %s", name, strconv.QuoteToASCII(v)))
+				return &p
+			}
+		}
+	}
+	return nil
 }

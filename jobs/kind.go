@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"time"
+	"unicode/utf8"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -189,7 +190,12 @@ func validName(s string, n int, dots bool) error {
 		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || dots && c == '.' {
 			continue
 		}
-		return fmt.Errorf("character %q at offset %d", c, i)
+		// The character as sent (a byte of a multi-byte one, quoted as
+		// a rune, would name a character that was not sent).
+		if r, size := utf8.DecodeRuneInString(s[i:]); r != utf8.RuneError || size > 1 {
+			return fmt.Errorf("character %q at offset %d", r, i)
+		}
+		return fmt.Errorf("byte %#02x at offset %d, which is not UTF-8", c, i)
 	}
 	return nil
 }

@@ -197,3 +197,15 @@ type syncBuf struct {
 
 func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
 func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// Issue 38: refusing a non-ASCII name quoted a character that was not
+// sent (the first byte of "é" as 'Ã').
+func TestARefusedNameQuotesTheCharacterSent(t *testing.T) {
+	err := validName("apprové", 64, true)
+	if err == nil || !strings.Contains(err.Error(), "'é'") || strings.Contains(err.Error(), "Ã") {
+		t.Fatalf("validName(apprové) = %v; want the character é named", err)
+	}
+	if err := validName("a\xffb", 64, true); err == nil || !strings.Contains(err.Error(), "0xff") {
+		t.Fatalf("validName of a byte that is not UTF-8 = %v; want the byte named", err)
+	}
+}
