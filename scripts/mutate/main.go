@@ -375,7 +375,7 @@ var kernelMutants = []mutant{
 	{name: "signals (issue 38): payloads are compared byte for byte", file: "jobs/signal.go",
 		old: "	return errA == nil && errB == nil && fa == fb", new: "	return errA == nil && errB == nil && fa == fb && false"},
 	{name: "worker API (issue 38): a text/plain body is taken", file: "idemhttp/api.go",
-		old: "		if err != nil || mt != \"application/json\" && !strings.HasSuffix(mt, \"+json\") {", new: "		if err != nil {"},
+		old: "		if err != nil || mt != \"application/json\" && !strings.HasSuffix(mt, \"+json\") {", new: "		if err != nil || mt == \"\" && !strings.HasSuffix(mt, \"+json\") {"},
 	{name: "claims (issue 38): a waiting claim gives up at the request timeout", file: "etcdstore/claim.go",
 		old: "	if !cfg.wait {\n		ctx, cancel = s.bound(ctx)", new: "	if true {\n		ctx, cancel = s.bound(ctx)"},
 	{name: "worker API (issue 38): a release retried after it landed is fenced", file: "idemhttp/api_handlers.go",
