@@ -32,6 +32,7 @@ type adminCmd struct {
 	timeout time.Duration
 	fs      *flag.FlagSet
 	partial bool          // open shards whose client cannot be made, reporting them (status)
+	check   func() error  // the command's own flag checks, before etcd is reached
 	set     *shard.Admin  // with --shards-file
 	setCfg  *shard.Config // with --shards-file: the set, its clients made
 }
@@ -88,6 +89,16 @@ func (a *adminCmd) open(ctx context.Context, args []string, nargs int) (keyAdmin
 	}
 	if err := etcdstore.ValidateTenant(a.tenant); err != nil {
 		return nil, nil, nil, nil, usageError{fmt.Errorf("--tenant: %w", err)}
+	}
+	if a.check != nil {
+		if err := a.check(); err != nil {
+			return nil, nil, nil, nil, usageError{err}
+		}
+	}
+	if a.shards == "" {
+		if err := a.etcd.socketsExist(); err != nil {
+			return nil, nil, nil, nil, err
+		}
 	}
 	cctx, cancel := context.WithTimeout(ctx, a.timeout)
 	if a.shards != "" {
@@ -181,6 +192,15 @@ func adminList(ctx context.Context, args []string, stdout, stderr io.Writer) (er
 	defer func() { err = a.explain(err) }()
 	state := a.fs.String("state", "", "only keys in this state: in_flight or done")
 	limit := a.fs.Int("limit", 0, "at most this many keys (0: all)")
+	a.check = func() error {
+		switch {
+		case *state != "" && *state != string(etcdstore.InFlight) && *state != string(etcdstore.Done):
+			return fmt.Errorf("--state %q: must be in_flight or done", *state)
+		case *limit < 0:
+			return fmt.Errorf("--limit %d: must be 0 (all) or more", *limit)
+		}
+		return nil
+	}
 	all := a.fs.Bool("all-tenants", false, "list every tenant's keys")
 	adm, _, ctx, done, err := a.open(ctx, args, 0)
 	if err != nil {

@@ -272,4 +272,3 @@ func TestCLIDocsNameEveryFlag(t *testing.T) {
 		}
 	}
 }
-

@@ -44,10 +44,32 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
+	// Flags may come after the arguments too (idem jobs signal ID EVENT
+	// --payload JSON, as JOBS.md writes it); "--" ends the flags.
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return err
+			}
+			return usageError{err}
 		}
+		rest := fs.Args()
+		i := 0
+		for i < len(rest) && (rest[i] == "-" || !strings.HasPrefix(rest[i], "-")) {
+			i++
+		}
+		pos = append(pos, rest[:i]...)
+		if i == len(rest) {
+			break
+		}
+		if rest[i] == "--" {
+			pos = append(pos, rest[i+1:]...)
+			break
+		}
+		args = rest[i:]
+	}
+	if err := fs.Parse(append([]string{"--"}, pos...)); err != nil {
 		return usageError{err}
 	}
 	if fs.NArg() > 0 && fs.Name() == "serve" {
@@ -271,4 +293,21 @@ func probe(endpoint string, tlsCfg *tls.Config, timeout time.Duration) string {
 		}
 	}
 	return ""
+}
+
+// socketsExist checks the unix socket endpoints before a client dials
+// them: a socket that is not there (idem serve runs in another directory,
+// or not at all) is named at once, instead of a dial that waits out its
+// timeout and says "context deadline exceeded".
+func (e *etcdFlags) socketsExist() error {
+	for _, ep := range e.endpoints {
+		path, ok := strings.CutPrefix(ep, "unix://")
+		if !ok {
+			continue
+		}
+		if _, err := os.Stat(path); err != nil {
+			return fmt.Errorf("no etcd at %s: %w (the embedded etcd of an idem serve started in this directory; give --endpoints for another)", ep, err)
+		}
+	}
+	return nil
 }

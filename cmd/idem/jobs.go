@@ -176,8 +176,9 @@ func readSchedules(ctx context.Context, t jobsTarget, tenant string) ([]jobs.Sch
 func jobsSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	a := newJobsCmd("submit", "submit [--tenant T] [--params JSON | --params-file F] [--run-at RFC3339] [--if-exists return|refuse] [--submission-id S] [--dedup-window D] [--retention D] ID KIND", stderr)
 	defer func() { err = a.explain(err) }()
-	params := a.fs.String("params", "", "the job's params (JSON, or any bytes); the same on every retry of the submission")
+	params := a.fs.String("params", "", "the job's params, JSON; the same on every retry of the submission (bytes that are not JSON: --params-file)")
 	paramsFile := a.fs.String("params-file", "", "read the params from this file (- : standard input)")
+	a.check = func() error { return inlineJSON("params", *params, *paramsFile) }
 	runAt := a.fs.String("run-at", "", "run it no earlier than this time (RFC 3339), within half the store's retention")
 	ifExists := a.fs.String("if-exists", "return", "when ID names a job another submission wrote: return it (exit 0), or refuse (exit 1, the job printed)")
 	submission := a.fs.String("submission-id", "", "names this submission on every retry of it, so that --if-exists refuse recognises its own job after an unknown outcome")
@@ -250,6 +251,21 @@ func jobsSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 
 // bytesFlag is the bytes of a --NAME / --NAME-file pair of flags: inline,
 // or read from a file ("-": standard input); giving both is a usage error.
+// inlineJSON checks a bytes flag before etcd is reached: one of --NAME and
+// --NAME-file, and --NAME JSON.
+func inlineJSON(name, inline, file string) error {
+	switch {
+	case inline != "" && file != "":
+		return fmt.Errorf("--%s and --%s-file: give one", name, name)
+	case inline != "" && !json.Valid([]byte(inline)):
+		// Typed on a command line, JSON that lost its quotes to the shell
+		// ({amount:5}) is a mistake, not bytes to submit: any bytes go
+		// through the file flag.
+		return fmt.Errorf("--%s %q is not JSON (quote it for the shell: --%s '{\"amount\":5}'); for bytes that are not JSON use --%s-file", name, inline, name, name)
+	}
+	return nil
+}
+
 func bytesFlag(name, inline, file string) ([]byte, error) {
 	switch {
 	case inline != "" && file != "":
@@ -267,6 +283,9 @@ func bytesFlag(name, inline, file string) ([]byte, error) {
 		}
 		return b, nil
 	}
+	if err := inlineJSON(name, inline, file); err != nil {
+		return nil, usageError{err}
+	}
 	return []byte(inline), nil
 }
 
@@ -275,8 +294,9 @@ func bytesFlag(name, inline, file string) ([]byte, error) {
 func jobsSignal(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	a := newJobsCmd("signal", "signal [--tenant T] [--payload JSON | --payload-file F] [--retention D] ID EVENT", stderr)
 	defer func() { err = a.explain(err) }()
-	payload := a.fs.String("payload", "", "the event's payload (JSON, or any bytes): what the job's Run.Await returns; the same on every retry")
+	payload := a.fs.String("payload", "", "the event's payload, JSON: what the job's Run.Await returns; the same on every retry (bytes that are not JSON: --payload-file)")
 	payloadFile := a.fs.String("payload-file", "", "read the payload from this file (- : standard input)")
+	a.check = func() error { return inlineJSON("payload", *payload, *payloadFile) }
 	retention := a.fs.Duration("retention", etcdstore.DefaultRetention, "the retention of the workers' store: how long the event is kept")
 	if err := parseFlags(a.fs, args); err != nil {
 		return err
@@ -317,18 +337,22 @@ func jobsSignal(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 func jobsList(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	a := newJobsCmd("ls", "ls [--tenant T] [--state S] [--limit N] [-w simple|json|table]", stderr)
 	defer func() { err = a.explain(err) }()
-	state := a.fs.String("state", "", "only jobs in this state: running, queued, scheduled, parked, succeeded, failed or cancelled")
+	state := a.fs.String("state", "", "only jobs in this state: running, queued, scheduled, waiting, parked, succeeded, failed or cancelled")
 	limit := a.fs.Int("limit", 0, "at most this many jobs (0: all)")
+	a.check = func() error {
+		switch s := jobs.State(*state); {
+		case *limit < 0:
+			return fmt.Errorf("--limit %d: must be 0 (all) or more", *limit)
+		case s == "", s == jobs.Running, s == jobs.Queued, s == jobs.Scheduled, s == jobs.Waiting, s == jobs.Parked, s == jobs.Succeeded, s == jobs.Failed, s == jobs.Cancelled:
+			return nil
+		}
+		return fmt.Errorf("--state %q: must be running, queued, scheduled, waiting, parked, succeeded, failed or cancelled", *state)
+	}
 	c, ctx, done, err := a.openJobs(ctx, args, 0)
 	if err != nil {
 		return err
 	}
 	defer done()
-	switch s := jobs.State(*state); s {
-	case "", jobs.Running, jobs.Queued, jobs.Scheduled, jobs.Waiting, jobs.Parked, jobs.Succeeded, jobs.Failed, jobs.Cancelled:
-	default:
-		return usageError{fmt.Errorf("--state %q: must be running, queued, scheduled, waiting, parked, succeeded, failed or cancelled", *state)}
-	}
 	out, err := listJobs(ctx, c.keys, a.tenant, jobs.State(*state), *limit)
 	if err != nil {
 		return err
