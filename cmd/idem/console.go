@@ -699,6 +699,9 @@ func (k *console) jobs(w http.ResponseWriter, r *http.Request) {
 	if len(js) > consolePageSize {
 		js, d.More = js[:consolePageSize], true
 	}
+	// Parked jobs first: they wait for an operator, and in id order they
+	// were buried among the others.
+	slices.SortStableFunc(js, func(a, b *jobs.Job) int { return parkedFirst(a) - parkedFirst(b) })
 	for _, j := range js {
 		d.Jobs = append(d.Jobs, viewJob(j))
 	}
@@ -986,4 +989,13 @@ func (s *server) adminIndex(w http.ResponseWriter, r *http.Request) {
 	} else {
 		fmt.Fprintln(w, "  /console/      off (idem serve --console turns it on)")
 	}
+}
+
+// parkedFirst orders the jobs list: parked ones (waiting for an operator)
+// before the others.
+func parkedFirst(j *jobs.Job) int {
+	if j.State == jobs.Parked {
+		return 0
+	}
+	return 1
 }

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/jobs"
+)
+
+// Issue 38, the console: parked jobs were buried in the id-sorted list,
+// and a waiting job's await timeout was labelled "Not before". Parked jobs
+// come first; a wait's timeout says so.
+func TestConsoleShowsParkedJobsFirstAndAWaitsTimeout(t *testing.T) {
+	dir := tempDir(t)
+	flags := embeddedFlags(t, filepath.Join(dir, "idem-data"))
+	idem := startIdem(t, dir, append(flags, "--console")...)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcdEndpoint(flags)}, DialTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := etcdstore.New(ctx, cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	q, err := jobs.New(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := jobs.NewWorker(q, []jobs.Kind{
+		{Name: "fails", MaxAttempts: 1, Steps: []jobs.Step{{Name: "s", Run: func(context.Context, *jobs.Run) ([]byte, error) { return nil, errors.New("declined") }}}},
+		{Name: "approval", Steps: []jobs.Step{jobs.AwaitStep("wait", "approved", time.Hour, jobs.Fail)}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	for _, s := range [][3]string{{"a-queued", "nobody-runs-this"}, {"m-waiting", "approval"}, {"z-parked", "fails"}} {
+		if _, err := q.Submit(ctx, s[0], s[1], []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, want := range []struct {
+		id    string
+		state jobs.State
+	}{{"z-parked", jobs.Parked}, {"m-waiting", jobs.Waiting}} {
+		for {
+			j, err := q.Get(ctx, want.id)
+			if err == nil && j.State == want.state {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("job %s never %s: %+v, %v", want.id, want.state, j, err)
+			}
+			time.Sleep(20 * time.Millisecond) // polling another process's view of the job
+		}
+	}
+	rc := newReviewConsole(t, idem)
+	_, list := rc.get("/console/jobs")
+	p, qd := strings.Index(list, `data-job="z-parked"`), strings.Index(list, `data-job="a-queued"`)
+	if p < 0 || qd < 0 || p > qd {
+		t.Fatalf("jobs list: parked at %d, queued at %d; want the parked job first:\n%s", p, qd, list)
+	}
+	_, page := rc.get("/console/job?id=m-waiting")
+	if !strings.Contains(page, "Wait times out") || strings.Contains(page, "Not before") {
+		t.Fatalf("a waiting job's page does not label its timeout as one:\n%s", page)
+	}
+}
