@@ -51,4 +51,3 @@ func TestCLIBadInputExitsTwoAndSaysWhy(t *testing.T) {
 		t.Fatalf("jobs get = %q, %v", out, err)
 	}
 }
-

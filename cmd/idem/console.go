@@ -9,6 +9,7 @@ import (
 	"crypto/subtle"
 	"embed"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"html/template"
@@ -823,6 +824,21 @@ func (k *console) post(w http.ResponseWriter, r *http.Request) {
 		}
 		err = t.keys.Evict(ctx, key) // idem admin evict
 		back = "/console/keys?" + k.doneQuery(url.Values{"tenant": {key.Tenant}}, "evicted "+key.Tenant+"/"+key.ID)
+	case "job/signal":
+		if key, err = keyOf(f, "id"); err != nil {
+			break
+		}
+		event, payload := strings.TrimSpace(f.Get("event")), strings.TrimSpace(f.Get("payload"))
+		if payload != "" && !json.Valid([]byte(payload)) {
+			err = fmt.Errorf("%w: the payload is not JSON", jobs.ErrInvalid)
+			break
+		}
+		var q *jobs.Queue
+		if q, err = k.s.cfg.queue(store, key.Tenant); err != nil {
+			break
+		}
+		err = q.Signal(ctx, key.ID, event, []byte(payload)) // idem jobs signal
+		back = "/console/job?" + k.doneQuery(url.Values{"tenant": {key.Tenant}, "id": {key.ID}}, key.ID+" signalled "+event)
 	case "job/retry", "job/cancel":
 		if key, err = keyOf(f, "id"); err != nil {
 			break

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -74,5 +75,28 @@ func TestConsoleShowsParkedJobsFirstAndAWaitsTimeout(t *testing.T) {
 	_, page := rc.get("/console/job?id=m-waiting")
 	if !strings.Contains(page, "Wait times out") || strings.Contains(page, "Not before") {
 		t.Fatalf("a waiting job's page does not label its timeout as one:\n%s", page)
+	}
+	// A waiting job can be signalled from its page (it could not).
+	m := reviewCSRF.FindStringSubmatch(page)
+	if m == nil || !strings.Contains(page, `action="/console/job/signal"`) {
+		t.Fatalf("no signal form on a waiting job's page:\n%s", page)
+	}
+	form := url.Values{"csrf": {m[1]}, "tenant": {"jobs"}, "id": {"m-waiting"}, "event": {"approved"}, "payload": {"not json"}}
+	if st, _, body := rc.post("/console/job/signal", form); st != 400 {
+		t.Fatalf("a signal with a payload that is not JSON = %d %s; want 400", st, body)
+	}
+	form.Set("payload", `{"by":"ada"}`)
+	if st, _, body := rc.post("/console/job/signal", form); st != 303 {
+		t.Fatalf("signal from the console = %d %s; want a redirect", st, body)
+	}
+	for {
+		j, err := q.Get(ctx, "m-waiting")
+		if err == nil && j.State == jobs.Succeeded && string(j.Output("wait")) == `{"by":"ada"}` {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the signalled job = %+v, %v; want it to end with the payload", j, err)
+		}
+		time.Sleep(20 * time.Millisecond) // polling another process's view of the job
 	}
 }
