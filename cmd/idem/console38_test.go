@@ -12,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
 	"github.com/idem-dev/idem/jobs"
 )
 
@@ -98,5 +99,49 @@ func TestConsoleShowsParkedJobsFirstAndAWaitsTimeout(t *testing.T) {
 			t.Fatalf("the signalled job = %+v, %v; want it to end with the payload", j, err)
 		}
 		time.Sleep(20 * time.Millisecond) // polling another process's view of the job
+	}
+}
+
+// Issue 38: a schedule no scheduler runs any more showed upcoming
+// occurrences that would never run. The console and `idem jobs
+// schedules` say that nothing runs it.
+func TestASchedulesNobodyRunsShowsNoUpcomingOccurrences(t *testing.T) {
+	dir := tempDir(t)
+	flags := embeddedFlags(t, filepath.Join(dir, "idem-data"))
+	idem := startIdem(t, dir, append(flags, "--console")...)
+	ep := etcdEndpoint(flags)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := etcdstore.New(ctx, cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	// Two cursors as schedulers leave them: one moved a minute ago, one an
+	// hour ago (its schedulers are gone).
+	now := time.Now().UTC().Truncate(time.Minute)
+	for name, last := range map[string]time.Time{"alive": now.Add(-time.Minute), "orphan": now.Add(-time.Hour)} {
+		v := `{"last":"` + last.Format(time.RFC3339) + `","kind":"report","spec":"every 1m0s"}`
+		if _, ok, err := storex.SetValue(st, ctx, "s/jobs/"+name, []byte(v), 0); err != nil || !ok {
+			t.Fatalf("cursor %s: %v %v", name, ok, err)
+		}
+	}
+	rc := newReviewConsole(t, idem)
+	_, page := rc.get("/console/jobs")
+	orphan := page[strings.Index(page, `data-schedule="orphan"`):]
+	orphan = orphan[:strings.Index(orphan, "</tr>")]
+	alive := page[strings.Index(page, `data-schedule="alive"`):]
+	alive = alive[:strings.Index(alive, "</tr>")]
+	if !strings.Contains(orphan, `data-field="unrun"`) || strings.Contains(alive, `data-field="unrun"`) {
+		t.Fatalf("schedules: orphan %q, alive %q; want only the orphan marked as run by nobody", orphan, alive)
+	}
+	out, err := runCmd(t, "jobs", "schedules", "--endpoints", ep)
+	if err != nil || !strings.Contains(out, "orphan kind=report") || !strings.Contains(out, "next=none:no-scheduler-runs-it") {
+		t.Fatalf("idem jobs schedules = %q, %v; want the orphan's next occurrences as none", out, err)
 	}
 }

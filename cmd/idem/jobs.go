@@ -484,13 +484,6 @@ func jobsSchedules(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	views := scheduleViews(infos, time.Now(), *next)
-	times := func(ts []time.Time) string {
-		var out []string
-		for _, t := range ts {
-			out = append(out, t.Format(time.RFC3339))
-		}
-		return strings.Join(out, ",")
-	}
 	switch a.format {
 	case "json":
 		return json.NewEncoder(stdout).Encode(views)
@@ -498,15 +491,33 @@ func jobsSchedules(ctx context.Context, args []string, stdout, stderr io.Writer)
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "SCHEDULE\tKIND\tSPEC\tZONE\tOVERLAP\tCATCH-UP\tPAUSED\tLAST OCCURRENCE\tNEXT")
 		for _, v := range views {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%v\t%s\t%s\n", v.Name, v.Kind, v.Spec, zone(v.Location), v.Overlap, v.CatchUp, v.Paused, v.Last.Format(time.RFC3339), times(v.Next))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%v\t%s\t%s\n", v.Name, v.Kind, v.Spec, zone(v.Location), v.Overlap, v.CatchUp, v.Paused, v.Last.Format(time.RFC3339), nextOf(v))
 		}
 		return tw.Flush()
 	}
 	for _, v := range views {
 		fmt.Fprintf(stdout, "%s kind=%s spec=%q zone=%s overlap=%s catch_up=%s paused=%v last=%s next=%s\n",
-			v.Name, v.Kind, v.Spec, zone(v.Location), v.Overlap, v.CatchUp, v.Paused, v.Last.Format(time.RFC3339), times(v.Next))
+			v.Name, v.Kind, v.Spec, zone(v.Location), v.Overlap, v.CatchUp, v.Paused, v.Last.Format(time.RFC3339), nextOf(v))
 	}
 	return nil
+}
+
+// times lists ts in RFC 3339, comma-separated.
+func times(ts []time.Time) string {
+	var out []string
+	for _, t := range ts {
+		out = append(out, t.Format(time.RFC3339))
+	}
+	return strings.Join(out, ",")
+}
+
+// nextOf is what the schedules' listing says of a schedule's next
+// occurrences: none, and why, when no scheduler runs it.
+func nextOf(v scheduleView) string {
+	if v.Unrun {
+		return "none:no-scheduler-runs-it"
+	}
+	return times(v.Next)
 }
 
 // jobsLimits lists the concurrency slots of the jobs' limits held now:
@@ -848,6 +859,21 @@ type scheduleView struct {
 	Buffered      *time.Time  `json:"buffered,omitempty"`
 	Next          []time.Time `json:"next"`
 	DefaultParams bool        `json:"default_params"`
+	// Unrun: no scheduler has moved the cursor past an occurrence that is
+	// long due (by two intervals and the default clock skew): nothing runs
+	// its upcoming occurrences, so none are listed.
+	Unrun bool `json:"unrun,omitempty"`
+}
+
+// unrun reports whether no scheduler runs a schedule whose last handled
+// occurrence is last: its next one is due by more than two intervals and
+// the default clock skew (5 minutes).
+func unrun(s jobs.ScheduleInfo, now time.Time) bool {
+	next := s.Next(s.Last, 2)
+	if s.Paused || len(next) < 2 {
+		return false
+	}
+	return next[0].Before(now.Add(-2*next[1].Sub(next[0]) - 5*time.Minute))
 }
 
 // scheduleViews shows infos with each one's next n occurrences after now.
@@ -868,7 +894,7 @@ func scheduleViews(infos []jobs.ScheduleInfo, now time.Time, n int) []scheduleVi
 		if !s.Buffered.IsZero() {
 			v.Buffered = &infos[i].Buffered
 		}
-		if v.Next == nil {
+		if v.Unrun = unrun(s, now); v.Unrun || v.Next == nil {
 			v.Next = []time.Time{}
 		}
 		views[i] = v
