@@ -653,6 +653,11 @@ func (w *world) httpClient(a *actor) {
 			sent := w.s.Now()
 			status, out, replayed := w.send(a, p, key, behaviour)
 			w.log(event{kind: evResult, key: key, actor: a.name, status: status, body: out, replayed: replayed, via: "proxy", sent: sent, proc: p.name})
+			if status == http.StatusBadGateway && strings.Contains(out, "was cut short") && !replayed {
+				// Issue 38: a process died mid-forward; the takeover
+				// answered the unknown outcome instead of forwarding again.
+				w.ledger.hit("path:a proxied takeover after its process died answered the unknown outcome")
+			}
 			if status == http.StatusConflict {
 				w.notePending(p, key, etcdstore.ErrConflict)
 			}
