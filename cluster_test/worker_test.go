@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"strings"
@@ -25,6 +26,9 @@ import (
 // for real (SIGSTOP stops its lease keepalives too, which pausing a
 // goroutine would not). With IDEM_CLUSTER_MEMBER it runs an etcd member.
 func TestMain(m *testing.M) {
+	// Package jobs logs to the process's logger by default; the suite's
+	// own loggers say what it needs.
+	slog.SetDefault(slog.New(slog.DiscardHandler))
 	if os.Getenv("IDEM_CLUSTER_WORKER") == "1" {
 		os.Exit(runWorker())
 	}
