@@ -33,7 +33,9 @@ func newStore(t *testing.T, prefix string) *etcdstore.Store {
 	return s
 }
 
-func prefix() string { return "/idemtest/" + time.Now().Format("150405.000") + "/" + string(rune('a'+seq.Add(1)%26)) + "/" }
+func prefix() string {
+	return "/idemtest/" + time.Now().Format("150405.000") + "/" + string(rune('a'+seq.Add(1)%26)) + "/"
+}
 
 // logged is what a service's wrapper of the store looks like: it counts
 // the calls and passes them on. It keeps the contract, so it passes the
