@@ -2,6 +2,7 @@ package main
 
 import (
 	"google.golang.org/grpc"
+	"slices"
 
 	"context"
 	"crypto/tls"
@@ -46,7 +47,12 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	}
 	// Flags may come after the arguments too (idem jobs signal ID EVENT
 	// --payload JSON, as JOBS.md writes it); "--" ends the flags.
-	var pos []string
+	// "--" ends the flags wherever it is: what follows is arguments,
+	// even an argument that starts with "-" (a key "-x").
+	var pos, tail []string
+	if i := slices.Index(args, "--"); i >= 0 {
+		args, tail = args[:i], args[i+1:]
+	}
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
@@ -63,12 +69,9 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 		if i == len(rest) {
 			break
 		}
-		if rest[i] == "--" {
-			pos = append(pos, rest[i+1:]...)
-			break
-		}
 		args = rest[i:]
 	}
+	pos = append(pos, tail...)
 	if err := fs.Parse(append([]string{"--"}, pos...)); err != nil {
 		return usageError{err}
 	}
