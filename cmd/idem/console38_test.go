@@ -4,14 +4,10 @@ import (
 	"context"
 	"errors"
 	"net/url"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
-	"github.com/idem-dev/idem/etcdstore"
 	"github.com/idem-dev/idem/internal/storex"
 	"github.com/idem-dev/idem/jobs"
 )
@@ -20,21 +16,7 @@ import (
 // and a waiting job's await timeout was labelled "Not before". Parked jobs
 // come first; a wait's timeout says so.
 func TestConsoleShowsParkedJobsFirstAndAWaitsTimeout(t *testing.T) {
-	dir := tempDir(t)
-	flags := embeddedFlags(t, filepath.Join(dir, "idem-data"))
-	idem := startIdem(t, dir, append(flags, "--console")...)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcdEndpoint(flags)}, DialTimeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	st, err := etcdstore.New(ctx, cli)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	idem, _, st, ctx := consoleIdem(t)
 	q, err := jobs.New(st)
 	if err != nil {
 		t.Fatal(err)
@@ -106,22 +88,7 @@ func TestConsoleShowsParkedJobsFirstAndAWaitsTimeout(t *testing.T) {
 // occurrences that would never run. The console and `idem jobs
 // schedules` say that nothing runs it.
 func TestASchedulesNobodyRunsShowsNoUpcomingOccurrences(t *testing.T) {
-	dir := tempDir(t)
-	flags := embeddedFlags(t, filepath.Join(dir, "idem-data"))
-	idem := startIdem(t, dir, append(flags, "--console")...)
-	ep := etcdEndpoint(flags)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	st, err := etcdstore.New(ctx, cli)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	idem, ep, st, ctx := consoleIdem(t)
 	// Two cursors as schedulers leave them: one moved a minute ago, one an
 	// hour ago (its schedulers are gone).
 	now := time.Now().UTC().Truncate(time.Minute)

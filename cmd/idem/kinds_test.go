@@ -19,22 +19,7 @@ import (
 // saved error. Every record now says what it is, and each reader shows it
 // as such.
 func TestAFailedPlainKeyIsShownAsAKeyWithItsError(t *testing.T) {
-	dir := tempDir(t)
-	flags := embeddedFlags(t, filepath.Join(dir, "idem-data"))
-	idem := startIdem(t, dir, append(flags, "--console")...)
-	ep := etcdEndpoint(flags)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	st, err := etcdstore.New(ctx, cli)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	idem, ep, st, ctx := consoleIdem(t)
 	// A service's library Do, in the jobs tenant or any other.
 	for _, tenant := range []string{"default", "jobs"} {
 		_, err := st.Do(ctx, etcdstore.Key{Tenant: tenant, ID: "charge-9"}, []byte(`{"amount":5}`), func(context.Context, *etcdstore.Claim) ([]byte, error) {
@@ -60,4 +45,29 @@ func TestAFailedPlainKeyIsShownAsAKeyWithItsError(t *testing.T) {
 	if _, jobs := rc.get("/console/jobs?tenant=jobs"); strings.Contains(jobs, "charge-9") {
 		t.Fatal("the console's jobs page lists the plain key charge-9 as a job")
 	}
+}
+
+// consoleIdem starts idem serve --console on its embedded etcd, and a
+// store of the test's own on that etcd (as a service beside it would
+// have), both ended with the test. It returns the etcd endpoint and a
+// context of a minute.
+func consoleIdem(t *testing.T) (*idemProc, string, *etcdstore.Store, context.Context) {
+	t.Helper()
+	dir := tempDir(t)
+	flags := embeddedFlags(t, filepath.Join(dir, "idem-data"))
+	idem := startIdem(t, dir, append(flags, "--console")...)
+	ep := etcdEndpoint(flags)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	st, err := etcdstore.New(ctx, cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return idem, ep, st, ctx
 }
