@@ -32,7 +32,9 @@ import (
 //  2. An effect is applied at most once per key and step, unless a
 //     takeover with a greater token happened: every later application of
 //     a step comes from a claim that took the key over (by the record's
-//     history in etcd), with a greater token than the one before.
+//     history in etcd), with a greater token than the one before. A
+//     proxied request (the save policy) reaches the upstream at most once
+//     per operation, takeovers included (2b).
 //  3. A saved outcome is replayed byte for byte: every answer a caller
 //     took as the operation's outcome is the key's one saved outcome.
 //  4. A Complete is told the truth: a Complete answered with an error
@@ -595,6 +597,14 @@ func (w *world) check(hist map[string][]version, final map[string]*etcdstore.Rec
 			switch {
 			case e.token <= last.token:
 				fail("%s applied twice under token %d (at %d and %d)", ks, e.token, last.seq, e.seq)
+			case e.via == "proxy":
+				// 2b. Under the save policy a proxied request reaches the
+				// upstream once per operation: the takeover of a claim
+				// whose attempt may have reached it (its process died
+				// mid-forward, or lost its session or deadline) answers
+				// the unknown outcome, never forwards again (issue 38).
+				fail("%s reached the upstream again at %d under token %d (the first, token %d, at %d), its retention not passed: a proxied request forwarded twice under the save policy",
+					ks, e.seq, e.token, last.token, last.seq)
 			case cw == nil || !cw.takeover && !cw.renewed:
 				fail("%s applied again at %d by token %d, which did not take the key over (the first, token %d, at %d), its retention not passed: a re-run after a release or loss", ks, e.seq, e.token, last.token, last.seq)
 			}

@@ -37,6 +37,10 @@ import (
 //	L3. No more slots than the limit: a slot's index is below it.
 //	L4. The rate holds: a merchant's attempts start no closer together
 //	    than its period allows, less the largest skew between clocks.
+//	L5. User code never takes a process down: in some worlds the limit's
+//	    Key function panics on one job's parameters (poisonJob); that job
+//	    fails, its error naming the function and the panic, and the
+//	    processes run on.
 //
 // Together, L1-L3 say that no more jobs of a merchant than its limit
 // commit work in the same span of revisions: the limit is never exceeded,
@@ -56,7 +60,16 @@ type limitsConfig struct {
 	conc  int
 	rate  float64 // 0: none
 	burst int     // with a rate: how many attempts may start at once
+	// poison: the limit's Key function panics on a job whose parameters
+	// say "poison", and submitters sometimes submit one (poisonJob).
+	poison bool
 }
+
+// poisonJob is a limited job whose parameters make the limit's Key
+// function panic (user code idem does not control): it fails alone, with
+// an error naming the function and the panic (L5), and every process runs
+// on (a panic that escaped would end the explorer's own process).
+const poisonJob = "lp"
 
 // pickLimits draws whether the world runs limited jobs: where every process
 // keeps jobs for a minute or more (an id names one job) and no restore
@@ -73,6 +86,7 @@ func (w *world) pickLimits() {
 	if w.rng.IntN(2) == 0 {
 		w.limits.rate, w.limits.burst = 0.5, 1+w.rng.IntN(2)
 	}
+	w.limits.poison = w.rng.IntN(2) == 0
 	w.ledger.hit("config:per-key limits")
 }
 
@@ -120,7 +134,16 @@ func (w *world) limitKind() jobs.Kind {
 			return []byte(name), nil
 		}}
 	}
-	l := jobs.Limit{Name: "merchant", Key: jobs.ParamKey("m"), Concurrency: w.limits.conc}
+	key := jobs.ParamKey("m")
+	if w.limits.poison {
+		key = func(params []byte) (string, error) {
+			if strings.Contains(string(params), "poison") {
+				panic("poisoned parameters " + string(params))
+			}
+			return jobs.ParamKey("m")(params)
+		}
+	}
+	l := jobs.Limit{Name: "merchant", Key: key, Concurrency: w.limits.conc}
 	if w.limits.rate > 0 {
 		l.Rate, l.Burst = w.limits.rate, w.limits.burst
 	}
@@ -136,9 +159,13 @@ func (w *world) limitSubmitter(a *actor, p *process) {
 	}
 	for n := 1 + w.rng.IntN(3); n > 0; n-- {
 		id := limitKeys[w.rng.IntN(len(limitKeys))]
+		params := `{"m":"` + merchantOfLimitJob(id) + `"}`
+		if w.limits.poison && w.rng.IntN(4) == 0 {
+			id, params = poisonJob, `{"m":"m0","poison":true}`
+		}
 		for try := 0; try < 3; try++ {
 			w.s.step(a)
-			_, err := q.Submit(a.ctx, id, "lim", []byte(`{"m":"`+merchantOfLimitJob(id)+`"}`))
+			_, err := q.Submit(a.ctx, id, "lim", []byte(params))
 			w.note("%s: submit %s: %v", a.name, id, err)
 			if err == nil || !retryable(err) {
 				break
@@ -163,7 +190,11 @@ func (w *world) drainLimits(a *actor) []string {
 	}
 	defer wk.Close()
 	var bad []string
-	for _, id := range limitKeys {
+	ids := limitKeys
+	if w.limits.poison {
+		ids = append(slices.Clip(ids), poisonJob)
+	}
+	for _, id := range ids {
 		var j *jobs.Job
 		for round := 0; round < 40; round++ {
 			j, err = wk.Run(a.ctx, id)
@@ -190,6 +221,14 @@ func (w *world) drainLimits(a *actor) []string {
 		if j != nil && !j.State.Final() && j.State != jobs.Parked {
 			bad = append(bad, fmt.Sprintf("limited job %s still %s (limited %q, attempts %d, owner %q) after healing and 40 rounds of running it",
 				id, j.State, j.Limited, j.Attempts, j.Owner))
+		}
+		if id == poisonJob && j != nil && j.State.Final() {
+			// L5: user code that panics fails its job alone, naming itself.
+			if j.State != jobs.Failed || !strings.Contains(j.Err, "Key function panicked") || !strings.Contains(j.Err, "poisoned parameters") {
+				bad = append(bad, fmt.Sprintf("L5: the job whose parameters make the limit's Key function panic ended %s %q; want failed, the panic named", j.State, j.Err))
+			} else {
+				w.ledger.hit("path:a callback panicked: its job failed alone")
+			}
 		}
 	}
 	return bad

@@ -66,6 +66,43 @@ func (s *schedWorld) skip(r slog.Record) {
 	s.skips = append(s.skips, l)
 }
 
+// judgeSkip judges a scheduler's skip of the missed occurrences in
+// (after, latest], logged at true time now on a clock reading own. While
+// the schedule runs, only an occurrence late by the true time may be
+// skipped: a scheduler whose clock runs ahead (within MaxSkew) must not
+// skip one the fleet would still run. After an outage (the scheduler says
+// so) CatchUp alone decides the past by the scheduler's own clock (issue
+// 38): the outage must be true (the first occurrence after the cursor
+// late by the true time: no scheduler handled it), and each skipped
+// occurrence late on that clock.
+func (s *schedWorld) judgeSkip(who string, after, latest time.Time, outage bool, now, own time.Time, ledger *ledger) []string {
+	if latest.IsZero() {
+		return nil
+	}
+	late := s.spec.Lateness
+	if !outage {
+		if now.Sub(latest) < late {
+			return []string{fmt.Sprintf("%s skipped the occurrence %s at %s (true time), %v before it was late",
+				who, latest.Format(time.RFC3339), now.Format(time.RFC3339Nano), late-now.Sub(latest))}
+		}
+		return nil
+	}
+	var bad []string
+	if occ := expectedOccurrences(s, after, latest); len(occ) > 0 && now.Sub(occ[0]) <= late {
+		bad = append(bad, fmt.Sprintf("%s skipped occurrences after %s as after an outage at %s (true time), though the first, %s, was not late yet",
+			who, after.Format(time.RFC3339), now.Format(time.RFC3339Nano), occ[0].Format(time.RFC3339)))
+	}
+	if own.Sub(latest) <= late {
+		bad = append(bad, fmt.Sprintf("%s skipped the occurrence %s after an outage at %s on its own clock, %v before it was late by it",
+			who, latest.Format(time.RFC3339), own.Format(time.RFC3339Nano), late-own.Sub(latest)))
+	}
+	if own.Sub(latest) <= late+s.spec.MaxSkew {
+		// Within the skew tolerance: skipped by the outage rule alone.
+		ledger.hit("path:schedule's CatchUp decided the past after an outage")
+	}
+	return bad
+}
+
 // skipped reports whether a scheduler's log named occurrence t skipped.
 func (s *schedWorld) skippedAt(t time.Time) bool {
 	for _, l := range s.skips {

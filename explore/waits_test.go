@@ -2,6 +2,7 @@ package explore
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -34,6 +35,10 @@ import (
 //	    first reached plus its timeout, less the skew (as W1).
 //	W5. The effect committed with the payload exists, once and with the
 //	    payload, exactly when the job's final state says the await got it.
+//	W6. Payloads are JSON, compared as JSON: a second signal carrying the
+//	    accepted payload in another spelling (member order, spacing, 2.0
+//	    for 2, as another language's client writes it) is never refused
+//	    as another payload.
 var waitKeys = []string{"w0", "w1"}
 
 // waitsConfig is a wait world's choice of lengths.
@@ -74,10 +79,16 @@ type waitEv struct {
 	payload string
 	ok      bool // signals: answered yes
 	refused bool // signals: refused (ErrSignalMismatch, or any other refusal)
-	seq     int
+	// mismatch: a signal refused as another payload (ErrSignalMismatch).
+	mismatch bool
+	seq      int
 }
 
+// noteWait notes e, its payload in canonical JSON (sorted members, no
+// spacing, numbers as numbers: 2.0 is 2), written apart from the store's
+// own: the checks compare payloads as JSON, as idem promises to (issue 38).
 func (w *world) noteWait(e waitEv) {
+	e.payload = canonicalJSON(e.payload)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	e.seq = len(w.waitLog)
@@ -141,6 +152,22 @@ func (w *world) waitKind(p *process) jobs.Kind {
 	}}
 }
 
+// waitPayload is the payload a wait job's signallers agree on.
+func waitPayload(id string) string { return `{"job":"` + id + `","n":2}` }
+
+// canonicalJSON is s as canonical JSON, or s itself if it is not JSON.
+func canonicalJSON(s string) string {
+	var v any
+	if err := json.Unmarshal([]byte(s), &v); err != nil {
+		return s
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return s
+	}
+	return string(b)
+}
+
 // signaller submits a wait job and signals its event, not at all, once or
 // twice (the second time through another process, as a retried signal from
 // another data centre), mostly with the job's payload, sometimes with its
@@ -157,15 +184,20 @@ func (w *world) signaller(a *actor, p *process) {
 			break
 		}
 	}
-	payload := "p-" + id
+	payload, respelled := waitPayload(id), `{ "n": 2.0, "job": "`+id+`" }`
 	if w.rng.IntN(4) == 0 {
-		payload = "rogue-" + a.name
+		payload, respelled = `{"job":"rogue-`+a.name+`"}`, "{\n  \"job\" : \"rogue-"+a.name+"\"\n}"
 	}
 	sends := w.rng.IntN(3) // none: a job whose await may time out
 	for i := 0; i < sends; i++ {
 		target := p
 		if i == 1 {
 			target = w.procs[(p.slot+1+w.rng.IntN(len(w.procs)-1))%len(w.procs)]
+			if w.rng.IntN(2) == 0 {
+				// The same payload in another JSON spelling (another
+				// language's client): the same signal.
+				payload = respelled
+			}
 		}
 		tq, err := w.jobsQueue(target)
 		if err != nil {
@@ -178,7 +210,10 @@ func (w *world) signaller(a *actor, p *process) {
 		err = tq.Signal(a.ctx, id, "go", []byte(payload))
 		w.note("%s: signal %s go %q through %s: %v", a.name, id, payload, target.name, err)
 		w.noteWait(waitEv{what: "signal", id: id, at: w.s.Now(), proc: target.name, payload: payload, ok: err == nil,
-			refused: err != nil && !retryable(err)})
+			refused: err != nil && !retryable(err), mismatch: errors.Is(err, jobs.ErrSignalMismatch)})
+		if i == 1 && payload == respelled && err == nil {
+			w.ledger.hit("path:signal in another JSON spelling taken as the same")
+		}
 		if errors.Is(err, jobs.ErrSignalMismatch) {
 			w.ledger.hit("path:signal refused: another payload")
 		}
@@ -208,10 +243,10 @@ func (w *world) drainWaits(a *actor) []string {
 		signalled := false
 		for round := 0; round < 30; round++ {
 			if !signalled {
-				w.noteWait(waitEv{what: "signal-try", id: id, at: w.s.Now(), proc: p.name, payload: "p-" + id})
-				err := q.Signal(ctx, id, "go", []byte("p-"+id))
-				w.noteWait(waitEv{what: "signal", id: id, at: w.s.Now(), proc: p.name, payload: "p-" + id, ok: err == nil,
-					refused: err != nil && !retryable(err)})
+				w.noteWait(waitEv{what: "signal-try", id: id, at: w.s.Now(), proc: p.name, payload: waitPayload(id)})
+				err := q.Signal(ctx, id, "go", []byte(waitPayload(id)))
+				w.noteWait(waitEv{what: "signal", id: id, at: w.s.Now(), proc: p.name, payload: waitPayload(id), ok: err == nil,
+					refused: err != nil && !retryable(err), mismatch: errors.Is(err, jobs.ErrSignalMismatch)})
 				signalled = err == nil || !retryable(err)
 			}
 			j, err = wk.Run(ctx, id)
@@ -349,6 +384,10 @@ func (w *world) checkWaits(hist map[string][]version, final map[string]*etcdstor
 					w.ledger.hit("path:event signalled twice")
 				}
 				accepted[e.id] = e.payload
+			}
+			if prev, ok := accepted[e.id]; ok && e.mismatch && prev == e.payload {
+				// W6: payloads are compared as JSON.
+				fail("W6: %s: a signal refused as another payload, though it is the accepted %s in another spelling", e.id, prev)
 			}
 			continue
 		}

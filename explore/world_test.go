@@ -387,21 +387,22 @@ func (l *ledgerLog) Handle(_ context.Context, r slog.Record) error {
 	switch {
 	case msg == "schedule: skipped missed occurrences" && l.w.sched != nil:
 		l.w.sched.skip(r)
+		var after, latest time.Time
+		outage := false
 		r.Attrs(func(a slog.Attr) bool {
 			switch {
 			case a.Key == "skipped":
 				l.w.sched.skipped += int(a.Value.Int64())
+			case a.Key == "after" && a.Value.Kind() == slog.KindTime:
+				after = a.Value.Time()
 			case a.Key == "latest" && a.Value.Kind() == slog.KindTime:
-				// Only an occurrence late by the true time may be skipped:
-				// a scheduler whose clock runs ahead (within MaxSkew) must
-				// not skip one the fleet would still run.
-				if t, now := a.Value.Time(), l.w.s.Now(); !t.IsZero() && now.Sub(t) < l.w.sched.spec.Lateness {
-					l.w.sched.early = append(l.w.sched.early, fmt.Sprintf("%s skipped the occurrence %s at %s (true time), %v before it was late",
-						l.p.name, t.Format(time.RFC3339), now.Format(time.RFC3339Nano), l.w.sched.spec.Lateness-now.Sub(t)))
-				}
+				latest = a.Value.Time()
+			case a.Key == "after_outage":
+				outage = a.Value.Bool()
 			}
 			return true
 		})
+		l.w.sched.early = append(l.w.sched.early, l.w.sched.judgeSkip(l.p.name, after, latest, outage, l.w.s.Now(), l.p.clock.Now(), l.w.ledger)...)
 	case msg == "schedule: skipping an occurrence that cannot be submitted" && l.w.sched != nil:
 		l.w.sched.skipped++
 		l.w.sched.skip(r)

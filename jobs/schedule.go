@@ -65,10 +65,16 @@ type Schedule struct {
 	// latest ones (default 10).
 	MaxCatchUp int
 	// MaxSkew is how far apart the schedulers' clocks may be (default 5
-	// minutes). A scheduler counts an occurrence as missed only once it is
-	// late by more than Lateness plus MaxSkew on its own clock, so one whose
-	// clock runs ahead never skips, for the fleet, an occurrence the others
-	// would submit on time. A new schedule starts with its first occurrence
+	// minutes). While a schedule runs, a scheduler counts an occurrence as
+	// missed only once it is late by more than Lateness plus MaxSkew on its
+	// own clock, so one whose clock runs ahead never skips, for the fleet,
+	// an occurrence the others would submit on time. After an outage (the
+	// first occurrence after the cursor is that late: no scheduler ran),
+	// CatchUp alone decides the past: an occurrence late by more than
+	// Lateness on the clock of the scheduler that comes back is missed, so
+	// that the tolerance never runs MaxSkew's worth of occurrences at once;
+	// a clock ahead by more than Lateness then counts the newest ones as
+	// missed a little early. A new schedule starts with its first occurrence
 	// after it was created (on the clock of the scheduler that made its
 	// cursor), never with its past. An
 	// occurrence a fast scheduler submits before its time is held back
@@ -383,11 +389,14 @@ func (s *Scheduler) tick(ctx context.Context, sc *Schedule) (time.Time, string, 
 	if err != nil {
 		return time.Time{}, "", err
 	}
-	submit, last, skipped, latest := sc.plan(cur.Last, now, s.q.retention())
+	p := sc.planFrom(cur.Last, now, s.q.retention())
+	submit, last, skipped, latest := p.Submit, p.Last, p.Skipped, p.LatestSkipped
 	if skipped > 0 {
 		// Those skipped are every occurrence after the cursor up to latest
-		// that is not submitted: after and latest name them.
-		s.q.log.Warn("idem: schedule: skipped missed occurrences", "schedule", sc.Name, "skipped", skipped, "after", cur.Last, "latest", latest, "catch_up", sc.CatchUp.String())
+		// that is not submitted: after and latest name them. after_outage:
+		// no scheduler ran at the first of them, and lateness was judged
+		// on this clock alone (kernel.PlanRule).
+		s.q.log.Warn("idem: schedule: skipped missed occurrences", "schedule", sc.Name, "skipped", skipped, "after", cur.Last, "latest", latest, "catch_up", sc.CatchUp.String(), "after_outage", p.AfterOutage)
 	}
 	next := sc.spec.Next(maxTime(last, cur.Last, now.Add(-time.Second)))
 	if next.IsZero() {
@@ -706,10 +715,14 @@ func (s *Scheduler) forget(ctx context.Context, sc *Schedule, id string, now tim
 // occurrence up to now, and how many missed ones it skips, by the kernel's
 // rule (PlanRule).
 func (sc *Schedule) plan(from, now time.Time, retention time.Duration) (submit []time.Time, last time.Time, skipped int, latestSkipped time.Time) {
+	p := sc.planFrom(from, now, retention)
+	return p.Submit, p.Last, p.Skipped, p.LatestSkipped
+}
+
+func (sc *Schedule) planFrom(from, now time.Time, retention time.Duration) kernel.Plan {
 	r := kernel.PlanRule{Next: sc.spec.Next, Retention: retention, Lateness: sc.Lateness, MaxSkew: sc.MaxSkew,
 		MaxCatchUp: sc.MaxCatchUp, CatchUp: kernel.CatchUp(sc.CatchUp)}
-	p := r.PlanFrom(from, now)
-	return p.Submit, p.Last, p.Skipped, p.LatestSkipped
+	return r.PlanFrom(from, now)
 }
 
 func maxTime(ts ...time.Time) time.Time {

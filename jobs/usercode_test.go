@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -142,6 +143,57 @@ func TestANewScheduleDoesNotRunItsPast(t *testing.T) {
 			ids = append(ids, j.Key.ID)
 		}
 		t.Fatalf("a new schedule submitted %d jobs at its first occurrence: %v; want only %s", len(jobs), ids, OccurrenceID(sc.Name, first))
+	}
+}
+
+// Issue 38: after an outage, every occurrence of the last MaxSkew (5
+// minutes by default) counted as on time, on top of CatchUp: a schedule
+// every second submitted ~300 jobs when its scheduler came back. CatchUp
+// is the one rule for the past: CatchUpLatest runs the latest missed
+// occurrence and what is on time, nothing else.
+func TestAnOutageRunsOnlyWhatCatchUpSays(t *testing.T) {
+	base := time.Date(2026, 12, 2, 3, 0, 0, 500_000_000, time.UTC)
+	master := newFakeClock(base)
+	prefix := testPrefix(t)
+	sc := Schedule{Name: "every-second", Every: time.Second, Kind: "k"} // CatchUpLatest, MaxSkew 5 min
+	start := func() *Scheduler {
+		q := newQueue(t, newStore(t, prefix, etcdstore.WithRetention(time.Hour)))
+		q.setClock(master.view(0))
+		s, err := NewScheduler(q, []Schedule{sc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	q := newQueue(t, newStore(t, prefix, etcdstore.WithRetention(time.Hour)))
+	s := start()
+	waitCursor(t, q, sc.Name)
+	first := base.Truncate(time.Second).Add(time.Second)
+	master.set(first.Add(100 * time.Millisecond))
+	waitExists(t, q, OccurrenceID(sc.Name, first))
+	s.Close()
+	// Down for 20 minutes; then a scheduler comes back.
+	back := first.Add(20 * time.Minute)
+	master.set(back.Add(100 * time.Millisecond))
+	start()
+	waitExists(t, q, OccurrenceID(sc.Name, back))
+	waitCursorWhere(t, q, sc.Name, func(cv cursorValue) bool { return !cv.Last.Before(back) })
+	all, err := q.List(testCtx(t), ListOptions{Limit: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, j := range all {
+		ids = append(ids, j.Key.ID)
+	}
+	// The first occurrence; then the latest missed one (back-1s, late by
+	// more than Lateness, 1 s) and back itself, on time.
+	want := []string{OccurrenceID(sc.Name, first), OccurrenceID(sc.Name, back.Add(-time.Second)), OccurrenceID(sc.Name, back)}
+	slices.Sort(want)
+	slices.Sort(ids)
+	if !slices.Equal(ids, want) {
+		t.Fatalf("after a 20-minute outage, an every-second schedule submitted %d jobs (%v...); want %v", len(ids), ids[:min(len(ids), 5)], want)
 	}
 }
 

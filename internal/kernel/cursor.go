@@ -24,6 +24,10 @@ type Plan struct {
 	Last          time.Time   // the latest occurrence up to now
 	Skipped       int         // missed ones skipped
 	LatestSkipped time.Time
+	// AfterOutage says the first occurrence after the cursor was missed
+	// by every clock within MaxSkew: no scheduler ran, and CatchUp
+	// decided every occurrence late on this clock.
+	AfterOutage bool
 }
 
 // PlanRule is a schedule's rule for its occurrences.
@@ -38,10 +42,16 @@ type PlanRule struct {
 
 // PlanFrom returns the occurrences after from, up to now, to submit. An
 // occurrence older than half the retention is never submitted (its job may
-// have been forgotten, and would run twice); one is missed only once it is
-// late by more than Lateness plus MaxSkew on this clock, so a scheduler
-// whose clock runs ahead never skips, for the fleet, an occurrence the
-// others would submit on time; missed ones go as CatchUp says.
+// have been forgotten, and would run twice). While the schedule runs, one
+// is missed only once it is late by more than Lateness plus MaxSkew on
+// this clock, so a scheduler whose clock runs ahead never skips, for the
+// fleet, an occurrence the others would submit on time. After an outage
+// (the first occurrence after the cursor is late by more than that: no
+// scheduler of any clock within MaxSkew handled it), the skew tolerance
+// would make every occurrence of the last MaxSkew "on time" at once (300
+// for a schedule every second): CatchUp is then the one rule for the
+// past, and an occurrence is missed once it is late by more than Lateness
+// on this clock. Missed ones go as CatchUp says.
 func (r PlanRule) PlanFrom(from, now time.Time) Plan {
 	var p Plan
 	oldest := now.Add(-r.Retention / 2)
@@ -58,9 +68,13 @@ func (r PlanRule) PlanFrom(from, now time.Time) Plan {
 		}
 	}
 	var missed, submit []time.Time
+	edge := now.Add(-r.Lateness - r.MaxSkew)
+	if first := r.Next(from); !first.IsZero() && first.Before(edge) {
+		p.AfterOutage, edge = true, now.Add(-r.Lateness)
+	}
 	for t := r.Next(from); !t.IsZero() && !t.After(now); t = r.Next(t) {
 		p.Last = t
-		if t.Before(now.Add(-r.Lateness - r.MaxSkew)) {
+		if t.Before(edge) {
 			missed = append(missed, t)
 			if len(missed) > r.MaxCatchUp {
 				p.LatestSkipped = missed[0]
