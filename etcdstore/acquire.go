@@ -159,6 +159,7 @@ func (c *Claim) won(rec *Record, previous *Record) {
 	c.deadline = rec.Deadline
 	c.expires = rec.Expires
 	c.takeovers = rec.Takeovers
+	c.cutShort = rec.CutShort
 	c.kind = rec.Kind
 	c.previous = previous
 	c.checkpoint = rec.Checkpoint

@@ -28,6 +28,7 @@ type Claim struct {
 	deadline  time.Time
 	expires   time.Time // its record's expiry: the claim ends then too (see Err)
 	takeovers int       // how often the key was taken over before this claim
+	cutShort  bool      // an earlier claim of the operation was cut short (Record.CutShort)
 	kind      Kind
 	previous  *Record // the stale record this claim replaced, or nil
 	fenced    bool    // won by writing the record abandoned (reap)

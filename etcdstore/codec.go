@@ -64,6 +64,7 @@ const (
 	fEpoch      protowire.Number = 15 // varint: the shard epoch of the claim (or move); absent: 0
 	fFence      protowire.Number = 16 // varint 1: a fence (Record.Fence)
 	fKind       protowire.Number = 17 // varint: 1 a key, 2 a job; absent: written before kinds
+	fCutShort   protowire.Number = 18 // varint 1: an earlier claim was cut short (Record.CutShort)
 )
 
 // encodeV1 lays r out in format 1, for WithRecordFormat(1): the format
@@ -71,7 +72,7 @@ const (
 func encodeV1(r *Record, token fencing.Token) []byte {
 	m := metaV1{State: r.State, FP: r.Fingerprint.String(), Owner: r.Owner, Attempt: r.Attempt, Token: int64(token),
 		Created: r.Created.UnixMilli(), Expires: r.Expires.UnixMilli(), Checkpoint: r.Checkpoint, Takeovers: r.Takeovers,
-		Epoch: r.Epoch, MovedTo: r.MovedTo, Fence: r.Fence, Kind: r.Kind}
+		Epoch: r.Epoch, MovedTo: r.MovedTo, Fence: r.Fence, Kind: r.Kind, CutShort: r.CutShort}
 	if !r.Deadline.IsZero() {
 		m.Deadline = r.Deadline.UnixMilli()
 	}
@@ -122,6 +123,9 @@ func encode(r *Record, token fencing.Token) []byte {
 	m = appendVarint(m, fEpoch, uint64(r.Epoch))
 	if r.Fence {
 		m = appendVarint(m, fFence, 1)
+	}
+	if r.CutShort {
+		m = appendVarint(m, fCutShort, 1)
 	}
 	m = appendVarint(m, fKind, uint64(kernelKinds[r.Kind]))
 	var body []byte
@@ -415,6 +419,8 @@ func (r *Record) setField(num protowire.Number, v uint64, b []byte) (err error) 
 		r.Epoch = int64(v)
 	case fFence:
 		r.Fence = v == 1
+	case fCutShort:
+		r.CutShort = v == 1
 	case fKind:
 		r.Kind = storeKinds[kernel.Kind(v)] // a kind this reader does not know reads as none
 	default:
@@ -502,10 +508,11 @@ type metaV1 struct {
 	Err        string              `json:"e,omitempty"`
 	// Fields idem 0.1 did not have (and its reader ignores): a record of
 	// a shard set (its epoch, where it moved) and a fence.
-	Epoch   int64  `json:"ep,omitempty"`
-	MovedTo string `json:"mv,omitempty"`
-	Fence   bool   `json:"f,omitempty"`
-	Kind    Kind   `json:"k,omitempty"`
+	Epoch    int64  `json:"ep,omitempty"`
+	MovedTo  string `json:"mv,omitempty"`
+	Fence    bool   `json:"f,omitempty"`
+	Kind     Kind   `json:"k,omitempty"`
+	CutShort bool   `json:"cs,omitempty"`
 }
 
 func (r *Record) decodeV1(js []byte) error {
@@ -527,7 +534,7 @@ func (r *Record) decodeV1(js []byte) error {
 	if m.Epoch < 0 || m.Epoch >= 1<<(63-epochShift) {
 		return fmt.Errorf("epoch %d", m.Epoch)
 	}
-	r.Epoch, r.MovedTo, r.Fence, r.Kind = m.Epoch, m.MovedTo, m.Fence, m.Kind
+	r.Epoch, r.MovedTo, r.Fence, r.Kind, r.CutShort = m.Epoch, m.MovedTo, m.Fence, m.Kind, m.CutShort
 	if m.State == Done {
 		r.Outcome = &Outcome{Status: m.Status, Err: m.Err}
 		for k, bs := range m.Header {

@@ -99,6 +99,10 @@ var (
 	// ErrCorrupt is returned when a record in etcd cannot be decoded. The
 	// store never overwrites a record it cannot read.
 	ErrCorrupt = errors.New("corrupt record")
+
+	// ErrRestored is returned, with ErrUnavailable, by writes after etcd was
+	// restored from a snapshot, until the store has raised the epoch.
+	ErrRestored = errors.New("etcd was restored from a snapshot")
 )
 
 // MismatchError reports a key reused with different parameters.

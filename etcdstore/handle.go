@@ -33,15 +33,12 @@ func (c *Claim) Handle() Handle {
 }
 
 // Attach returns a Claim for h, to complete, checkpoint, renew, release or
-// abandon it from this process. It reads the record once, with a
-// linearizable Get, and returns an error wrapping ErrFenced unless the
-// record is still in flight under h's claim: same token and attempt id, not
-// abandoned. Only that claim writes records with its token and attempt id,
+// abandon it from this process. It reads the record (linearizable), and
+// returns an error wrapping ErrFenced unless the record is still in flight
+// under h's claim: same token and attempt id, not abandoned. Only that claim writes records with its token and attempt id,
 // so a handle whose revision is older (a checkpoint reply was lost) still
-// attaches, at the current revision. The attached Claim is not registered
-// as running here; its writes are fenced like any other. Its deadline timer
-// starts only when Done or Context is first called, so an attached claim
-// used for one write and dropped holds nothing until its deadline.
+// attaches, at the current revision. The Claim is not registered as
+// running here; its deadline timer starts when Done or Context is called.
 func (s *Store) Attach(ctx context.Context, h Handle) (*Claim, error) {
 	if err := h.Key.Validate(); err != nil {
 		return nil, fmt.Errorf("attach: %w", err)

@@ -44,6 +44,10 @@ func (s *Store) learn(n kernel.Notes) {
 		s.noteSet(namedValue{Name: shardSetValue, Value: n.Set.Value, Revision: n.Set.Rev})
 	}
 	if n.NewEpoch {
+		if was := s.epoch.Load(); n.Epoch < was {
+			s.sawEpochBack(was, n.Epoch) // epochs only grow: a restore took it back
+			return
+		}
 		s.epoch.Store(n.Epoch) // the shard's epoch was raised: claim under it
 	}
 }
@@ -65,7 +69,7 @@ func kernelRecord(r *Record) *kernel.Record {
 		State: kernelStates[r.State], Fingerprint: r.Fingerprint, Owner: r.Owner, Attempt: r.Attempt,
 		Token: int64(r.Token), Created: r.Created, Expires: r.Expires, Deadline: r.Deadline,
 		Checkpoint: r.Checkpoint, Takeovers: r.Takeovers, MovedTo: r.MovedTo, Epoch: r.Epoch,
-		Fence: r.Fence, Revision: r.Revision, Lease: r.Lease, Kind: kernelKinds[r.Kind],
+		Fence: r.Fence, Revision: r.Revision, Lease: r.Lease, Kind: kernelKinds[r.Kind], CutShort: r.CutShort,
 	}
 	if o := r.Outcome; o != nil {
 		kr.Outcome = &kernel.Outcome{Status: o.Status, Header: o.Header, Body: o.Body, Err: o.Err}
@@ -82,7 +86,7 @@ func storeRecord(k Key, kr *kernel.Record) *Record {
 		Key: k, State: storeStates[kr.State], Fingerprint: kr.Fingerprint, Owner: kr.Owner, Attempt: kr.Attempt,
 		Token: fencing.Token(kr.Token), Created: kr.Created, Expires: kr.Expires, Deadline: kr.Deadline,
 		Checkpoint: kr.Checkpoint, Takeovers: kr.Takeovers, MovedTo: kr.MovedTo, Epoch: kr.Epoch,
-		Fence: kr.Fence, Revision: kr.Revision, Lease: kr.Lease, Kind: storeKinds[kr.Kind],
+		Fence: kr.Fence, Revision: kr.Revision, Lease: kr.Lease, Kind: storeKinds[kr.Kind], CutShort: kr.CutShort,
 	}
 	if o := kr.Outcome; o != nil {
 		r.Outcome = &Outcome{Status: o.Status, Header: o.Header, Body: o.Body, Err: o.Err}
@@ -99,7 +103,11 @@ func kernelOutcome(o *Outcome) *kernel.Outcome {
 // own ops (extra) in its Then branch, and returns what became of it. A
 // retention lease etcd no longer knows is refreshed once.
 func (s *Store) exec(ctx context.Context, k Key, t *kernel.Txn, extra []clientv3.Op) kernel.Reply {
+	if err := s.refusal(); err != nil {
+		return s.failed(ctx, err) // not sent: the epoch is being raised after a restore
+	}
 	for refreshed := false; ; refreshed = true {
+		floor := s.floor()
 		resp, leases, err := s.send(ctx, k, t, extra)
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) && !refreshed && len(leases) > 0 {
 			for _, id := range leases {
@@ -113,7 +121,7 @@ func (s *Store) exec(ctx context.Context, k Key, t *kernel.Txn, extra []clientv3
 			// caller's ops. Nothing was applied.
 			err = fmt.Errorf("%w: a lease in the extra ops does not exist (%v)", ErrInvalidArgument, err)
 		}
-		r := s.reply(ctx, k, t, resp, err)
+		r := s.reply(ctx, k, t, resp, err, floor)
 		if r.Delivery == kernel.Applied && len(leases) > 0 {
 			r.Lease = int64(leases[0]) // the answered record is the stored one
 		}
@@ -197,12 +205,17 @@ func (s *Store) requestOp(ctx context.Context, k Key, op kernel.Op) (*pb.Request
 }
 
 // reply reads etcd's answer to t (or its error) as the kernel knows it.
-func (s *Store) reply(ctx context.Context, k Key, t *kernel.Txn, resp *clientv3.TxnResponse, err error) kernel.Reply {
+func (s *Store) reply(ctx context.Context, k Key, t *kernel.Txn, resp *clientv3.TxnResponse, err error, floor int64) kernel.Reply {
 	if errors.Is(err, rpctypes.ErrNoSpace) {
 		s.noteFull(true)
 		return kernel.Reply{Delivery: kernel.Full, Err: err}
 	}
 	if err != nil {
+		return s.failed(ctx, err)
+	}
+	if err := s.noteHeader(resp.Header, floor); err != nil {
+		// etcd was restored: this write may have landed, with a token
+		// from before the epoch is raised; it fails, not retried.
 		return s.failed(ctx, err)
 	}
 	if puts(t) {
@@ -258,7 +271,8 @@ func (s *Store) readElse(ctx context.Context, k Key, op kernel.Op, rr *pb.RangeR
 // landed, whether it was never sent, and whether it may be retried.
 func (s *Store) failed(ctx context.Context, err error) kernel.Reply {
 	return kernel.Reply{Delivery: kernel.Failed, Err: err, MayHaveLanded: mayHaveLanded(err),
-		NotSent: errors.Is(err, ErrNotSent), Retry: !errors.Is(err, ErrCorrupt) && retryable(ctx, err)}
+		NotSent: errors.Is(err, ErrNotSent), Retry: !errors.Is(err, ErrCorrupt) && retryable(ctx, err) &&
+			(!errors.Is(err, ErrRestored) || errors.Is(err, ErrNotSent))}
 }
 
 // puts reports whether t's Then branch puts anything.

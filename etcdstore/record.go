@@ -64,24 +64,24 @@ type Record struct {
 	Checkpoint []byte
 	// Takeovers counts how often the key was taken over from a stale owner.
 	Takeovers int
+	// CutShort: an earlier claim held the key and was cut short (its owner
+	// gone or past its deadline): its work may have run.
+	CutShort bool
 	// Outcome is the saved outcome of a done record.
 	Outcome *Outcome
-	// Revision is the etcd ModRevision of the record: the fence of the last
-	// write.
+	// Revision is the record's etcd ModRevision: the fence of its last write.
 	Revision int64
 	// Lease is the retention lease the record is attached to.
 	Lease int64
 	// MovedTo names the shard a Moved record hands the key over to.
 	MovedTo string
-	// Epoch is the shard epoch (package shard) of the record's claim or
-	// move: the high bits of its token.
+	// Epoch is the epoch of the record's claim (or move): its token's top bits.
 	Epoch int64
 	// Fence marks a placeholder the store wrote to fence a claim write of
 	// its own whose outcome was unknown: the key is free, as if absent.
 	Fence bool
-	// Kind says what the record is, whatever its outcome: KindKey (Claim,
-	// Run, Do) or KindJob (Enqueue); empty on a moved record, and on
-	// records written before idem 0.6.
+	// Kind is KindKey (Claim, Run, Do) or KindJob (Enqueue); empty on a
+	// moved record, and on records written before idem 0.6.
 	Kind Kind
 }
 

@@ -60,9 +60,11 @@ type Store struct {
 
 	full atomic.Bool // etcd refused the last write for lack of space
 
-	epochs bool                       // one shard of a set (WithEpochs)
-	epoch  atomic.Int64               // the shard epoch last seen
-	set    atomic.Pointer[namedValue] // the shard set last seen (WithEpochs); nil: none read yet
+	epochs bool         // one shard of a set (WithEpochs)
+	epoch  atomic.Int64 // the shard epoch last seen (or the one a restore raised)
+	// restored is what the store knows of its cluster, to see a restore.
+	restored restoreGuard
+	set      atomic.Pointer[namedValue] // the shard set last seen (WithEpochs); nil: none read yet
 
 	cache     *cache.Cache[*Record] // nil without WithCache
 	claimPath ClaimPath
@@ -131,7 +133,8 @@ func newConfig(opts []Option) (config, error) {
 // session lease and writes the owner key. ctx, bounded by the request
 // timeout (WithRequestTimeout), bounds those calls and every read New
 // makes: with no etcd to answer, New fails with ErrUnavailable within the
-// timeout. The Store does not close client.
+// timeout. On a cluster restored from a snapshot, it raises the epoch
+// first (ErrRestored). The Store does not close client.
 func New(ctx context.Context, client *clientv3.Client, opts ...Option) (*Store, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil etcd client", ErrInvalidArgument)
@@ -194,6 +197,9 @@ func (s *Store) start(ctx context.Context, client *clientv3.Client, c config, b 
 		Batching: !c.noBatching, MaxMembers: c.batchMembers, MaxBytes: c.batchBytes, Observe: c.observeTxn})
 	s.dicts = dict.New(dict.Config{Client: client, Clock: c.clock, Log: c.log, Send: s.kv, Try: s.try,
 		Prefix: ks.dictionaries(), Refresh: c.dictRefresh, Lease: func(ctx context.Context) (clientv3.LeaseID, error) { return b.For(ctx, s.clock.Now()) }})
+	if err := s.checkCluster(ctx); err != nil {
+		return err
+	}
 	if s.epochs {
 		if _, err := s.loadEpoch(ctx); err != nil {
 			return err
@@ -320,12 +326,9 @@ func (s *Store) Owner() string {
 	return s.sess.Owner()
 }
 
-// CheckFull asks etcd whether it still refuses writes for lack of space,
-// when Metrics says it did (Full), and returns the answer: a Txn whose Put
-// can never run (its compare is never true), which etcd refuses while its
-// NOSPACE alarm is raised and otherwise answers writing nothing. A store
-// that writes nothing while etcd is full would otherwise never learn that
-// an operator freed space.
+// CheckFull asks etcd, when Metrics says it was full, whether it still
+// refuses writes for lack of space (a Txn that writes nothing), so that a
+// store that writes nothing learns when an operator freed space.
 func (s *Store) CheckFull(ctx context.Context) (bool, error) {
 	if !s.full.Load() {
 		return false, nil

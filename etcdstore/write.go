@@ -164,7 +164,7 @@ func (c *Claim) wroteLocked(op string, m *kernel.Write) error {
 func (c *Claim) heldLocked() kernel.Held {
 	return kernel.Held{Key: c.s.ks.record(c.key), Fingerprint: c.fp, Owner: c.owner, Attempt: c.attempt,
 		Token: int64(c.token), Rev: c.rev, Created: c.created, Deadline: c.deadline, Expires: c.expires,
-		Checkpoint: c.checkpoint, Takeovers: c.takeovers, Kind: kernelKinds[c.kind]}
+		Checkpoint: c.checkpoint, Takeovers: c.takeovers, CutShort: c.cutShort, Kind: kernelKinds[c.kind]}
 }
 
 // adoptLocked makes h, what landed of this claim's writes, the claim's

@@ -102,6 +102,16 @@ func (p *Proxy) DropConnections() {
 	}
 }
 
+// Retarget sends new connections to target and closes every open one: the
+// address now reaches another server (a cluster restored from a snapshot,
+// say), and clients reconnect to it through the same address.
+func (p *Proxy) Retarget(target string) {
+	p.mu.Lock()
+	p.target = target
+	p.mu.Unlock()
+	p.DropConnections()
+}
+
 // Close stops the proxy and closes every connection.
 func (p *Proxy) Close() {
 	p.mu.Lock()
@@ -123,7 +133,10 @@ func (p *Proxy) accept() {
 		if err != nil {
 			return
 		}
-		out, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+		p.mu.Lock()
+		target := p.target
+		p.mu.Unlock()
+		out, err := net.DialTimeout("tcp", target, 5*time.Second)
 		if err != nil {
 			in.Close()
 			continue

@@ -377,7 +377,7 @@ func (i *Interceptor) run(ctx context.Context, req any, info *grpc.UnaryServerIn
 	savedStatus := false // the handler's error status is saved as its outcome
 	res, err := i.cfg.Store.Run(ctx, key, fp, func(_ context.Context, c *etcdstore.Claim) (etcdstore.Outcome, etcdstore.End) {
 		ran = true
-		if prev := c.Previous(); c.TookOver() && prev != nil && prev.Owner != "" && i.cfg.OnUnknownOutcome == etcdstore.EndSave {
+		if prev := c.Previous(); c.TookOver() && prev != nil && (prev.Owner != "" || prev.CutShort) && i.cfg.OnUnknownOutcome == etcdstore.EndSave {
 			// The attempt it replaces may have run the handler: its
 			// outcome is unknown, and an outcome that may have happened
 			// is never run again under the default policy.

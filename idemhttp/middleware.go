@@ -570,11 +570,13 @@ func readBody(r io.Reader, declared int64) ([]byte, error) {
 
 // mayHaveRun says why claim c, a takeover, replaces an attempt that may
 // have reached the handler ("" when it does not): the record it took over
-// was held by an owner that is gone or past its deadline, not abandoned
-// (an abandoned claim was given back on purpose, to run again).
+// was held by an owner that is gone or past its deadline, or is one that
+// replaced such an attempt since (a reaper's fence, or the abandon of a
+// takeover whose reply was lost: Record.CutShort). An attempt abandoned on
+// purpose, to run again, with none cut short before it, did not.
 func mayHaveRun(c *etcdstore.Claim) string {
 	prev := c.Previous()
-	if !c.TookOver() || prev == nil || prev.Owner == "" {
+	if !c.TookOver() || prev == nil || prev.Owner == "" && !prev.CutShort {
 		return ""
 	}
 	return fmt.Sprintf("an earlier attempt at this key (token %d) was cut short, its idem process gone or its claim past its deadline, after it may have reached the upstream", prev.Token)

@@ -185,6 +185,11 @@ func ProblemFor(err error) Problem {
 			"the idempotency store is out of space (etcd's NOSPACE alarm): new operations cannot be claimed until an operator frees space; replays of finished ones still work; retry later with the same key")
 		p.RetryAfter = 30
 		return p
+	case errors.Is(err, etcdstore.ErrRestored):
+		p := NewProblem(http.StatusServiceUnavailable, KindUnavailable,
+			"the idempotency store's etcd was restored from a snapshot: writes resume once idem has raised its epoch, so that no fencing token goes back; retry with the same key")
+		p.RetryAfter = 1
+		return p
 	case errors.Is(err, etcdstore.ErrUnavailable), errors.Is(err, etcdstore.ErrClosed),
 		errors.Is(err, context.DeadlineExceeded):
 		p := NewProblem(http.StatusServiceUnavailable, KindUnavailable, "the idempotency store cannot be reached; retry with the same key")

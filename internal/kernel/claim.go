@@ -7,7 +7,7 @@ import "time"
 // claims of the key this process holds.
 type View struct {
 	Now    time.Time
-	Epoch  int64 // the shard epoch the store last saw (0 without epochs)
+	Epoch  int64 // the epoch the store last saw: a shard's, or one raised after a restore (0: none)
 	SetRev int64 // the revision of the shard set the store last read
 	// HeldHere reports whether this process holds attempt of the key:
 	// runs its work, or holds its outcome while its final write is
@@ -264,9 +264,7 @@ func (m *Claim) write(v View) Action {
 	}
 	m.round++
 	rec := m.record(v.Now)
-	if m.cfg.Epochs {
-		rec.Epoch = v.Epoch
-	}
+	rec.Epoch = v.Epoch // a shard's, or one a restore raised (0: none)
 	cmps, m.sentG = m.cfg.guard(cmps, v, m.req.SetRev)
 	els := []Op{Read(m.req.Key)}
 	if m.req.Owner != DeadlineOwner {
@@ -305,6 +303,8 @@ func (m *Claim) record(now time.Time) *Record {
 	rec.Expires = InFlightExpiry(now, rec.Deadline, m.cfg.Retention)
 	if t := m.taken; t != nil && t.State == InFlight {
 		rec.Created, rec.Checkpoint, rec.Takeovers, rec.Kind = t.Created, t.Checkpoint, t.Takeovers+1, t.Kind
+		// The claim taken over was held (not abandoned): it may have run.
+		rec.CutShort = t.CutShort || t.Owner != ""
 	}
 	return rec
 }

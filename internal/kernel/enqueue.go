@@ -124,9 +124,7 @@ func (m *Enqueue) write(v View, cmps []Cmp) Action {
 			then = append(then, Op{Kind: Put, Key: m.req.Value, KeepValue: true, Lease: KeepLease})
 		}
 	}
-	if m.cfg.Epochs {
-		rec.Epoch = v.Epoch
-	}
+	rec.Epoch = v.Epoch // a shard's, or one a restore raised (0: none)
 	cmps, m.sentG = m.cfg.guard(cmps, v, m.req.SetRev)
 	els := []Op{Read(m.req.Key)}
 	if m.sentG.on {

@@ -50,13 +50,19 @@ type Record struct {
 	Deadline    time.Time // zero: none
 	Checkpoint  []byte
 	Takeovers   int
-	Outcome     *Outcome // Done
-	MovedTo     string   // Moved
-	Epoch       int64    // the shard epoch its claim (or move) was written under
-	Fence       bool     // a placeholder that fences a lost claim write: the key is free
-	Kind        Kind     // what the record is: a plain key or a job (Enqueue); 0 before kinds
-	Revision    int64    // its ModRevision: the fence of its last write
-	Lease       int64    // the lease it is attached to
+	// CutShort: an earlier claim of this operation held it and was cut
+	// short (its owner gone, or past its deadline) after it may have run
+	// the work; kept by every later write (a takeover, a fence, an
+	// abandon), so that an edge that must never run such work twice
+	// (idemhttp's save policy) knows it whoever took the key over since.
+	CutShort bool
+	Outcome  *Outcome // Done
+	MovedTo  string   // Moved
+	Epoch    int64    // the shard epoch its claim (or move) was written under
+	Fence    bool     // a placeholder that fences a lost claim write: the key is free
+	Kind     Kind     // what the record is: a plain key or a job (Enqueue); 0 before kinds
+	Revision int64    // its ModRevision: the fence of its last write
+	Lease    int64    // the lease it is attached to
 }
 
 // Kind says what a record is. A claim of a new key writes KindKey, an

@@ -343,8 +343,11 @@ func checkClaimRecord(t *testing.T, c claimCombo, k writeKind, prev *Record, op 
 		t.Errorf("a fence placeholder only where the reaper fences a key with no operation: got Fence %v", r.Fence)
 	case takeover && (r.Takeovers != prev.Takeovers+1 || string(r.Checkpoint) != string(prev.Checkpoint) || !r.Created.Equal(prev.Created)):
 		t.Errorf("a takeover inherits the checkpoint and creation, and counts: got %+v from %+v", r, prev)
-	case !takeover && (r.Takeovers != 0 || r.Checkpoint != nil || !r.Created.Equal(tNow)):
+	case !takeover && (r.Takeovers != 0 || r.Checkpoint != nil || !r.Created.Equal(tNow) || r.CutShort):
 		t.Errorf("a new operation starts afresh: got %+v", r)
+	case takeover && r.CutShort != (prev.Owner != "" || prev.CutShort):
+		// Issue 38: a held claim taken over (a fence's too) may have run.
+		t.Errorf("a takeover of a claim held by %q is cut short %v; want it so exactly when the claim was held", prev.Owner, r.CutShort)
 	case !r.Expires.Equal(wantExp) || c.reqDL != !r.Deadline.IsZero():
 		t.Errorf("expires %v (want %v), deadline %v", r.Expires, wantExp, r.Deadline)
 	case c.epochs && r.Epoch != tEpoch || !c.epochs && r.Epoch != 0:

@@ -15,6 +15,7 @@ type Held struct {
 	Expires     time.Time // its record's expiry: the claim ends then too
 	Checkpoint  []byte
 	Takeovers   int
+	CutShort    bool
 	Kind        Kind
 }
 
@@ -23,7 +24,7 @@ type Held struct {
 func HeldBy(key string, rec *Record) Held {
 	return Held{Key: key, Fingerprint: rec.Fingerprint, Owner: rec.Owner, Attempt: rec.Attempt, Token: rec.Token,
 		Rev: rec.Revision, Created: rec.Created, Deadline: rec.Deadline, Expires: rec.Expires,
-		Checkpoint: rec.Checkpoint, Takeovers: rec.Takeovers, Kind: rec.Kind}
+		Checkpoint: rec.Checkpoint, Takeovers: rec.Takeovers, CutShort: rec.CutShort, Kind: rec.Kind}
 }
 
 // WriteKind is what a claim's write does.
@@ -104,7 +105,7 @@ func (m *Write) record(now time.Time) *Record {
 	return &Record{
 		State: InFlight, Fingerprint: h.Fingerprint, Owner: h.Owner, Attempt: h.Attempt, Token: h.Token,
 		Created: h.Created, Expires: InFlightExpiry(now, h.Deadline, m.cfg.Retention), Deadline: h.Deadline,
-		Checkpoint: h.Checkpoint, Takeovers: h.Takeovers, Kind: h.Kind,
+		Checkpoint: h.Checkpoint, Takeovers: h.Takeovers, CutShort: h.CutShort, Kind: h.Kind,
 	}
 }
 
