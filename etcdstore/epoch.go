@@ -2,6 +2,7 @@ package etcdstore
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
 
@@ -237,7 +238,9 @@ func (a *Admin) readEpoch(ctx context.Context) (int64, error) {
 // revision alone (etcdutl snapshot restore --bump-revision) leaves every
 // token lower than those handed out before the restore once an epoch was
 // raised since the backup. idem serve does it on the first start after
-// idem snapshot restore. It is harmless on a store without epochs.
+// idem snapshot restore. It records the cluster's ID (<prefix>cluster):
+// the restore is handled, and a store that starts raises nothing more. A
+// store outside a shard set carries the raised epoch in its tokens too.
 func (a *Admin) bumpEpoch(ctx context.Context, by int64) (int64, error) {
 	if by < 1 || by >= 1<<(63-epochShift) {
 		return 0, fmt.Errorf("%w: epoch bump %d", ErrInvalidArgument, by)
@@ -266,7 +269,9 @@ func (a *Admin) bumpEpoch(ctx context.Context, by int64) (int64, error) {
 			return 0, fmt.Errorf("%w: shard epoch %d cannot be raised by %d", ErrInvalidArgument, cur, by)
 		}
 		tctx, tcancel := a.try(ctx)
-		tr, err := a.client.Txn(tctx).If(cmp).Then(clientv3.OpPut(key, strconv.FormatInt(next, 10))).Commit()
+		id, _ := json.Marshal(clusterValue{ClusterID: strconv.FormatUint(resp.Header.ClusterId, 16)})
+		tr, err := a.client.Txn(tctx).If(cmp).Then(clientv3.OpPut(key, strconv.FormatInt(next, 10)),
+			clientv3.OpPut(a.ks.prefix+"cluster", string(id))).Commit()
 		tcancel()
 		switch {
 		case err == nil && tr.Succeeded:

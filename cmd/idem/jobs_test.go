@@ -72,6 +72,22 @@ func TestJobsCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sched.Close()
+	// The scheduler makes the schedule's cursor at its first tick, in its
+	// own goroutine: wait for it before listing schedules.
+	for {
+		infos, err := jobs.Schedules(ctx, &store.Admin, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(infos) > 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the scheduler never made its cursor")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 
 	// withEndpoints puts --endpoints after the command's words, before its
 	// flags and arguments (flags stop at the first argument).

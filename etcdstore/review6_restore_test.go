@@ -1,0 +1,164 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+)
+
+// claimUntil claims key on s, retrying while the store says etcd is
+// unavailable (a restore being handled), and returns the claim.
+func claimUntil(t *testing.T, s *Store, key string) *Claim {
+	t.Helper()
+	var last error
+	for try := 0; try < 100; try++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		c, done, err := s.Claim(ctx, Key{ID: key}, fpOf(t, key))
+		cancel()
+		if err == nil && done == nil {
+			return c
+		}
+		if err == nil {
+			t.Fatalf("claim %s: replayed a done record", key)
+		}
+		last = err
+		if !errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrConflict) {
+			t.Fatalf("claim %s: %v", key, err)
+		}
+		time.Sleep(50 * time.Millisecond) // a retrying client's backoff
+	}
+	t.Fatalf("claim %s: still failing after 100 tries: %v", key, last)
+	return nil
+}
+
+// Promise (OPERATIONS.md, "idem sees a restore by itself"; restore.go): a
+// running store that sees etcd's cluster ID change "raises the epoch (by
+// 1,024: above every token it can have handed out, and those of keys moved
+// in from other shards) before it writes again ... tokens are never handed
+// out lower than before"; restore.go adds "and tokens from processes that
+// are gone". Here the store that sees the restore (A) has been idle since
+// before the snapshot, and another process (B), gone since, handed out
+// tokens above the snapshot's revision. The restore makes a new cluster ID,
+// as the procedure says. A sees it, but raiseEpochAbove only raises when the
+// current revision is at or below the highest revision A itself saw: the
+// epoch is not raised, and A hands out tokens lower than B's.
+func TestReview6ClusterIDChangeRaisesAboveTokensOfGoneProcesses(t *testing.T) {
+	w := newRestoreWorld(t)
+	ctx := testCtx(t)
+	prefix := testPrefix(t)
+	a := newStore(t, w.cli, prefix) // idle from now on: the revisions it saw are below the snapshot's
+	w.snapshot(ctx)
+	b := newStore(t, w.cli, prefix)
+	var high int64
+	for i := range 20 {
+		tok, _ := claimDone(t, b, "b-"+strconv.Itoa(i))
+		high = max(high, tok)
+	}
+	b.Close() // a process that is gone
+	w.restore("after") // a new cluster token: a new cluster ID, as the procedure says
+	tok, errs := claimDone(t, a, "a-after")
+	saw := false
+	for _, err := range errs {
+		saw = saw || errors.Is(err, ErrRestored)
+	}
+	if tok <= high {
+		t.Fatalf("after the restore, store A's token is %d (epoch %d); before it, B handed out tokens up to %d: "+
+			"tokens went back (A saw the restore: %v; errors: %v)", tok, a.currentEpoch(), high, saw, errs)
+	}
+}
+
+// Promise (README, "What a claim guarantees": "every takeover has a greater
+// fencing token"; OPERATIONS.md: after a restore, "tokens are never handed
+// out lower than before"). Two stores on one prefix; etcd is restored under
+// them (the same cluster ID). A, which saw revisions past the snapshot,
+// sees the revision go back and raises the epoch; C, which saw none past
+// the snapshot, sees nothing. A plain store does not compare the epoch key
+// in its claims, so C never learns of the raise: a key A claimed (and gave
+// up) after the raise is taken over by C with a lower token.
+func TestReview6ATakeoverAfterARaiseHasAGreaterToken(t *testing.T) {
+	w := newRestoreWorld(t)
+	ctx := testCtx(t)
+	prefix := testPrefix(t)
+	c := newStore(t, w.cli, prefix) // running all along, idle until after the restore
+	w.snapshot(ctx)
+	a := newStore(t, w.cli, prefix)
+	var high int64
+	for i := range 20 {
+		tok, _ := claimDone(t, a, "a-"+strconv.Itoa(i))
+		high = max(high, tok)
+	}
+	w.restore("before")
+	if tok, _ := claimDone(t, a, "a-after"); tok <= high {
+		t.Fatalf("A's token after the restore %d, not above %d", tok, high)
+	}
+	ca := claimUntil(t, a, "shared")
+	if err := ca.Abandon(ctx); err != nil {
+		t.Fatalf("A abandons: %v", err)
+	}
+	cc := claimUntil(t, c, "shared")
+	if !cc.TookOver() {
+		t.Fatalf("C's claim did not take the abandoned claim over")
+	}
+	if cc.Token() <= ca.Token() {
+		t.Fatalf("C's takeover has token %d (epoch %d); the claim it took over (A's, epoch %d) had %d: a takeover's token went down",
+			cc.Token(), c.currentEpoch(), a.currentEpoch(), ca.Token())
+	}
+	if int64(cc.Token()) <= high {
+		t.Fatalf("C's token after the restore %d, not above %d handed out before it", cc.Token(), high)
+	}
+}
+
+// Promise (restore.go): a restore is a revision below one an answer
+// carried before the request was sent, or another cluster ID; in normal
+// operation nothing is refused with ErrRestored. Many concurrent claims,
+// completes and abandons through every member of a three-member cluster,
+// with group commit, never see ErrRestored, and the epoch stays 0.
+func TestReview6NoRestoreSeenUnderConcurrentLoadOnThreeMembers(t *testing.T) {
+	three := threeMembers(t)
+	cli := three.MustClient(t, three.Endpoints()...)
+	prefix := testPrefix(t)
+	stores := []*Store{newStore(t, cli, prefix), newStore(t, three.MustClient(t, three.Endpoints()[1]), prefix),
+		newStore(t, three.MustClient(t, three.Endpoints()[2]), prefix)}
+	ctx := testCtx(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 1000)
+	for g := range 48 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s := stores[g%len(stores)]
+			for i := range 15 {
+				key := Key{ID: fmt.Sprintf("k-%d", (g*15+i)%200)} // keys shared across stores
+				c, _, err := s.Claim(ctx, key, fpOf(t, key.ID))
+				if err != nil {
+					if errors.Is(err, ErrRestored) {
+						errs <- err
+					}
+					continue
+				}
+				if i%3 == 0 {
+					err = c.Abandon(ctx)
+				} else {
+					err = c.Complete(ctx, Outcome{Body: []byte("x")})
+				}
+				if errors.Is(err, ErrRestored) {
+					errs <- err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("no restore happened, yet: %v", err)
+	}
+	for i, s := range stores {
+		if e := s.currentEpoch(); e != 0 {
+			t.Errorf("store %d raised the epoch to %d without a restore", i, e)
+		}
+	}
+}
