@@ -140,3 +140,29 @@ func TestReview6ALostTakeoverReplyDoesNotForwardAgain(t *testing.T) {
 		t.Fatal("no answer")
 	}
 }
+
+// Promise (CHANGELOG 0.5.0; mayHaveRun): a claim given back on purpose (a
+// StatusPolicy returning EndAbandon) is run again by the next request, in
+// another process too; only a claim cut short is not.
+func TestReview6AnAbandonOnPurposeIsForwardedAgain(t *testing.T) {
+	prefix := fmt.Sprintf("/t/%s/%d/", strings.ReplaceAll(t.Name(), "/", "_"), prefixSeq.Add(1))
+	abandon503 := func(r *http.Request, status int, h http.Header) etcdstore.End {
+		if status == http.StatusServiceUnavailable {
+			return etcdstore.EndAbandon
+		}
+		return DefaultStatusPolicy(r, status, h)
+	}
+	up := newUpstream(t)
+	frontA := newFront(t, Config{Store: newStore(t, prefix), OnStatus: abandon503}, up, ProxyOptions{})
+	frontB := newFront(t, Config{Store: newStore(t, prefix), OnStatus: abandon503}, up, ProxyOptions{})
+	if r := do(t, "POST", frontA.URL+"/status?code=503", "order-2", `{"amount":5}`); r.status != http.StatusServiceUnavailable {
+		t.Fatalf("first attempt = %d %s; want the upstream's 503", r.status, r.body)
+	}
+	r := do(t, "POST", frontB.URL+"/status?code=503", "order-2", `{"amount":5}`)
+	if r.status != http.StatusCreated || up.effectsOf("order-2") != 2 {
+		t.Fatalf("the retry after an abandon on purpose = %d %s (upstream calls %d); want it forwarded again (201)", r.status, r.body, up.effectsOf("order-2"))
+	}
+	if r := do(t, "POST", frontA.URL+"/status?code=503", "order-2", `{"amount":5}`); r.status != http.StatusCreated || up.effectsOf("order-2") != 2 {
+		t.Fatalf("a later retry = %d %s (upstream calls %d); want the 201 replayed", r.status, r.body, up.effectsOf("order-2"))
+	}
+}

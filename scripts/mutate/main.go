@@ -116,7 +116,7 @@ var contract = map[string]backstop{
 	"restore (issue 38): a running store takes no notice of etcd's revision going back":            {"./etcdstore", "TestARunningStoreRaisesTheEpochAfterARestore"},
 	"restore (issue 38): a store starting on another cluster's data serves at once":                {"./etcdstore", "TestAStoreStartingOnARestoredClusterRaisesTheEpoch"},
 	"restore (issue 38): writes are sent while the epoch is not raised":                            {"./etcdstore", "TestAStoreThatCannotRaiseTheEpochRefusesToWrite"},
-	"restore (issue 38): the write whose answer showed the restore is retried and won":             {"./etcdstore", "TestAStoreThatCannotRaiseTheEpochRefusesToWrite"},
+	"restore (issue 38): the write whose answer showed the restore is retried and won":             {"./etcdstore", "TestARunningStoreRaisesTheEpochAfterARestore"},
 	"worker API (issue 38): a release retried after it landed is fenced":                           {"./api", "TestRetriedReleaseAndCompleteSucceed"},
 	"claims (issue 38): a waiting claim gives up at the request timeout":                           {"./etcdstore", "TestWaitingClaimOutlastsTheRequestTimeout"},
 	"worker API (issue 38): a text/plain body is taken":                                            {"./idemhttp", "TestWorkerAPIRefusesWhatABrowserSendsCrossSite"},
