@@ -150,16 +150,16 @@ func (c *Claim) Deadline() time.Time {
 }
 
 // TookOver reports whether the key was taken over from a stale owner (dead,
-// past its deadline, or abandoned) at least once. The work may then have run,
-// in part or in full, before: resume from LastCheckpoint and rely on
-// downstream idempotency or fencing for the rest.
+// past its deadline, or abandoned) at least once: resume from
+// LastCheckpoint, and fence or deduplicate downstream.
 func (c *Claim) TookOver() bool { return c.takeovers > 0 }
 
-// Takeovers returns how many times the key was taken over from a stale
-// owner, this claim's own takeover included: the record's count, which
-// every takeover raises in the same write that claims the key (0 for the
-// claim that made the record). Package jobs counts a job's attempts by it.
+// Takeovers returns how many times the key was taken over, this claim's
+// own takeover included (the record's count; jobs counts attempts by it).
 func (c *Claim) Takeovers() int { return c.takeovers }
+
+// CutShort reports whether an earlier claim was cut short (Record.CutShort).
+func (c *Claim) CutShort() bool { return c.cutShort }
 
 // Previous returns the stale record this claim replaced, or nil when it did
 // not replace one (including when it recognised its own earlier takeover).

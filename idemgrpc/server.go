@@ -377,13 +377,13 @@ func (i *Interceptor) run(ctx context.Context, req any, info *grpc.UnaryServerIn
 	savedStatus := false // the handler's error status is saved as its outcome
 	res, err := i.cfg.Store.Run(ctx, key, fp, func(_ context.Context, c *etcdstore.Claim) (etcdstore.Outcome, etcdstore.End) {
 		ran = true
-		if prev := c.Previous(); c.TookOver() && prev != nil && (prev.Owner != "" || prev.CutShort) && i.cfg.OnUnknownOutcome == etcdstore.EndSave {
+		if c.TookOver() && c.CutShort() && i.cfg.OnUnknownOutcome == etcdstore.EndSave {
 			// The attempt it replaces may have run the handler: its
 			// outcome is unknown, and an outcome that may have happened
 			// is never run again under the default policy.
 			replaced = true
 			return saved(statusWithInfo(codes.Unknown, ReasonOutcomeUnknown, fmt.Sprintf(
-				"an earlier attempt at this call (token %d) was cut short, its process gone or its claim past its deadline, after its handler may have run: reconcile before using a new key", prev.Token))), etcdstore.EndSave
+				"an earlier attempt at this call was cut short, its process gone or its claim past its deadline, after its handler may have run (this claim's token is %d): reconcile before using a new key", c.Token()))), etcdstore.EndSave
 		}
 		// Once the handler starts it runs to its end, even if the caller
 		// goes away or the claim is lost: cutting it short turns a definite

@@ -568,16 +568,16 @@ func readBody(r io.Reader, declared int64) ([]byte, error) {
 	return append(append(b, one[0]), rest...), nil
 }
 
-// mayHaveRun says why claim c, a takeover, replaces an attempt that may
-// have reached the handler ("" when it does not): the record it took over
-// was held by an owner that is gone or past its deadline, or is one that
-// replaced such an attempt since (a reaper's fence, or the abandon of a
-// takeover whose reply was lost: Record.CutShort). An attempt abandoned on
-// purpose, to run again, with none cut short before it, did not.
+// mayHaveRun says why claim c, a takeover, follows an attempt that may have
+// reached the handler ("" when it does not): an earlier claim held the key
+// and was cut short, its owner gone or past its deadline (Claim.CutShort:
+// kept through a reaper's fence, the abandon of a takeover whose reply was
+// lost, and a claim that recognises its own landed takeover, with no
+// Previous record). An attempt abandoned on purpose, to run again, with
+// none cut short before it, did not.
 func mayHaveRun(c *etcdstore.Claim) string {
-	prev := c.Previous()
-	if !c.TookOver() || prev == nil || prev.Owner == "" && !prev.CutShort {
+	if !c.TookOver() || !c.CutShort() {
 		return ""
 	}
-	return fmt.Sprintf("an earlier attempt at this key (token %d) was cut short, its idem process gone or its claim past its deadline, after it may have reached the upstream", prev.Token)
+	return "an earlier attempt at this key was cut short, its idem process gone or its claim past its deadline, after it may have reached the upstream"
 }
