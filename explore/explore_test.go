@@ -220,6 +220,11 @@ var expected = []string{
 	"path:schedule ran on a shard set",
 	"path:schedule across daylight saving",
 	"path:schedule's clocks inside a daylight-saving change",
+	// Issue 38: where idem meets what it does not control.
+	"path:a proxied takeover after its process died answered the unknown outcome",
+	"path:schedule's CatchUp decided the past after an outage",
+	"path:a callback panicked: its job failed alone",
+	"path:signal in another JSON spelling taken as the same",
 	"path:write applied, its reply after the request's timeout",
 	"path:placed value (a schedule's cursor) handed over to its new shard",
 }
