@@ -29,6 +29,7 @@ type Claim struct {
 	expires   time.Time // its record's expiry: the claim ends then too (see Err)
 	takeovers int       // how often the key was taken over before this claim
 	cutShort  bool      // an earlier claim of the operation was cut short (Record.CutShort)
+	gen       int64     // the restores the store had seen when the claim was made
 	kind      Kind
 	previous  *Record // the stale record this claim replaced, or nil
 	fenced    bool    // won by writing the record abandoned (reap)
@@ -110,7 +111,7 @@ func (l *lifetime) derive(parent context.Context) (context.Context, context.Canc
 
 // newClaim returns a claim of key that is not won yet.
 func (s *Store) newClaim(key Key, fp Fingerprint, attempt, owner string) *Claim {
-	c := &Claim{s: s, key: key, fp: fp, attempt: attempt, owner: owner, life: newLifetime()}
+	c := &Claim{s: s, key: key, fp: fp, attempt: attempt, owner: owner, life: newLifetime(), gen: s.restores.Load()}
 	c.ctx = c.life.ctx
 	return c
 }

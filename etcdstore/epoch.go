@@ -37,8 +37,14 @@ func withEpochs() Option {
 
 func (s *Store) epochKey() string { return s.ks.prefix + "epoch" }
 
-// currentEpoch returns the shard epoch this store last saw (0 without WithEpochs).
+// currentEpoch returns the epoch this store last saw (0: none).
 func (s *Store) currentEpoch() int64 { return s.epoch.Load() }
+
+// noteEpoch believes in epoch e, taught by an answer at revision rev.
+func (s *Store) noteEpoch(e, rev int64) {
+	s.epoch.Store(e)
+	s.epochAt.Store(rev)
+}
 
 // shardSetValue is the name of the Value (SetValue) that holds the shard
 // set in force (package shard's placement and its generation) in each
@@ -95,7 +101,7 @@ func (s *Store) loadEpoch(ctx context.Context) (int64, error) {
 			return 0, err
 		}
 	}
-	s.epoch.Store(e)
+	s.noteEpoch(e, resp.Header.Revision)
 	return e, nil
 }
 
@@ -133,7 +139,7 @@ func (s *Store) raiseEpoch(ctx context.Context, above int64) (int64, error) {
 		cancel()
 		switch {
 		case err == nil && resp.Succeeded:
-			s.epoch.Store(next)
+			s.noteEpoch(next, resp.Header.Revision)
 			s.log.Info("idem: shard epoch raised", "epoch", next)
 			return next, nil
 		case err != nil && (!retryable(ctx, err) || !s.backoff(ctx, try)):

@@ -23,7 +23,12 @@ import (
 
 // kcfg is the store's constant part of every kernel decision.
 func (s *Store) kcfg() kernel.Config {
-	return kernel.Config{Keys: kernel.Keys{Prefix: s.ks.prefix}, Retention: s.retention, Epochs: s.epochs}
+	// Every store guards its claims with the epoch (outside a shard set, 0
+	// until a restore raises it; the set is absent there): a store learns
+	// a raise from the first claim it refuses (review: a store that had
+	// not seen the restore claimed under epoch 0 after another raised it,
+	// and its takeover's token went down).
+	return kernel.Config{Keys: kernel.Keys{Prefix: s.ks.prefix}, Retention: s.retention, Epochs: true}
 }
 
 // view is the store's view of its world for a decision on key k.
@@ -45,10 +50,15 @@ func (s *Store) learn(n kernel.Notes) {
 	}
 	if n.NewEpoch {
 		if was := s.epoch.Load(); n.Epoch < was {
-			s.sawEpochBack(was, n.Epoch) // epochs only grow: a restore took it back
+			if n.Rev > s.epochAt.Load() {
+				// Epochs only grow: a restore took it back. (An answer
+				// older than the one that taught the epoch believed in is
+				// only late: review.)
+				s.sawEpochBack(was, n.Epoch)
+			}
 			return
 		}
-		s.epoch.Store(n.Epoch) // the shard's epoch was raised: claim under it
+		s.noteEpoch(n.Epoch, n.Rev) // the epoch was raised: claim under it
 	}
 }
 

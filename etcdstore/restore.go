@@ -115,6 +115,7 @@ func (s *Store) sawEpochBack(was, now int64) {
 func (s *Store) sawRestoreLocked(why string) error {
 	g := &s.restored
 	if g.refusing == nil {
+		s.restores.Add(1) // claims made before never write again
 		g.refusing = fmt.Errorf("%w: %w: %s; writes wait until the epoch is raised above every token handed out before", ErrUnavailable, ErrRestored, why)
 		s.log.Error("idem: etcd was restored from a snapshot: raising the epoch before writing again", "seen", why)
 	}
@@ -154,28 +155,36 @@ func (s *Store) raiseAfterRestore(ctx context.Context) {
 	}
 }
 
-// raiseOnce reads the epoch and the cluster key, raises the epoch if no
-// one raised it above what this store knows of yet, and records the
-// cluster's ID; then writes resume.
+// raiseOnce raises the epoch above the one this store claimed under, unless
+// another process raised it above that already, and records the cluster's
+// ID; then writes resume. Revisions say nothing here: the restored cluster
+// hands out again revisions that other processes (gone, maybe) used.
 func (s *Store) raiseOnce(ctx context.Context) error {
-	s.restored.mu.Lock()
-	known := kernel.TokenOf(s.epoch.Load(), s.restored.maxRev)
-	s.restored.mu.Unlock()
-	e, err := s.raiseEpochAbove(ctx, known, false)
+	e, err := s.raiseEpochAbove(ctx, s.epoch.Load(), false)
 	if err != nil {
 		return err
 	}
 	s.log.Warn("idem: epoch raised after a restore: writes resume", "epoch", e)
+	// The claims this process held were made before the restore: they
+	// never write again (restores), and a new session lets other
+	// processes take their keys over at once, with greater tokens.
+	s.mu.Lock()
+	sess := s.sess
+	s.mu.Unlock()
+	if sess != nil {
+		s.work.Go(s.clock, s.life, "end the session of before a restore", func(ctx context.Context) { sess.CloseContext(ctx) })
+	}
 	return nil
 }
 
-// raiseEpochAbove makes the epoch such that every token handed out from
-// now on is greater than known (raised by DefaultRestoreEpochBump when it
-// is not), records the cluster's ID in <prefix>cluster, and takes both as
-// the store's own. force: raise even if the tokens would be greater (the
-// store does not know every token handed out before: it starts on a
-// restored cluster).
-func (s *Store) raiseEpochAbove(ctx context.Context, known int64, force bool) (int64, error) {
+// raiseEpochAbove raises the epoch by DefaultRestoreEpochBump above
+// believed, the epoch this store claimed under (every claim compares it,
+// so a store that claims learns a raise), unless etcd's is above it
+// already (another process raised it for this restore), records the
+// cluster's ID in <prefix>cluster, and takes both as the store's own.
+// force: raise whatever etcd holds (the store starts on a restored
+// cluster, and knows no epoch it claimed under).
+func (s *Store) raiseEpochAbove(ctx context.Context, believed int64, force bool) (int64, error) {
 	for {
 		ctx2, cancel := s.bound(ctx)
 		resp, err := s.client.Txn(ctx2).Then(clientv3.OpGet(s.epochKey()), clientv3.OpGet(s.clusterKey())).Commit()
@@ -195,8 +204,8 @@ func (s *Store) raiseEpochAbove(ctx context.Context, known int64, force bool) (i
 			clusterRev = kvs[0].ModRevision
 		}
 		next := cur
-		if force || kernel.TokenOf(cur, resp.Header.Revision+1) <= known {
-			next = max(cur, known>>kernel.EpochShift) + defaultRestoreEpochBump
+		if force || cur <= believed {
+			next = max(cur, believed) + defaultRestoreEpochBump
 			if next >= 1<<(63-kernel.EpochShift) {
 				return 0, fmt.Errorf("%w: the epoch cannot be raised past %d", ErrRestored, next)
 			}
@@ -216,7 +225,7 @@ func (s *Store) raiseEpochAbove(ctx context.Context, known int64, force bool) (i
 		if !tr.Succeeded {
 			continue // another process wrote either meanwhile: read again
 		}
-		s.epoch.Store(next)
+		s.noteEpoch(next, tr.Header.Revision)
 		g := &s.restored
 		g.mu.Lock()
 		g.cluster, g.maxRev, g.refusing, g.raising = tr.Header.ClusterId, tr.Header.Revision, nil, false
@@ -242,7 +251,7 @@ func (s *Store) checkCluster(ctx context.Context) error {
 			return err
 		}
 	}
-	s.epoch.Store(e)
+	s.noteEpoch(e, resp.Header.Revision)
 	id := strconv.FormatUint(resp.Header.ClusterId, 16)
 	kvs := resp.Responses[1].GetResponseRange().Kvs
 	if len(kvs) == 0 {
@@ -269,7 +278,7 @@ func (s *Store) checkCluster(ctx context.Context) error {
 	}
 	why := fmt.Sprintf("the data under %q was last served from etcd cluster %s, and this is cluster %s", s.ks.prefix, cv.ClusterID, id)
 	s.log.Error("idem: etcd was restored from a snapshot: raising the epoch before serving", "seen", why)
-	next, err := s.raiseEpochAbove(ctx, kernel.TokenOf(e, resp.Header.Revision), true)
+	next, err := s.raiseEpochAbove(ctx, e, true)
 	if err != nil {
 		return fmt.Errorf("%w: %s; raising the epoch: %w", ErrRestored, why, err)
 	}

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -57,8 +59,10 @@ func (g *review6Gate) intercept(ctx context.Context, method string, req, reply a
 // refused because another process raised the epoch (0 to 1, a key moving
 // in); before its reply arrives, this process raises the epoch again (1 to
 // 2, another key moving in). The late reply names epoch 1, lower than the
-// 2 the store now believes in, and the store takes it for a restore:
-// writes are refused (ErrRestored) and the epoch jumps by 1,024.
+// 2 the store now believes in, and the store takes it for a restore: it
+// logs "etcd was restored from a snapshot" at error level and refuses
+// every write (ErrRestored) until its raise runs (which then finds nothing
+// to raise). The epoch itself is not bumped.
 func TestReview6AnEpochRaiseSeenOutOfOrderIsNoRestore(t *testing.T) {
 	prefix := testPrefix(t)
 	ctx := testCtx(t)
@@ -69,7 +73,8 @@ func TestReview6AnEpochRaiseSeenOutOfOrderIsNoRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cli.Close() })
-	s := newStore(t, cli, prefix, withEpochs())
+	var logged review6Log
+	s := newStore(t, cli, prefix, withEpochs(), WithLogger(slog.New(slog.NewTextHandler(&logged, nil))))
 	other := newStore(t, client(t), prefix, withEpochs())
 	type result struct {
 		c   *Claim
@@ -105,4 +110,24 @@ func TestReview6AnEpochRaiseSeenOutOfOrderIsNoRestore(t *testing.T) {
 	if r.err != nil {
 		t.Fatalf("claim: %v", r.err)
 	}
+	if l := logged.String(); strings.Contains(l, "restored") {
+		t.Fatalf("no restore happened, yet the store logged:\n%s", l)
+	}
+}
+
+type review6Log struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *review6Log) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *review6Log) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

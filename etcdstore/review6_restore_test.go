@@ -134,11 +134,11 @@ func TestReview6NoRestoreSeenUnderConcurrentLoadOnThreeMembers(t *testing.T) {
 			for i := range 15 {
 				key := Key{ID: fmt.Sprintf("k-%d", (g*15+i)%200)} // keys shared across stores
 				c, _, err := s.Claim(ctx, key, fpOf(t, key.ID))
-				if err != nil {
+				if err != nil || c == nil {
 					if errors.Is(err, ErrRestored) {
 						errs <- err
 					}
-					continue
+					continue // a conflict, or a replay
 				}
 				if i%3 == 0 {
 					err = c.Abandon(ctx)

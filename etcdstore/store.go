@@ -62,8 +62,11 @@ type Store struct {
 
 	epochs bool         // one shard of a set (WithEpochs)
 	epoch  atomic.Int64 // the shard epoch last seen (or the one a restore raised)
-	// restored is what the store knows of its cluster, to see a restore.
+	// restored is what the store knows of its cluster, to see a restore;
+	// restores counts those seen (a claim made before one never writes).
 	restored restoreGuard
+	restores atomic.Int64
+	epochAt  atomic.Int64 // the revision of the answer that taught epoch
 	set      atomic.Pointer[namedValue] // the shard set last seen (WithEpochs); nil: none read yet
 
 	cache     *cache.Cache[*Record] // nil without WithCache

@@ -107,6 +107,13 @@ func (c *Claim) write(ctx context.Context, req kernel.WriteRequest, extra []clie
 	if c.ended {
 		return fmt.Errorf("%s %s: %w", op, c.key, ErrClaimEnded)
 	}
+	if c.gen != c.s.restores.Load() {
+		// etcd was restored since the claim was made: its record may be
+		// gone, and its revision handed out again to a newer claim of the
+		// key, which a write compared with it would overwrite.
+		c.endLocked(ErrRestored)
+		return fmt.Errorf("%s %s: %w: %w: the claim was made before etcd was restored", op, c.key, ErrFenced, ErrRestored)
+	}
 	s := c.s
 	ctx, cancel := s.bound(ctx)
 	defer cancel()

@@ -136,6 +136,7 @@ func TestReview6ALostTakeoverReplyDoesNotForwardAgain(t *testing.T) {
 		if r.status != http.StatusBadGateway || problemType(t, r) != KindUpstreamUnknown {
 			t.Fatalf("the retry after a dead claim = %d %s; want 502 %s", r.status, r.body, KindUpstreamUnknown)
 		}
+		t.Logf("lost %d; answer %d %s", lost.Load(), r.status, r.body)
 	case <-ctx.Done():
 		t.Fatal("no answer")
 	}

@@ -389,7 +389,7 @@ func (s *Scheduler) tick(ctx context.Context, sc *Schedule) (time.Time, string, 
 	if err != nil {
 		return time.Time{}, "", err
 	}
-	p := sc.planFrom(cur.Last, now, s.q.retention())
+	p := sc.planFrom(cur.Last, cur.At, now, s.q.retention())
 	submit, last, skipped, latest := p.Submit, p.Last, p.Skipped, p.LatestSkipped
 	if skipped > 0 {
 		// Those skipped are every occurrence after the cursor up to latest
@@ -715,14 +715,16 @@ func (s *Scheduler) forget(ctx context.Context, sc *Schedule, id string, now tim
 // occurrence up to now, and how many missed ones it skips, by the kernel's
 // rule (PlanRule).
 func (sc *Schedule) plan(from, now time.Time, retention time.Duration) (submit []time.Time, last time.Time, skipped int, latestSkipped time.Time) {
-	p := sc.planFrom(from, now, retention)
+	p := sc.planFrom(from, time.Time{}, now, retention)
 	return p.Submit, p.Last, p.Skipped, p.LatestSkipped
 }
 
-func (sc *Schedule) planFrom(from, now time.Time, retention time.Duration) kernel.Plan {
+// planFrom is plan's rule for a cursor at from, last written by a scheduler
+// at written (zero: unknown).
+func (sc *Schedule) planFrom(from, written, now time.Time, retention time.Duration) kernel.Plan {
 	r := kernel.PlanRule{Next: sc.spec.Next, Retention: retention, Lateness: sc.Lateness, MaxSkew: sc.MaxSkew,
 		MaxCatchUp: sc.MaxCatchUp, CatchUp: kernel.CatchUp(sc.CatchUp)}
-	return r.PlanFrom(from, now)
+	return r.PlanFrom(from, written, now)
 }
 
 func maxTime(ts ...time.Time) time.Time {
@@ -740,6 +742,10 @@ type cursorValue struct {
 	// Last is the latest occurrence a scheduler handled (submitted or
 	// skipped).
 	Last time.Time `json:"last"`
+	// At is when a scheduler last wrote the cursor, on its clock (zero in
+	// cursors written before issue 38): a fleet that runs writes it at
+	// every occurrence, so an old one says that no scheduler ran.
+	At time.Time `json:"at,omitzero"`
 	Kind string    `json:"kind"`
 	// Spec is the schedule's cron expression or interval, for operators.
 	Spec string `json:"spec"`
@@ -854,7 +860,7 @@ func (s *Scheduler) cursor(ctx context.Context, sc *Schedule, now time.Time) (cu
 		}
 		return cv, at.revision(), nil
 	}
-	cv = cursorValue{Last: now.UTC().Truncate(time.Second)}
+	cv = cursorValue{Last: now.UTC().Truncate(time.Second), At: now.UTC()}
 	cv.describe(sc)
 	b, _ := json.Marshal(cv)
 	cur, now2, ok, err := s.q.cursorPut(ctx, sc.Name, b, at)
@@ -878,6 +884,7 @@ func (s *Scheduler) cursor(ctx context.Context, sc *Schedule, now time.Time) (cu
 // returns the new revision, or 0 when another scheduler moved it first.
 func (s *Scheduler) setCursor(ctx context.Context, sc *Schedule, rev int64, cv cursorValue) (int64, error) {
 	cv.describe(sc)
+	cv.At = s.q.clock.Now().UTC()
 	b, _ := json.Marshal(cv)
 	if s.q.set != nil {
 		// (Only the overlap policies set a cursor at a revision, and
@@ -909,7 +916,7 @@ func (s *Scheduler) advance(ctx context.Context, sc *Schedule, last time.Time) e
 		if !last.After(cv.Last) {
 			return nil
 		}
-		cv.Last = last.UTC()
+		cv.Last, cv.At = last.UTC(), s.q.clock.Now().UTC()
 		cv.describe(sc)
 		b, _ := json.Marshal(cv)
 		var ok bool

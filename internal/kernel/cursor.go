@@ -24,9 +24,10 @@ type Plan struct {
 	Last          time.Time   // the latest occurrence up to now
 	Skipped       int         // missed ones skipped
 	LatestSkipped time.Time
-	// AfterOutage says the first occurrence after the cursor was missed
-	// by every clock within MaxSkew: no scheduler ran, and CatchUp
-	// decided every occurrence late on this clock.
+	// AfterOutage says no scheduler ran: the first occurrence after the
+	// cursor is late on every clock within MaxSkew, and no scheduler wrote
+	// the cursor for longer than Lateness plus MaxSkew by any of them.
+	// CatchUp decided every occurrence late on this clock.
 	AfterOutage bool
 }
 
@@ -40,19 +41,25 @@ type PlanRule struct {
 	CatchUp    CatchUp
 }
 
-// PlanFrom returns the occurrences after from, up to now, to submit. An
-// occurrence older than half the retention is never submitted (its job may
-// have been forgotten, and would run twice). While the schedule runs, one
-// is missed only once it is late by more than Lateness plus MaxSkew on
-// this clock, so a scheduler whose clock runs ahead never skips, for the
-// fleet, an occurrence the others would submit on time. After an outage
-// (the first occurrence after the cursor is late by more than that: no
-// scheduler of any clock within MaxSkew handled it), the skew tolerance
-// would make every occurrence of the last MaxSkew "on time" at once (300
-// for a schedule every second): CatchUp is then the one rule for the
-// past, and an occurrence is missed once it is late by more than Lateness
-// on this clock. Missed ones go as CatchUp says.
-func (r PlanRule) PlanFrom(from, now time.Time) Plan {
+// PlanFrom returns the occurrences after from (the cursor, last written
+// by a scheduler at written on its clock; zero: unknown), up to now, to
+// submit. An occurrence older than half the retention is never submitted
+// (its job may have been forgotten, and would run twice). While the
+// schedule runs, one is missed only once it is late by more than Lateness
+// plus MaxSkew on this clock, so a scheduler whose clock runs ahead never
+// skips, for the fleet, an occurrence the others would submit on time.
+// After an outage the skew tolerance would make every occurrence of the
+// last MaxSkew "on time" at once (300 for a schedule every second): CatchUp
+// is then the one rule for the past, and an occurrence is missed once it
+// is late by more than Lateness on this clock. An outage is two facts
+// true on every clock within MaxSkew of this one: the first occurrence
+// after the cursor is late (by more than Lateness plus MaxSkew here), and
+// no scheduler wrote the cursor for longer than Lateness plus MaxSkew (its
+// write is older than Lateness plus twice MaxSkew here). The first alone
+// is no outage: a fleet whose tick is a little late (an etcd election)
+// looks so to a clock MaxSkew ahead (review). Missed ones go as CatchUp
+// says.
+func (r PlanRule) PlanFrom(from, written, now time.Time) Plan {
 	var p Plan
 	oldest := now.Add(-r.Retention / 2)
 	if from.Before(oldest) {
@@ -69,7 +76,8 @@ func (r PlanRule) PlanFrom(from, now time.Time) Plan {
 	}
 	var missed, submit []time.Time
 	edge := now.Add(-r.Lateness - r.MaxSkew)
-	if first := r.Next(from); !first.IsZero() && first.Before(edge) {
+	stalled := !written.IsZero() && written.Before(now.Add(-r.Lateness-2*r.MaxSkew))
+	if first := r.Next(from); !first.IsZero() && first.Before(edge) && stalled {
 		p.AfterOutage, edge = true, now.Add(-r.Lateness)
 	}
 	for t := r.Next(from); !t.IsZero() && !t.After(now); t = r.Next(t) {

@@ -88,6 +88,9 @@ type Notes struct {
 	// write compared: the caller believes in it from now on.
 	Epoch    int64
 	NewEpoch bool
+	// Rev is the revision etcd answered the write at: what it taught is
+	// as of then (a reply can arrive after a newer one).
+	Rev int64
 	// Set is the shard set etcd holds, when it is not the one the write
 	// compared.
 	Set    SetValue
@@ -101,6 +104,7 @@ func (g guarded) learn(r Reply) (n Notes, setChanged bool) {
 	if !g.on {
 		return n, false
 	}
+	n.Rev = r.Rev
 	if r.Set.Rev != g.setRev {
 		n.Set, n.NewSet = r.Set, true
 		return n, true
