@@ -66,7 +66,7 @@ type Store struct {
 	// restores counts those seen (a claim made before one never writes).
 	restored restoreGuard
 	restores atomic.Int64
-	epochAt  atomic.Int64 // the revision of the answer that taught epoch
+	epochAt  atomic.Int64               // the revision of the answer that taught epoch
 	set      atomic.Pointer[namedValue] // the shard set last seen (WithEpochs); nil: none read yet
 
 	cache     *cache.Cache[*Record] // nil without WithCache

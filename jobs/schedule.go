@@ -745,7 +745,7 @@ type cursorValue struct {
 	// At is when a scheduler last wrote the cursor, on its clock (zero in
 	// cursors written before issue 38): a fleet that runs writes it at
 	// every occurrence, so an old one says that no scheduler ran.
-	At time.Time `json:"at,omitzero"`
+	At   time.Time `json:"at,omitzero"`
 	Kind string    `json:"kind"`
 	// Spec is the schedule's cron expression or interval, for operators.
 	Spec string `json:"spec"`
