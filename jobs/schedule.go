@@ -69,8 +69,9 @@ type Schedule struct {
 	// missed only once it is late by more than Lateness plus MaxSkew on its
 	// own clock, so one whose clock runs ahead never skips, for the fleet,
 	// an occurrence the others would submit on time. After an outage (the
-	// first occurrence after the cursor is that late: no scheduler ran),
-	// CatchUp alone decides the past: an occurrence late by more than
+	// first occurrence after the cursor is that late, and no scheduler
+	// wrote the cursor for longer than Lateness plus twice MaxSkew: no
+	// scheduler ran), CatchUp alone decides the past: an occurrence late by more than
 	// Lateness on the clock of the scheduler that comes back is missed, so
 	// that the tolerance never runs MaxSkew's worth of occurrences at once;
 	// a clock ahead by more than Lateness then counts the newest ones as
