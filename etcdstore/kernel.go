@@ -23,12 +23,12 @@ import (
 
 // kcfg is the store's constant part of every kernel decision.
 func (s *Store) kcfg() kernel.Config {
-	// Every store guards its claims with the epoch (outside a shard set, 0
-	// until a restore raises it; the set is absent there): a store learns
-	// a raise from the first claim it refuses (review: a store that had
-	// not seen the restore claimed under epoch 0 after another raised it,
-	// and its takeover's token went down).
-	return kernel.Config{Keys: kernel.Keys{Prefix: s.ks.prefix}, Retention: s.retention, Epochs: true}
+	// Every store guards its claims with the epoch (outside a shard set,
+	// the epoch alone, 0 until a restore raises it): a store learns a raise
+	// from the first claim it refuses (review: a store that had not seen
+	// the restore claimed under epoch 0 after another raised it, and its
+	// takeover's token went down).
+	return kernel.Config{Keys: kernel.Keys{Prefix: s.ks.prefix}, Retention: s.retention, Epochs: s.epochs, EpochGuard: true}
 }
 
 // view is the store's view of its world for a decision on key k.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -50,9 +51,12 @@ import (
 
 // restoreGuard is what a store knows of the cluster it serves from.
 type restoreGuard struct {
-	mu      sync.Mutex
-	cluster uint64 // the cluster ID responses carried (0: none yet)
-	maxRev  int64  // the highest revision a response carried
+	// Read and written on every Txn without a lock.
+	cluster atomic.Uint64 // the cluster ID answers carried (0: none yet)
+	maxRev  atomic.Int64  // the highest revision an answer carried
+	refuses atomic.Bool   // refusing is set
+
+	mu sync.Mutex
 	// refusing is the error writes fail with while a restore's epoch is
 	// not raised yet (nil: none).
 	refusing error
@@ -70,11 +74,7 @@ type clusterValue struct {
 // floor is the highest revision of the answers the store has had: a
 // linearizable request sent now is answered at that revision or later,
 // whatever order concurrent answers arrive in.
-func (s *Store) floor() int64 {
-	s.restored.mu.Lock()
-	defer s.restored.mu.Unlock()
-	return s.restored.maxRev
-}
+func (s *Store) floor() int64 { return s.restored.maxRev.Load() }
 
 // noteHeader checks the answer to a Txn sent when floor was the highest
 // revision the store had seen against what it knew of its cluster: nil, or
@@ -84,19 +84,22 @@ func (s *Store) noteHeader(h *pb.ResponseHeader, floor int64) error {
 		return nil
 	}
 	g := &s.restored
+	if c := g.cluster.Load(); !g.refuses.Load() && (c == 0 || c == h.ClusterId) && h.Revision >= floor {
+		g.cluster.CompareAndSwap(0, h.ClusterId)
+		for m := g.maxRev.Load(); h.Revision > m && !g.maxRev.CompareAndSwap(m, h.Revision); m = g.maxRev.Load() {
+		}
+		return nil
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	var why string
-	switch {
+	switch c := g.cluster.Load(); {
 	case g.refusing != nil:
 		return g.refusing
-	case g.cluster != 0 && h.ClusterId != g.cluster:
-		why = fmt.Sprintf("etcd's cluster ID is %x, was %x", h.ClusterId, g.cluster)
-	case h.Revision < floor:
-		why = fmt.Sprintf("etcd's revision went back to %d, after %d", h.Revision, floor)
+	case c != 0 && h.ClusterId != c:
+		why = fmt.Sprintf("etcd's cluster ID is %x, was %x", h.ClusterId, c)
 	default:
-		g.cluster, g.maxRev = h.ClusterId, max(g.maxRev, h.Revision)
-		return nil
+		why = fmt.Sprintf("etcd's revision went back to %d, after %d", h.Revision, floor)
 	}
 	return s.sawRestoreLocked(why)
 }
@@ -116,6 +119,7 @@ func (s *Store) sawRestoreLocked(why string) error {
 	g := &s.restored
 	if g.refusing == nil {
 		s.restores.Add(1) // claims made before never write again
+		g.refuses.Store(true)
 		g.refusing = fmt.Errorf("%w: %w: %s; writes wait until the epoch is raised above every token handed out before", ErrUnavailable, ErrRestored, why)
 		s.log.Error("idem: etcd was restored from a snapshot: raising the epoch before writing again", "seen", why)
 	}
@@ -129,6 +133,9 @@ func (s *Store) sawRestoreLocked(why string) error {
 // refusal returns the error writes fail with (without being sent) while a
 // restore's epoch is not raised yet.
 func (s *Store) refusal() error {
+	if !s.restored.refuses.Load() {
+		return nil
+	}
 	s.restored.mu.Lock()
 	defer s.restored.mu.Unlock()
 	if s.restored.refusing == nil {
@@ -228,7 +235,10 @@ func (s *Store) raiseEpochAbove(ctx context.Context, believed int64, force bool)
 		s.noteEpoch(next, tr.Header.Revision)
 		g := &s.restored
 		g.mu.Lock()
-		g.cluster, g.maxRev, g.refusing, g.raising = tr.Header.ClusterId, tr.Header.Revision, nil, false
+		g.cluster.Store(tr.Header.ClusterId)
+		g.maxRev.Store(tr.Header.Revision)
+		g.refusing, g.raising = nil, false
+		g.refuses.Store(false)
 		g.mu.Unlock()
 		return next, nil
 	}
@@ -265,14 +275,16 @@ func (s *Store) checkCluster(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("record the cluster's ID: %w: %w", ErrUnavailable, err)
 		}
-		s.restored.cluster, s.restored.maxRev = resp.Header.ClusterId, resp.Header.Revision
+		s.restored.cluster.Store(resp.Header.ClusterId)
+		s.restored.maxRev.Store(resp.Header.Revision)
 		return nil
 	}
 	var cv clusterValue
 	if err := json.Unmarshal(kvs[0].Value, &cv); err != nil || cv.ClusterID == "" {
 		return fmt.Errorf("%w: %s holds %q, not a cluster ID", ErrCorrupt, s.clusterKey(), kvs[0].Value)
 	}
-	s.restored.cluster, s.restored.maxRev = resp.Header.ClusterId, resp.Header.Revision
+	s.restored.cluster.Store(resp.Header.ClusterId)
+	s.restored.maxRev.Store(resp.Header.Revision)
 	if cv.ClusterID == id {
 		return nil
 	}

@@ -274,7 +274,7 @@ func (m *Claim) write(v View) Action {
 		els = append(els, CountOf(k.Owner(m.req.Owner)))
 	}
 	if m.sentG.on {
-		els = append(els, k.GuardReads()...)
+		els = append(els, m.sentG.reads(k)...)
 	}
 	m.sent, m.phase = rec, claimSend
 	m.txn = &Txn{If: cmps, Then: []Op{PutRecord(m.req.Key, rec)}, Else: els}

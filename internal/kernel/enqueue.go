@@ -128,7 +128,7 @@ func (m *Enqueue) write(v View, cmps []Cmp) Action {
 	cmps, m.sentG = m.cfg.guard(cmps, v, m.req.SetRev)
 	els := []Op{Read(m.req.Key)}
 	if m.sentG.on {
-		els = append(els, m.cfg.Keys.GuardReads()...)
+		els = append(els, m.sentG.reads(m.cfg.Keys)...)
 	}
 	m.round++
 	m.sent, m.phase = rec, enqSend

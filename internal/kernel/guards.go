@@ -13,6 +13,10 @@ type Config struct {
 	// Epochs makes the store one shard of a set: every claim, enqueue and
 	// move compares the shard's epoch and shard set (Guards).
 	Epochs bool
+	// EpochGuard, outside a shard set, makes every claim and enqueue
+	// compare the epoch alone (0 until a restore raises it): a store
+	// learns a raise from the first write it refuses.
+	EpochGuard bool
 }
 
 // Guards are the compares of a claim, enqueue or move on a shard: its
@@ -63,14 +67,27 @@ func (k Keys) RaiseEpoch(cur, next int64) *Txn {
 // what it compared, to tell from a refusal whether either moved.
 type guarded struct {
 	on            bool
+	epochOnly     bool // EpochGuard: the set is neither compared nor read
 	epoch, setRev int64
+}
+
+// reads are the Else reads of the guarded write: the epoch, and the set
+// on a shard.
+func (g guarded) reads(k Keys) []Op {
+	if g.epochOnly {
+		return []Op{Read(k.Epoch())}
+	}
+	return k.GuardReads()
 }
 
 // guard appends the guards of a write under view v to cmps (with Epochs),
 // compared with the shard set at under (0: the store's own).
 func (c Config) guard(cmps []Cmp, v View, under int64) ([]Cmp, guarded) {
 	if !c.Epochs {
-		return cmps, guarded{}
+		if !c.EpochGuard {
+			return cmps, guarded{}
+		}
+		return append(cmps, c.Keys.EpochCmp(v.Epoch)), guarded{on: true, epochOnly: true, epoch: v.Epoch}
 	}
 	rev := under
 	if rev == 0 {
@@ -105,7 +122,7 @@ func (g guarded) learn(r Reply) (n Notes, setChanged bool) {
 		return n, false
 	}
 	n.Rev = r.Rev
-	if r.Set.Rev != g.setRev {
+	if !g.epochOnly && r.Set.Rev != g.setRev {
 		n.Set, n.NewSet = r.Set, true
 		return n, true
 	}

@@ -443,7 +443,7 @@ var kernelMutants = []mutant{
 	{name: "restore (issue 38 review): a detector raises only when revisions say so", file: "etcdstore/restore.go",
 		old: "		if force || cur <= believed {", new: "		if force {"},
 	{name: "restore (issue 38 review): a plain store's claims do not compare the epoch", file: "etcdstore/kernel.go",
-		old: "Retention: s.retention, Epochs: true}", new: "Retention: s.retention, Epochs: s.epochs}"},
+		old: "Epochs: s.epochs, EpochGuard: true}", new: "Epochs: s.epochs}"},
 	{name: "restore (issue 38 review): a claim made before a restore writes again", file: "etcdstore/write.go",
 		old: "	if c.gen != c.s.restores.Load() {", new: "	if false {"},
 	{name: "restore (issue 38 review): a late epoch answer is taken for a restore", file: "etcdstore/kernel.go",
