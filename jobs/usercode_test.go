@@ -197,6 +197,36 @@ func TestAnOutageRunsOnlyWhatCatchUpSays(t *testing.T) {
 	}
 }
 
+// The outage rule needs the cursor's write time to be the last write's: a
+// fleet that runs writes the cursor at every occurrence it handles, so a
+// cursor written long ago says that no scheduler ran (an old one would
+// make a fast scheduler take a running fleet for an outage).
+func TestTheCursorSaysWhenASchedulerLastWroteIt(t *testing.T) {
+	base := time.Date(2026, 12, 2, 3, 0, 0, 500_000_000, time.UTC)
+	master := newFakeClock(base)
+	q := newQueue(t, newStore(t, testPrefix(t)))
+	q.setClock(master.view(0))
+	sc := Schedule{Name: "often", Every: 10 * time.Second, Kind: "k"}
+	s, err := NewScheduler(q, []Schedule{sc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	made := waitCursorWhere(t, q, sc.Name, func(cursorValue) bool { return true })
+	if !made.At.Equal(base) {
+		t.Fatalf("a new cursor says it was written at %v; want %v, its scheduler's clock", made.At, base)
+	}
+	for i := 1; i <= 3; i++ {
+		occ := base.Truncate(10 * time.Second).Add(time.Duration(i) * 10 * time.Second)
+		now := occ.Add(200 * time.Millisecond)
+		master.set(now)
+		cv := waitCursorWhere(t, q, sc.Name, func(cv cursorValue) bool { return !cv.Last.Before(occ) })
+		if !cv.At.Equal(now) {
+			t.Fatalf("after occurrence %v the cursor says it was written at %v; want %v, when its scheduler moved it", occ, cv.At, now)
+		}
+	}
+}
+
 // Issue 38: the same signal sent with its JSON in another spelling
 // (member order, spacing, 2.0 for 2) was refused as another payload,
 // though job parameters are compared canonically.
