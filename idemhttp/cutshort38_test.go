@@ -13,6 +13,31 @@ import (
 	"github.com/idem-dev/idem/etcdstore"
 )
 
+// forwardThenDie sends a request with key through a proxy on store a (a
+// process of idem), waits until the upstream works on it, and then kills
+// the process as far as etcd can tell: its session lease ends, so its
+// claim may be taken over at once.
+func forwardThenDie(ctx context.Context, t *testing.T, a *etcdstore.Store, up *upstream, prefix, key string) {
+	t.Helper()
+	frontA := newFront(t, Config{Store: a}, up, ProxyOptions{})
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, "POST", frontA.URL+"/slow", strings.NewReader(`{"amount":5}`))
+		req.Header.Set(HeaderKey, key)
+		req.Header.Set("Content-Type", "application/json")
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close() // its answer never matters: its process "dies"
+		}
+	}()
+	<-up.entered // A forwarded the request: the upstream works on it
+	owner, err := a.Client().Get(ctx, prefix+"o/"+a.Owner())
+	if err != nil || len(owner.Kvs) != 1 {
+		t.Fatalf("A's owner key: %v, %v", owner, err)
+	}
+	if _, err := a.Client().Revoke(ctx, clientv3.LeaseID(owner.Kvs[0].Lease)); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // Issue 38 (review): a takeover of a dead idem's claim answers the unknown
 // outcome instead of forwarding again, judged by the record it takes
 // over. But a process whose own takeover's reply was lost has its reaper
@@ -26,24 +51,7 @@ func TestATakeoverAfterAnAbandonedTakeoverOfADeadClaimDoesNotForward(t *testing.
 	up := newUpstream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	frontA := newFront(t, Config{Store: a}, up, ProxyOptions{})
-	go func() {
-		req, _ := http.NewRequestWithContext(ctx, "POST", frontA.URL+"/slow", strings.NewReader(`{"amount":5}`))
-		req.Header.Set(HeaderKey, "order-1")
-		req.Header.Set("Content-Type", "application/json")
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close() // its answer never matters: its process "dies"
-		}
-	}()
-	<-up.entered // A forwarded the request: the upstream works on it
-	// A's process dies: its session lease ends.
-	owner, err := a.Client().Get(ctx, prefix+"o/"+a.Owner())
-	if err != nil || len(owner.Kvs) != 1 {
-		t.Fatalf("A's owner key: %v, %v", owner, err)
-	}
-	if _, err := a.Client().Revoke(ctx, clientv3.LeaseID(owner.Kvs[0].Lease)); err != nil {
-		t.Fatal(err)
-	}
+	forwardThenDie(ctx, t, a, up, prefix, "order-1")
 	// B takes the claim over; its reply is lost, and its reaper abandons
 	// the claim it made (what ReapAbandon writes).
 	key := etcdstore.Key{ID: "order-1"}

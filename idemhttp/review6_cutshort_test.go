@@ -83,23 +83,7 @@ func TestReview6ALostTakeoverReplyDoesNotForwardAgain(t *testing.T) {
 	}
 	t.Cleanup(func() { b.Close() })
 	up := newUpstream(t)
-	frontA := newFront(t, Config{Store: a}, up, ProxyOptions{})
-	go func() {
-		req, _ := http.NewRequestWithContext(ctx, "POST", frontA.URL+"/slow", strings.NewReader(`{"amount":5}`))
-		req.Header.Set(HeaderKey, "order-1")
-		req.Header.Set("Content-Type", "application/json")
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close() // its answer never matters: its process "dies"
-		}
-	}()
-	<-up.entered // A forwarded the request: the upstream works on it
-	owner, err := a.Client().Get(ctx, prefix+"o/"+a.Owner())
-	if err != nil || len(owner.Kvs) != 1 {
-		t.Fatalf("A's owner key: %v, %v", owner, err)
-	}
-	if _, err := a.Client().Revoke(ctx, clientv3.LeaseID(owner.Kvs[0].Lease)); err != nil {
-		t.Fatal(err)
-	}
+	forwardThenDie(ctx, t, a, up, prefix, "order-1")
 	frontB := newFront(t, Config{Store: b}, up, ProxyOptions{})
 	released := false
 	t.Cleanup(func() {
