@@ -234,7 +234,7 @@ func TestCLIDocsNameEveryFlag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmds := [][]string{{"serve"}, {"get"}, {"ls"}, {"evict"}, {"status"}, {"echo"},
+	cmds := [][]string{{"serve"}, {"get"}, {"ls"}, {"evict"}, {"status"}, {"echo"}, {"injector"},
 		{"snapshot", "save"}, {"snapshot", "restore"}, {"snapshot", "bump-epoch"}}
 	for _, c := range jobsCommands(t) {
 		cmds = append(cmds, []string{"jobs", c})

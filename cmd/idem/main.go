@@ -47,6 +47,7 @@ Commands:
   jobs      jobs and schedules:     idem jobs submit|signal|ls|get|retry|cancel|schedules|pause|resume|backfill|limits
   snapshot  etcd backups:           idem snapshot save|restore|bump-epoch
   echo      a non-idempotent demo upstream, to put idem in front of
+  injector  the Kubernetes webhook that adds idem as a sidecar to labelled pods
   version   print the version
 
 Run "idem COMMAND -h" for a command's flags.
@@ -76,6 +77,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return snapshotCmd(ctx, rest, stdout, stderr)
 	case "echo":
 		return echo(ctx, rest, stdout, stderr)
+	case "injector":
+		return injector(ctx, rest, stdout, stderr)
 	case "version", "--version":
 		fs := flag.NewFlagSet("version", flag.ContinueOnError)
 		fs.SetOutput(stderr)

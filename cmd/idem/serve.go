@@ -75,6 +75,7 @@ type serveConfig struct {
 	limits              idemhttp.Limits
 	tenantHeader        string
 	trustedProxies      listFlag
+	fixedTenant         string
 
 	tlsCertFile, tlsKeyFile, tlsClientCAFile                string
 	adminTLSCertFile, adminTLSKeyFile, adminTLSClientCAFile string
@@ -150,6 +151,7 @@ func (c *serveConfig) flags(stderr io.Writer) *flag.FlagSet {
 	fs.IntVar(&c.limits.ClaimBurst, "tenant-claim-burst", 0, "burst of --tenant-claims-per-second (0: one second's worth)")
 	fs.Float64Var(&c.limits.BytesPerSecond, "tenant-bytes-per-second", 0, "bytes of saved outcomes and checkpoints one tenant may have written per second in this process (429 on its next claims past it; 0: no limit)")
 	fs.Int64Var(&c.limits.BytesBurst, "tenant-bytes-burst", 0, "burst of --tenant-bytes-per-second (0: ten seconds' worth, at least 1 MiB)")
+	fs.StringVar(&c.fixedTenant, "tenant", etcdstore.DefaultTenant, "tenant of every request when idem authenticates none (no --tokens-file, --tls-client-ca-file or --tenant-header): a sidecar serving one service")
 	fs.StringVar(&c.tenantHeader, "tenant-header", "", "request header naming the tenant, honoured only from --trusted-proxies")
 	fs.Var(list(&c.trustedProxies), "trusted-proxies", "CIDRs of authenticating proxies whose --tenant-header is trusted")
 	fs.StringVar(&c.tlsCertFile, "tls-cert-file", "", "serve --listen over TLS with this certificate (PEM; reloaded when it changes)")
@@ -215,6 +217,12 @@ func (c *serveConfig) validate() error {
 	}
 	if (c.tenantHeader == "") != (len(c.trustedProxies) == 0) {
 		return errors.New("--tenant-header and --trusted-proxies go together")
+	}
+	if err := etcdstore.ValidateTenant(c.fixedTenant); err != nil {
+		return fmt.Errorf("--tenant: %w", err)
+	}
+	if c.fixedTenant != etcdstore.DefaultTenant && (c.tokensFile != "" || c.tlsClientCAFile != "" || c.tenantHeader != "") {
+		return errors.New("--tenant names the tenant of requests idem does not authenticate; with --tokens-file, --tls-client-ca-file or --tenant-header each request names its own")
 	}
 	if _, err := c.trusted(); err != nil {
 		return err
@@ -412,7 +420,7 @@ func (c *serveConfig) load() error {
 // identity is refused (401), never put in a default tenant. Precedence: a
 // trusted proxy's header, then a client certificate, then a bearer token.
 func (c *serveConfig) tenant() idemhttp.TenantFunc {
-	tenant := idemhttp.FixedTenant(etcdstore.DefaultTenant)
+	tenant := idemhttp.FixedTenant(c.fixedTenant)
 	if c.tlsClientCAFile != "" || c.tokens != nil {
 		tenant = idemhttp.Unauthenticated()
 	}
