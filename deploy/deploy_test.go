@@ -5,6 +5,7 @@ package deploy
 import (
 	"debug/elf"
 	"fmt"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -87,6 +88,7 @@ type objects struct {
 	rules        []*monitoringv1.PrometheusRule
 	podmonitors  []*monitoringv1.PodMonitor
 	cronjobs     []*batchv1.CronJob
+	webhooks     []*admissionregistrationv1.MutatingWebhookConfiguration
 	raw          map[string]map[string]any // every object, by Kind/name
 }
 
@@ -203,6 +205,10 @@ func decodeAll(t *testing.T, src string, docs [][]byte) *objects {
 			if c.Spec.IssuerRef.Kind != "Issuer" {
 				t.Fatalf("%s: Certificate %s: issuer kind %q", src, c.Metadata.Name, c.Spec.IssuerRef.Kind)
 			}
+		case "MutatingWebhookConfiguration":
+			var w admissionregistrationv1.MutatingWebhookConfiguration
+			strict(&w)
+			o.webhooks = append(o.webhooks, &w)
 		case "Issuer":
 			var i issuer
 			strict(&i)
