@@ -21,12 +21,14 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"flag"
 	"fmt"
 	"math/big"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -137,8 +139,26 @@ var (
 	cpErr  error
 )
 
-// TestMain stops the control plane, if a test started one.
+// controlPlaneTests are the tests that need the control plane.
+var controlPlaneTests = []string{"TestChartOnARealControlPlane", "TestABadValueSetIsRefused", "TestSidecarInjectionOnARealControlPlane"}
+
+// TestMain builds the control plane, when a test that needs it is to run,
+// before the tests start: a cold build takes longer than go test's
+// default timeout of 10 minutes, which counts from m.Run. Then it stops
+// the control plane, if a test started one.
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if re, err := regexp.Compile(flag.Lookup("test.run").Value.String()); err == nil && !testing.Short() {
+		for _, name := range controlPlaneTests {
+			if re.MatchString(name) {
+				if _, _, err := controlPlaneBinaries(); err != nil {
+					fmt.Fprintln(os.Stderr, "building the control plane:", err)
+					os.Exit(1)
+				}
+				break
+			}
+		}
+	}
 	code := m.Run()
 	if cp != nil {
 		cp.stop()

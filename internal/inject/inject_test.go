@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -251,5 +252,22 @@ func TestBadAnnotationsAreRefusedNamingThem(t *testing.T) {
 	pod := decode(t, fmt.Sprintf(base, `{"idem.dev/app-port": "http", "idem.dev/port": "7000"}`))
 	if _, err := c.Mutate(pod); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "no etcd to use") {
 		t.Errorf("no endpoints anywhere: %v", err)
+	}
+}
+
+// deploy/README.md's table of annotations is this package's list, word
+// for word (issue 39: the docs say what the code reads).
+func TestREADMEListsEveryAnnotation(t *testing.T) {
+	doc, err := os.ReadFile("../../deploy/README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want strings.Builder
+	want.WriteString("| annotation | default | what it does |\n|---|---|---|\n")
+	for _, a := range Annotations {
+		fmt.Fprintf(&want, "| `%s` | %s | %s |\n", a.Name, a.Default, strings.ReplaceAll(a.Meaning, "|", "\\|"))
+	}
+	if !strings.Contains(string(doc), want.String()) {
+		t.Fatalf("deploy/README.md does not have the annotations table; want:\n%s", want.String())
 	}
 }
