@@ -81,7 +81,9 @@ func apply(t *testing.T, doc obj, ops []Op) obj {
 	return out
 }
 
-func unescape(p string) string { return strings.ReplaceAll(strings.ReplaceAll(p, "~1", "/"), "~0", "~") }
+func unescape(p string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(p, "~1", "/"), "~0", "~")
+}
 
 func env(ct obj) map[string]string {
 	m := map[string]string{}

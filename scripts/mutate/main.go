@@ -140,6 +140,16 @@ var contract = map[string]backstop{
 	"shards (issue 37 review): a shard with a larger record limit keeps it":                        {"./shard", "TestReview5ConformanceShardsWithOptionsOfTheirOwn"},
 	"cache (issue 37 review): a progress answer proves the cache current whatever its revision":    {"./etcdstore", "TestReview5CacheOnCutOffMemberReplaysPastItsBound"},
 	"jobs (issue 37 review): a record written before kinds with a saved error is a failed job":     {"./jobs", "TestReview5LegacyFailedPlainKeyIsNotAJob"},
+	"injector (issue 39): a pod that carries idem is injected again":                               {"./internal/inject", "TestInjectsANativeSidecarInFrontOfTheAppsNamedPort"},
+	"injector (issue 39): the app's port keeps its name, so the Service reaches the app, not idem": {"./deploy", "TestSidecarInjectionOnARealControlPlane"},
+	"injector (issue 39): idem is an ordinary init container, so the pod never starts":             {"./deploy", "TestSidecarInjectionOnARealControlPlane"},
+	"injector (issue 39): a retention that is not a duration is taken":                             {"./internal/inject", "TestBadAnnotationsAreRefusedNamingThem"},
+	"injector (issue 39): the app's probes keep naming the port idem took":                         {"./internal/inject", "TestInjectsANativeSidecarInFrontOfTheAppsNamedPort"},
+	"chart (issue 39): the webhook sends every pod to the injector, not only labelled ones":        {"./deploy", "TestSidecarInjectionOnARealControlPlane"},
+	"chart (issue 39): the webhook ignores a down injector":                                        {"./deploy", "TestSidecarInjectionOnARealControlPlane"},
+	"chart (issue 39): idem's own namespace is injected":                                           {"./deploy", "TestSidecarInjectionOnARealControlPlane"},
+	"chart (issue 39): pods run as root, which restricted Pod Security refuses":                    {"./deploy", "TestChartOnARealControlPlane"},
+	"serve (issue 39): --tenant is ignored":                                                        {"./cmd/idem", "TestServeTenantFlag"},
 }
 
 // explorerKernel are the kernel's mutants measured by the explorer: the
@@ -473,6 +483,26 @@ var kernelMutants = []mutant{
 		old: "	if err == nil && res.Replayed {", new: "	if err == nil && res.Replayed && false {"},
 	{name: "reaper (review): a fence over a Moved record compares the reaper's shard set, not the lost claim's", file: "internal/kernel/reap.go",
 		old: "	if overMoved {\n		return lost\n	}\n	return own", new: "	return own"},
+	{name: "injector (issue 39): a pod that carries idem is injected again", file: "internal/inject/inject.go",
+		old: "if _, ok := anns[AnnInjected]; ok || hasContainer(spec, ContainerName) {", new: "if false {"},
+	{name: "injector (issue 39): the app's port keeps its name, so the Service reaches the app, not idem", file: "internal/inject/inject.go",
+		old: "\t\tif pm, _ := p.(obj); pm[\"name\"] == name {\n\t\t\tdelete(pm, \"name\")\n\t\t}", new: "\t\t_ = p"},
+	{name: "injector (issue 39): idem is an ordinary init container, so the pod never starts", file: "internal/inject/inject.go",
+		old: "\t\tct[\"restartPolicy\"] = \"Always\"\n", new: ""},
+	{name: "injector (issue 39): a retention that is not a duration is taken", file: "internal/inject/inject.go",
+		old: "if err != nil || d <= 0 {", new: "if err != nil && false {"},
+	{name: "injector (issue 39): the app's probes keep naming the port idem took", file: "internal/inject/inject.go",
+		old: "\t\t\tif a, _ := hm[k].(obj); a != nil && a[\"port\"] == name {", new: "\t\t\tif a, _ := hm[k].(obj); a != nil && a[\"port\"] == name && false {"},
+	{name: "chart (issue 39): the webhook sends every pod to the injector, not only labelled ones", file: "deploy/helm/idem/templates/injector.yaml",
+		old: "    objectSelector:\n      matchLabels:\n        idem.dev/inject: \"true\"\n", new: ""},
+	{name: "chart (issue 39): the webhook ignores a down injector", file: "deploy/helm/idem/templates/injector.yaml",
+		old: "failurePolicy: {{ .Values.injector.failurePolicy }}", new: "failurePolicy: Ignore"},
+	{name: "chart (issue 39): idem's own namespace is injected", file: "deploy/helm/idem/templates/injector.yaml",
+		old: "          values: [{{ $ns | quote }}, \"kube-system\"]", new: "          values: [\"kube-system\"]"},
+	{name: "chart (issue 39): pods run as root, which restricted Pod Security refuses", file: "deploy/helm/idem/templates/_helpers.tpl",
+		old: "runAsNonRoot: true", new: "runAsNonRoot: false"},
+	{name: "serve (issue 39): --tenant is ignored", file: "cmd/idem/serve.go",
+		old: "tenant := idemhttp.FixedTenant(c.fixedTenant)", new: "tenant := idemhttp.FixedTenant(etcdstore.DefaultTenant)"},
 }
 
 func main() {
