@@ -168,6 +168,12 @@ func TestHelmSchemaRefusesBadValues(t *testing.T) {
 		{"mode: sidecar\napp: {port: 8081}", "app.port 8081: collides"},
 		{"resources: {requests: {cpu: lots}}", "cpu"},
 		{"replica: 3", "replica"},
+		{"injector: {enabled: true, failurePolicy: Sometimes}", "failurePolicy"},
+		{"injector: {enabled: true, timeoutSeconds: 60}", "timeoutSeconds"},
+		{"injector: {enabled: true, url: http://x}", "url"},
+		{"injector: {enabled: true, tls: {secretName: inj}}", "injector.tls.caBundle: with injector.tls.secretName"},
+		{"injector: {enabled: true}\ncertManager: {enabled: false}", "injector.tls.secretName: the injector's webhook needs a certificate"},
+		{"mode: standalone\ninjector: {enabled: true}", "injector.enabled: injected sidecars need an etcd cluster"},
 	} {
 		var vals map[string]any
 		if err := yaml.Unmarshal([]byte(c.yaml), &vals); err != nil {

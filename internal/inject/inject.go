@@ -152,6 +152,17 @@ func (c Config) Mutate(pod obj) ([]Op, error) {
 		containers = append(containers, side)
 	}
 	ops = append(ops, Op{"add", "/spec/containers", containers})
+	// idem stops after the app (a native sidecar): the pod's grace period
+	// must leave it its preStop and its shutdown grace, or the kubelet kills
+	// it with saves still pending. A longer grace is kept.
+	need := int64(c.PreStopSeconds) + int64(c.ShutdownGrace/time.Second) + 5
+	grace, ok := toInt(spec["terminationGracePeriodSeconds"])
+	if !ok {
+		grace = 30 // Kubernetes' default
+	}
+	if int64(grace) < need {
+		ops = append(ops, Op{"add", "/spec/terminationGracePeriodSeconds", need})
+	}
 	if vols := c.volumes(s); len(vols) > 0 {
 		ops = append(ops, Op{"add", "/spec/volumes", append(list(spec["volumes"]), vols...)})
 	}

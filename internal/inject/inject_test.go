@@ -164,6 +164,16 @@ func TestInjectsANativeSidecarInFrontOfTheAppsNamedPort(t *testing.T) {
 	if !reflect.DeepEqual(spec["futureField"], pod["spec"].(obj)["futureField"]) {
 		t.Fatal("a field the injector does not know was changed")
 	}
+	// The grace period leaves idem its preStop and shutdown grace after
+	// the app (10 + 40 + 5 s), where the default (30 s) would not.
+	if g := fmt.Sprint(spec["terminationGracePeriodSeconds"]); g != "55" {
+		t.Errorf("terminationGracePeriodSeconds = %s; want 55", g)
+	}
+	long := decode(t, strings.Replace(podJSON, `"futureField"`, `"terminationGracePeriodSeconds": 120, "futureField"`, 1))
+	ops, _ = testConfig.Mutate(long)
+	if g := fmt.Sprint(apply(t, long, ops)["spec"].(obj)["terminationGracePeriodSeconds"]); g != "120" {
+		t.Errorf("a longer grace period was changed to %s", g)
+	}
 	anns := got["metadata"].(obj)["annotations"].(obj)
 	if anns[AnnInjected] != testConfig.Image || anns["other.io/x"] != "y" {
 		t.Fatalf("annotations = %v", anns)
