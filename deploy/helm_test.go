@@ -174,6 +174,7 @@ func TestHelmSchemaRefusesBadValues(t *testing.T) {
 		{"injector: {enabled: true, tls: {secretName: inj}}", "injector.tls.caBundle: with injector.tls.secretName"},
 		{"injector: {enabled: true}\ncertManager: {enabled: false}", "injector.tls.secretName: the injector's webhook needs a certificate"},
 		{"mode: standalone\ninjector: {enabled: true}", "injector.enabled: injected sidecars need an etcd cluster"},
+		{"injector: {enabled: true, url: https://injector.example.com}", "injector.url: an injector outside the cluster needs its own certificate"},
 	} {
 		var vals map[string]any
 		if err := yaml.Unmarshal([]byte(c.yaml), &vals); err != nil {

@@ -257,8 +257,8 @@ func checkInjected(p pod, tenant string) string {
 		return fmt.Sprintf("the app's ports %+v; want 8080 without its name", app.Ports)
 	case app.ReadinessProbe == nil || fmt.Sprint(app.ReadinessProbe.HTTPGet.Port) != "8080":
 		return "the app's readiness probe does not name 8080"
-	case p.Spec.Grace != 55:
-		return fmt.Sprintf("terminationGracePeriodSeconds %d; want 55 (preStop 10 s, shutdown grace 40 s, 5 s more)", p.Spec.Grace)
+	case p.Spec.Grace != 45:
+		return fmt.Sprintf("terminationGracePeriodSeconds %d; want 45 (shutdown grace 40 s, 5 s more)", p.Spec.Grace)
 	case p.Metadata.Annotations["idem.dev/injected"] != "ghcr.io/idem-dev/idem:latest":
 		return "no idem.dev/injected annotation"
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -34,8 +35,8 @@ Flags:
 `
 
 type injectorConfig struct {
-	listen, certFile, keyFile, logFormat string
-	cfg                                  inject.Config
+	listen, certFile, keyFile, logFormat, resources string
+	cfg                                             inject.Config
 }
 
 func injectorFlags(stderr io.Writer) (*flag.FlagSet, *injectorConfig) {
@@ -55,11 +56,9 @@ func injectorFlags(stderr io.Writer) (*flag.FlagSet, *injectorConfig) {
 	fs.DurationVar(&c.cfg.Retention, "retention", 24*time.Hour, "the sidecars' key retention unless a pod's idem.dev/retention says otherwise")
 	fs.DurationVar(&c.cfg.SessionTTL, "session-ttl", 10*time.Second, "the sidecars' --session-ttl")
 	fs.DurationVar(&c.cfg.ShutdownGrace, "shutdown-grace", 40*time.Second, "the sidecars' --shutdown-grace: keep it under the pods' terminationGracePeriodSeconds")
-	fs.IntVar(&c.cfg.PreStopSeconds, "pre-stop-seconds", 10, "native sidecars keep proxying this long after being told to stop, while the app drains (0: none)")
+	fs.IntVar(&c.cfg.PreStopSeconds, "pre-stop-seconds", 0, "a preStop sleep for the sidecar, seconds (0: none; a native sidecar is stopped only after the app has exited)")
 	fs.BoolVar(&c.cfg.Native, "native-sidecars", true, "inject idem as a native sidecar (an init container with restartPolicy: Always; Kubernetes 1.29 and later); false: as one more app container, for older clusters")
-	fs.StringVar(&c.cfg.CPURequest, "cpu-request", "100m", "the sidecar's CPU request (empty: none)")
-	fs.StringVar(&c.cfg.MemoryRequest, "memory-request", "64Mi", "the sidecar's memory request (empty: none)")
-	fs.StringVar(&c.cfg.MemoryLimit, "memory-limit", "256Mi", "the sidecar's memory limit (empty: none)")
+	fs.StringVar(&c.resources, "resources", `{"requests":{"cpu":"100m","memory":"64Mi"},"limits":{"memory":"256Mi"}}`, "the sidecar's resources, as JSON: requests and limits of Kubernetes quantities ({} for none)")
 	return fs, c
 }
 
@@ -73,8 +72,10 @@ func (c *injectorConfig) validate() error {
 		return fmt.Errorf("--image %q: an image reference has no spaces", c.cfg.Image)
 	case c.logFormat != "json" && c.logFormat != "text":
 		return fmt.Errorf("--log-format %q: must be json or text", c.logFormat)
-	case c.cfg.Retention <= 0:
-		return fmt.Errorf("--retention %v: must be positive", c.cfg.Retention)
+	case c.cfg.Retention < time.Second || c.cfg.Retention%time.Second != 0:
+		return fmt.Errorf("--retention %v: must be a whole number of seconds, at least 1s (as idem serve takes it)", c.cfg.Retention)
+	case c.cfg.Prefix != "" && !strings.HasSuffix(c.cfg.Prefix, "/"):
+		return fmt.Errorf("--prefix %q: must end in / (as idem serve takes it)", c.cfg.Prefix)
 	case c.cfg.SessionTTL < time.Second || c.cfg.SessionTTL%time.Second != 0:
 		return fmt.Errorf("--session-ttl %v: must be a whole number of seconds, at least 1s", c.cfg.SessionTTL)
 	case c.cfg.ShutdownGrace < 0 || c.cfg.PreStopSeconds < 0:
@@ -84,6 +85,22 @@ func (c *injectorConfig) validate() error {
 	case "", "Always", "IfNotPresent", "Never":
 	default:
 		return fmt.Errorf("--image-pull-policy %q: must be Always, IfNotPresent or Never", c.cfg.PullPolicy)
+	}
+	var res map[string]map[string]any
+	d := json.NewDecoder(strings.NewReader(c.resources))
+	d.UseNumber()
+	if err := d.Decode(&res); err != nil {
+		return fmt.Errorf("--resources %q: not a JSON object of requests and limits: %v", c.resources, err)
+	}
+	c.cfg.Resources = map[string]map[string]string{}
+	for k, m := range res {
+		c.cfg.Resources[k] = map[string]string{}
+		for name, q := range m {
+			c.cfg.Resources[k][name] = fmt.Sprint(q) // a number (cpu: 1) is a quantity too
+		}
+	}
+	if err := inject.CheckResources(c.cfg.Resources); err != nil {
+		return fmt.Errorf("--resources: %w", err)
 	}
 	if c.cfg.Endpoints != "" {
 		if err := inject.CheckEndpoints(c.cfg.Endpoints); err != nil {

@@ -149,6 +149,11 @@ func TestInjectorConfigErrors(t *testing.T) {
 		{append([]string{"--image", "i", "--image-pull-policy", "Sometimes"}, tlsArgs...), "--image-pull-policy"},
 		{append([]string{"--image", "i", "--session-ttl", "1500ms"}, tlsArgs...), "--session-ttl"},
 		{append([]string{"--image", "i", "--retention", "0s"}, tlsArgs...), "--retention"},
+		{append([]string{"--image", "i", "--retention", "1500ms"}, tlsArgs...), "--retention"},
+		{append([]string{"--image", "i", "--prefix", "/idem"}, tlsArgs...), "--prefix"},
+		{append([]string{"--image", "i", "--resources", `{"requests":{"cpu":"lots"}}`}, tlsArgs...), "--resources"},
+		{append([]string{"--image", "i", "--resources", `{"limits":{"memory":"256 MiB"}}`}, tlsArgs...), "--resources"},
+		{append([]string{"--image", "i", "--resources", `[]`}, tlsArgs...), "--resources"},
 		{[]string{"--image", "i", "--tls-cert-file", filepath.Join(dir, "none.pem"), "--tls-key-file", f.KeyFile}, "none.pem"},
 		{append([]string{"--image", "i", "extra"}, tlsArgs...), "no arguments"},
 	} {

@@ -81,6 +81,11 @@ func readShards(path string, base etcdFlags) ([]etcdFlags, []string, shard.Confi
 	for _, s := range f.Shards {
 		e := etcdFlags{endpoints: s.Endpoints, cacert: s.CACert, cert: s.Cert, key: s.Key, user: s.User,
 			dialTimeout: base.dialTimeout, prefix: base.prefix}
+		if s.CACert == "" && s.Cert == "" && s.Key == "" {
+			// A shard that names no TLS files uses --cacert, --cert and
+			// --key (an injected sidecar's certificate, say).
+			e.cacert, e.cert, e.key = base.cacert, base.cert, base.key
+		}
 		if len(s.Endpoints) == 0 {
 			return nil, nil, cfg, fmt.Errorf("--shards-file %s: shard %q has no endpoints", path, s.Name)
 		}

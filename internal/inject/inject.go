@@ -84,9 +84,27 @@ type Config struct {
 	// Always (Kubernetes 1.29 and later): started before the app, stopped
 	// after it. Otherwise it is one more app container, with no ordering.
 	Native bool
-	// CPURequest, MemoryRequest and MemoryLimit are the sidecar's
-	// resources ("" leaves one out).
-	CPURequest, MemoryRequest, MemoryLimit string
+	// Resources are the sidecar's resources (requests and limits, as a
+	// container's resources are written), nil for none.
+	Resources map[string]map[string]string
+}
+
+var quantity = regexp.MustCompile(`^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$`)
+
+// CheckResources says whether r is a container's resources: requests and
+// limits of Kubernetes quantities.
+func CheckResources(r map[string]map[string]string) error {
+	for k, m := range r {
+		if k != "requests" && k != "limits" {
+			return fmt.Errorf("%q: only requests and limits", k)
+		}
+		for name, q := range m {
+			if !quantity.MatchString(q) {
+				return fmt.Errorf("%s.%s %q: not a Kubernetes quantity (100m, 64Mi)", k, name, q)
+			}
+		}
+	}
+	return nil
 }
 
 // DefaultPort is the port of idem's proxy in the pod unless idem.dev/port
@@ -131,17 +149,22 @@ func (c Config) Mutate(pod obj) ([]Op, error) {
 			return nil, fmt.Errorf("%w: unknown annotation %s (known: %s)", ErrInvalid, k, knownNames())
 		}
 	}
+	if podOS, _ := spec["os"].(obj); podOS != nil && podOS["name"] != nil && podOS["name"] != "linux" {
+		return nil, fmt.Errorf("%w: the pod's spec.os.name is %v: idem's sidecar runs on Linux; remove the label %s", ErrInvalid, podOS["name"], Label)
+	}
+	if spec["hostNetwork"] == true {
+		return nil, fmt.Errorf("%w: the pod uses the node's network (hostNetwork): idem's ports would be the node's; remove the label %s", ErrInvalid, Label)
+	}
 	s, err := c.settings(spec, anns)
 	if err != nil {
 		return nil, err
 	}
 	containers := list(spec["containers"])
 	// The app's port gives its name to idem's, so that a Service naming it
-	// reaches idem; whatever in the app named it now names the number.
+	// reaches idem; whatever in the app's container named it now names the
+	// number (another container's port of the same name is its own).
 	if s.portName != "" {
-		for _, ct := range containers {
-			renamePort(ct.(obj), s.portName, s.appPort)
-		}
+		renamePort(containers[s.appIn].(obj), s.portName, s.appPort)
 	}
 	side := c.container(s)
 	var ops []Op
@@ -180,6 +203,7 @@ func (c Config) Mutate(pod obj) ([]Op, error) {
 // settings are one pod's: the injector's defaults and its annotations.
 type settings struct {
 	appPort   int
+	appIn     int    // the index of the app's container; -1 for a port no container declares
 	portName  string // the app port's name, given to idem's; "" when it had none
 	port      int
 	tenant    string
@@ -197,37 +221,42 @@ func (c Config) settings(spec obj, anns map[string]string) (settings, error) {
 	bad := func(ann, format string, a ...any) error {
 		return fmt.Errorf("%w: %s %q: %s", ErrInvalid, ann, anns[ann], fmt.Sprintf(format, a...))
 	}
-	// The app's port.
-	type port struct {
-		name string
-		num  int
+	// The app's port: the pod's containers' ports; every container's
+	// (init containers and sidecars share the pod's network) for a clash.
+	var ports, all []port
+	for i, ct := range list(spec["containers"]) {
+		ports = append(ports, portsOf(ct, i)...)
 	}
-	var ports []port
-	for _, ct := range list(spec["containers"]) {
-		for _, p := range list(ct.(obj)["ports"]) {
-			pm, _ := p.(obj)
-			n, _ := toInt(pm["containerPort"])
-			name, _ := pm["name"].(string)
-			ports = append(ports, port{name, n})
-		}
+	all = ports
+	for _, ct := range list(spec["initContainers"]) {
+		all = append(all, portsOf(ct, -1)...)
 	}
+	s.appIn = -1
 	if v, ok := anns[AnnAppPort]; ok {
-		i := slices.IndexFunc(ports, func(p port) bool { return p.name == v && v != "" || strconv.Itoa(p.num) == v })
+		n, err := strconv.Atoi(v)
+		isNum := err == nil
+		i := slices.IndexFunc(ports, func(p port) bool { return isNum && p.num == n || !isNum && p.name == v })
 		switch {
 		case i >= 0:
-			s.appPort, s.portName = ports[i].num, ports[i].name
-		default:
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 || n > 65535 {
-				return s, bad(AnnAppPort, "no container port has this name, and it is not a port number (1-65535)")
+			if ports[i].proto != "TCP" {
+				return s, bad(AnnAppPort, "the port is %s: idem proxies HTTP, over TCP", ports[i].proto)
 			}
+			s.appPort, s.portName, s.appIn = ports[i].num, ports[i].name, ports[i].in
+		case !isNum:
+			return s, bad(AnnAppPort, "no container port has this name, and it is not a port number (1-65535)")
+		case n < 1 || n > 65535:
+			return s, bad(AnnAppPort, "not a port number (1-65535)")
+		default:
 			s.appPort = n // a port the app listens on without declaring it
 		}
 	} else {
 		if len(ports) != 1 {
 			return s, fmt.Errorf("%w: %s is not set and the pod declares %d container ports: say which one is the app's", ErrInvalid, AnnAppPort, len(ports))
 		}
-		s.appPort, s.portName = ports[0].num, ports[0].name
+		if ports[0].proto != "TCP" {
+			return s, fmt.Errorf("%w: the pod's only port is %s: idem proxies HTTP, over TCP", ErrInvalid, ports[0].proto)
+		}
+		s.appPort, s.portName, s.appIn = ports[0].num, ports[0].name, ports[0].in
 	}
 	if v, ok := anns[AnnPort]; ok {
 		n, err := strconv.Atoi(v)
@@ -236,7 +265,7 @@ func (c Config) settings(spec obj, anns map[string]string) (settings, error) {
 		}
 		s.port = n
 	}
-	for _, p := range ports {
+	for _, p := range all {
 		if p.num == s.port || p.num == s.port+1 {
 			return s, fmt.Errorf("%w: idem's ports %d and %d: the pod's containers use %d already; set %s to free ones", ErrInvalid, s.port, s.port+1, p.num, AnnPort)
 		}
@@ -252,8 +281,8 @@ func (c Config) settings(spec obj, anns map[string]string) (settings, error) {
 	}
 	if v, ok := anns[AnnRetention]; ok {
 		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			return s, bad(AnnRetention, "must be a positive duration such as 24h or 90m")
+		if err != nil || d < time.Second || d%time.Second != 0 {
+			return s, bad(AnnRetention, "must be a whole number of seconds, at least 1s, such as 24h or 90m")
 		}
 		s.retention = d
 	}
@@ -365,21 +394,15 @@ func (c Config) container(s settings) obj {
 			ct["lifecycle"] = obj{"preStop": obj{"sleep": obj{"seconds": c.PreStopSeconds}}}
 		}
 	}
-	res := obj{}
-	if c.CPURequest != "" || c.MemoryRequest != "" {
-		req := obj{}
-		if c.CPURequest != "" {
-			req["cpu"] = c.CPURequest
+	if len(c.Resources) > 0 {
+		res := obj{}
+		for k, m := range c.Resources {
+			o := obj{}
+			for name, q := range m {
+				o[name] = q
+			}
+			res[k] = o
 		}
-		if c.MemoryRequest != "" {
-			req["memory"] = c.MemoryRequest
-		}
-		res["requests"] = req
-	}
-	if c.MemoryLimit != "" {
-		res["limits"] = obj{"memory": c.MemoryLimit}
-	}
-	if len(res) > 0 {
 		ct["resources"] = res
 	}
 	var mounts []any
@@ -429,6 +452,29 @@ func renamePort(ct obj, name string, num int) {
 			}
 		}
 	}
+}
+
+// port is a container's declared port.
+type port struct {
+	name, proto string
+	num, in     int // in: its container's index among the app's, -1 for an init container
+}
+
+// portsOf lists a container's declared ports; in is its index among the
+// app's containers, -1 for an init container.
+func portsOf(ct any, in int) []port {
+	var out []port
+	for _, p := range list(ct.(obj)["ports"]) {
+		pm, _ := p.(obj)
+		n, _ := toInt(pm["containerPort"])
+		name, _ := pm["name"].(string)
+		proto, _ := pm["protocol"].(string)
+		if proto == "" {
+			proto = "TCP"
+		}
+		out = append(out, port{name, proto, n, in})
+	}
+	return out
 }
 
 // CheckEndpoints says whether v is a comma-separated list of etcd client

@@ -15,7 +15,8 @@ import (
 var testConfig = Config{
 	Image: "ghcr.io/idem-dev/idem:test", Endpoints: "https://etcd-0.etcd:2379,https://etcd-1.etcd:2379",
 	EtcdTLSSecret: "idem-etcd-client-tls", Retention: 24 * time.Hour, SessionTTL: 10 * time.Second,
-	ShutdownGrace: 40 * time.Second, PreStopSeconds: 10, Native: true, CPURequest: "100m", MemoryRequest: "64Mi", MemoryLimit: "256Mi",
+	ShutdownGrace: 40 * time.Second, PreStopSeconds: 10, Native: true,
+	Resources: map[string]map[string]string{"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi", "cpu": "1"}},
 }
 
 // podJSON is an app's pod as the API server sends it, with fields the
@@ -158,6 +159,9 @@ func TestInjectsANativeSidecarInFrontOfTheAppsNamedPort(t *testing.T) {
 	if v := named(list(spec["volumes"]), "idem-etcd-tls"); v == nil || v["secret"].(obj)["secretName"] != "idem-etcd-client-tls" {
 		t.Fatalf("volumes = %v; want the etcd client secret", spec["volumes"])
 	}
+	if r := idem["resources"].(obj); r["limits"].(obj)["cpu"] != "1" || r["requests"].(obj)["memory"] != "64Mi" {
+		t.Fatalf("idem's resources = %v; want the injector's", r)
+	}
 	if named(list(spec["volumes"]), "data") == nil {
 		t.Fatal("the pod's own volume is gone")
 	}
@@ -246,8 +250,9 @@ func TestBadAnnotationsAreRefusedNamingThem(t *testing.T) {
 		{`{"idem.dev/app-port": "http"}`, "idem's ports 9480 and 9481: the pod's containers use 9481 already"},
 		{`{"idem.dev/app-port": "http", "idem.dev/port": "8080"}`, "the pod's containers use 8080 already"},
 		{`{"idem.dev/app-port": "http", "idem.dev/port": "65535"}`, `idem.dev/port "65535"`},
-		{`{"idem.dev/app-port": "http", "idem.dev/port": "7000", "idem.dev/retention": "-1h"}`, `idem.dev/retention "-1h": must be a positive duration`},
+		{`{"idem.dev/app-port": "http", "idem.dev/port": "7000", "idem.dev/retention": "-1h"}`, `idem.dev/retention "-1h": must be a whole number of seconds`},
 		{`{"idem.dev/app-port": "http", "idem.dev/port": "7000", "idem.dev/tenant": "a/b"}`, `idem.dev/tenant "a/b"`},
+		{`{"idem.dev/app-port": "70000"}`, `idem.dev/app-port "70000": not a port number`},
 		{`{"idem.dev/app-port": "http", "idem.dev/port": "7000", "idem.dev/etcd-endpoints": "etcd:2379"}`, `idem.dev/etcd-endpoints "etcd:2379"`},
 		{`{"idem.dev/app-port": "http", "idem.dev/port": "7000", "idem.dev/etcd-endpoints": "http://e:2379", "idem.dev/shards-configmap": "s"}`, "exclude each other"},
 		{`{"idem.dev/app-port": "http", "idem.dev/port": "7000", "idem.dev/shards-configmap": "Bad_Name"}`, `idem.dev/shards-configmap "Bad_Name"`},
@@ -281,5 +286,24 @@ func TestREADMEListsEveryAnnotation(t *testing.T) {
 	}
 	if !strings.Contains(string(doc), want.String()) {
 		t.Fatalf("deploy/README.md does not have the annotations table; want:\n%s", want.String())
+	}
+}
+
+// A labelled pod idem cannot serve is refused, saying why: a Windows pod
+// (idem's sidecar and its security context are Linux's), a hostNetwork
+// pod (idem's ports would be the node's).
+func TestPodsIdemCannotServeAreRefused(t *testing.T) {
+	for spec, want := range map[string]string{
+		`"os": {"name": "windows"}, `: "spec.os.name is windows",
+		`"hostNetwork": true, `:       "hostNetwork",
+	} {
+		pod := decode(t, `{"metadata": {"labels": {"idem.dev/inject": "true"}}, "spec": {`+spec+`"containers": [{"name": "app", "ports": [{"containerPort": 8080}]}]}}`)
+		if ops, err := testConfig.Mutate(pod); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) || ops != nil {
+			t.Errorf("%s: %v, %v; want refused saying %q", spec, ops, err, want)
+		}
+	}
+	linux := decode(t, `{"metadata": {"labels": {"idem.dev/inject": "true"}}, "spec": {"os": {"name": "linux"}, "containers": [{"name": "app", "ports": [{"containerPort": 8080}]}]}}`)
+	if _, err := testConfig.Mutate(linux); err != nil {
+		t.Errorf("a Linux pod: %v", err)
 	}
 }
