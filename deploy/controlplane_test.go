@@ -23,12 +23,16 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"math/big"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -139,8 +143,36 @@ var (
 	cpErr  error
 )
 
-// controlPlaneTests are the tests that need the control plane.
-var controlPlaneTests = []string{"TestChartOnARealControlPlane", "TestABadValueSetIsRefused", "TestSidecarInjectionOnARealControlPlane"}
+// controlPlaneTests are the package's tests that need the control plane:
+// the Test functions of its files whose body calls sharedControlPlane.
+func controlPlaneTests() ([]string, error) {
+	files, err := filepath.Glob("*_test.go")
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	fset := token.NewFileSet()
+	for _, f := range files {
+		file, err := parser.ParseFile(fset, f, nil, 0)
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range file.Decls {
+			fn, ok := d.(*ast.FuncDecl)
+			if !ok || fn.Recv != nil || !strings.HasPrefix(fn.Name.Name, "Test") || fn.Body == nil {
+				continue
+			}
+			ast.Inspect(fn.Body, func(n ast.Node) bool {
+				if id, ok := n.(*ast.Ident); ok && id.Name == "sharedControlPlane" {
+					names = append(names, fn.Name.Name)
+					return false
+				}
+				return true
+			})
+		}
+	}
+	return names, nil
+}
 
 // TestMain builds the control plane, when a test that needs it is to run,
 // before the tests start: a cold build takes longer than go test's
@@ -148,8 +180,13 @@ var controlPlaneTests = []string{"TestChartOnARealControlPlane", "TestABadValueS
 // the control plane, if a test started one.
 func TestMain(m *testing.M) {
 	flag.Parse()
+	tests, err := controlPlaneTests()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "finding the tests that need the control plane:", err)
+		os.Exit(1)
+	}
 	if re, err := regexp.Compile(flag.Lookup("test.run").Value.String()); err == nil && !testing.Short() {
-		for _, name := range controlPlaneTests {
+		for _, name := range tests {
 			if re.MatchString(name) {
 				if _, _, err := controlPlaneBinaries(); err != nil {
 					fmt.Fprintln(os.Stderr, "building the control plane:", err)
@@ -521,5 +558,22 @@ func (c *controlPlane) getJSON(t *testing.T, v any, args ...string) {
 	}
 	if err := json.Unmarshal([]byte(out), v); err != nil {
 		t.Fatalf("kubectl get %v: %v", args, err)
+	}
+}
+
+// TestMain's list of the tests that need the control plane finds them
+// all (it decides whether to build the control plane first).
+func TestControlPlaneTestsAreFound(t *testing.T) {
+	tests, err := controlPlaneTests()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"TestChartOnARealControlPlane", "TestABadValueSetIsRefused", "TestSidecarInjectionOnARealControlPlane", "TestReview7InjectorOnARealControlPlane"} {
+		if !slices.Contains(tests, want) {
+			t.Errorf("%s is not found among the control plane's tests %v", want, tests)
+		}
+	}
+	if slices.Contains(tests, "TestHelmSchemaRefusesBadValues") {
+		t.Errorf("an offline test is counted as needing the control plane: %v", tests)
 	}
 }
