@@ -151,7 +151,7 @@ func (c *serveConfig) flags(stderr io.Writer) *flag.FlagSet {
 	fs.IntVar(&c.limits.ClaimBurst, "tenant-claim-burst", 0, "burst of --tenant-claims-per-second (0: one second's worth)")
 	fs.Float64Var(&c.limits.BytesPerSecond, "tenant-bytes-per-second", 0, "bytes of saved outcomes and checkpoints one tenant may have written per second in this process (429 on its next claims past it; 0: no limit)")
 	fs.Int64Var(&c.limits.BytesBurst, "tenant-bytes-burst", 0, "burst of --tenant-bytes-per-second (0: ten seconds' worth, at least 1 MiB)")
-	fs.StringVar(&c.fixedTenant, "tenant", etcdstore.DefaultTenant, "tenant of every request when idem authenticates none (no --tokens-file, --tls-client-ca-file or --tenant-header): a sidecar serving one service")
+	fs.StringVar(&c.fixedTenant, "tenant", etcdstore.DefaultTenant, "tenant of every key when idem authenticates no request (no --tokens-file, --tls-client-ca-file or --tenant-header): a sidecar serving one service (jobs stay in their own tenant, jobs)")
 	fs.StringVar(&c.tenantHeader, "tenant-header", "", "request header naming the tenant, honoured only from --trusted-proxies")
 	fs.Var(list(&c.trustedProxies), "trusted-proxies", "CIDRs of authenticating proxies whose --tenant-header is trusted")
 	fs.StringVar(&c.tlsCertFile, "tls-cert-file", "", "serve --listen over TLS with this certificate (PEM; reloaded when it changes)")

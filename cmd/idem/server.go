@@ -294,7 +294,7 @@ func (c *serveConfig) edge(store backend, metrics *idemhttp.Metrics, log *slog.L
 	}
 	if c.upstream == "" {
 		jc := &idemhttp.JobsConfig{Queue: func(t string) (*jobs.Queue, error) { return c.queue(store, t) }}
-		if c.tlsClientCAFile != "" || c.tokens != nil || c.tenantHeader != "" || c.fixedTenant != etcdstore.DefaultTenant {
+		if c.tlsClientCAFile != "" || c.tokens != nil || c.tenantHeader != "" {
 			jc.Tenant = tenant // the caller's tenant, as for keys
 		}
 		return idemhttp.NewAPI(idemhttp.APIConfig{
