@@ -91,20 +91,39 @@ type Config struct {
 
 var quantity = regexp.MustCompile(`^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$`)
 
-// CheckResources says whether r is a container's resources: requests and
-// limits of Kubernetes quantities.
+// CheckResources says whether r is a container's resources as the API
+// server takes them: requests and limits of cpu, memory,
+// ephemeral-storage or hugepages-*, Kubernetes quantities, no request
+// above its limit.
 func CheckResources(r map[string]map[string]string) error {
 	for k, m := range r {
 		if k != "requests" && k != "limits" {
 			return fmt.Errorf("%q: only requests and limits", k)
 		}
 		for name, q := range m {
+			if name != "cpu" && name != "memory" && name != "ephemeral-storage" && !strings.HasPrefix(name, "hugepages-") {
+				return fmt.Errorf("%s.%s: a sidecar's resources are cpu, memory, ephemeral-storage or hugepages-*", k, name)
+			}
 			if !quantity.MatchString(q) {
 				return fmt.Errorf("%s.%s %q: not a Kubernetes quantity (100m, 64Mi)", k, name, q)
 			}
 		}
 	}
+	for name, q := range r["requests"] {
+		if l, ok := r["limits"][name]; ok && quantityValue(q) > quantityValue(l) {
+			return fmt.Errorf("requests.%s %s is above limits.%s %s", name, q, name, l)
+		}
+	}
 	return nil
+}
+
+// quantityValue is a quantity that CheckResources took, as a number.
+func quantityValue(q string) float64 {
+	m := quantity.FindStringSubmatch(q)
+	v, _ := strconv.ParseFloat(strings.TrimSuffix(q, m[2]), 64)
+	mult := map[string]float64{"": 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+		"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60}[m[2]]
+	return v * mult
 }
 
 // DefaultPort is the port of idem's proxy in the pod unless idem.dev/port
@@ -257,6 +276,19 @@ func (c Config) settings(spec obj, anns map[string]string) (settings, error) {
 			return s, fmt.Errorf("%w: the pod's only port is %s: idem proxies HTTP, over TCP", ErrInvalid, ports[0].proto)
 		}
 		s.appPort, s.portName, s.appIn = ports[0].num, ports[0].name, ports[0].in
+	}
+	if s.portName == "idem-admin" {
+		return s, fmt.Errorf("%w: %s: the app's port is named idem-admin, the name of idem's admin port; rename the app's port", ErrInvalid, AnnAppPort)
+	}
+	if s.portName != "" {
+		// A Service names a port of the first container that declares it
+		// (app containers before sidecars): another container's port of
+		// the same name would take idem's traffic.
+		for _, p := range all {
+			if p.name == s.portName && p.in != s.appIn {
+				return s, fmt.Errorf("%w: %s: another container also declares a port named %s, which a Service naming it would reach instead of idem; rename one of them", ErrInvalid, AnnAppPort, s.portName)
+			}
+		}
 	}
 	if v, ok := anns[AnnPort]; ok {
 		n, err := strconv.Atoi(v)

@@ -54,6 +54,9 @@ func TestReview7RenameTouchesOnlyTheAppsContainer(t *testing.T) {
 		  {"name": "admin", "ports": [{"name": "http", "containerPort": 9090}],
 		   "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}}}]}}`)
 	ops, err := testConfig.Mutate(pod)
+	if errors.Is(err, ErrInvalid) && strings.Contains(err.Error(), AnnAppPort) {
+		return // refused, naming the annotation (review 8: the shared name would take idem's traffic)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

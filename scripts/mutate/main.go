@@ -150,13 +150,14 @@ var contract = map[string]backstop{
 	"chart (issue 39): idem's own namespace is injected":                                             {"./deploy", "TestSidecarInjectionOnARealControlPlane"},
 	"chart (issue 39): pods run as root, which restricted Pod Security refuses":                      {"./deploy", "TestChartOnARealControlPlane"},
 	"serve (issue 39): --tenant is ignored":                                                          {"./cmd/idem", "TestServeTenantFlag"},
-	"injector (issue 39 review): the port rename reaches every container":                            {"./internal/inject", "TestReview7RenameTouchesOnlyTheAppsContainer"},
 	"injector (issue 39 review): an app port over UDP is taken":                                      {"./internal/inject", "TestReview7UDPAppPortIsRefused"},
 	"injector (issue 39 review): the ports of init containers and sidecars are not checked":          {"./internal/inject", "TestReview7PortOfAnExistingSidecarIsInUse"},
 	"injector (issue 39): the pod's grace period is left shorter than idem's shutdown":               {"./internal/inject", "TestInjectsANativeSidecarInFrontOfTheAppsNamedPort"},
 	"shards (issue 39 review): a shard without TLS files ignores --cacert, --cert and --key":         {"./cmd/idem", "TestReview7ShardsSidecarUsesItsEtcdCertificate"},
 	"injector (issue 39 review): a Windows pod gets idem's Linux sidecar":                            {"./internal/inject", "TestPodsIdemCannotServeAreRefused"},
 	"serve (issue 39): --tenant puts jobs in the keys' tenant, where a key can claim a job's record": {"./cmd/idem", "TestServeTenantFlag"},
+	"injector (issue 39 review 8): another container's port of the app port's name is allowed":       {"./internal/inject", "TestReview8ServiceOfASharedPortNameReachesIdem"},
+	"injector (issue 39 review 8): a request above its limit is taken":                               {"./cmd/idem", "TestReview8InjectorRefusesResourcesTheAPIServerRefuses"},
 }
 
 // explorerKernel are the kernel's mutants measured by the explorer: the
@@ -510,12 +511,10 @@ var kernelMutants = []mutant{
 		old: "runAsNonRoot: true", new: "runAsNonRoot: false"},
 	{name: "serve (issue 39): --tenant is ignored", file: "cmd/idem/serve.go",
 		old: "tenant := idemhttp.FixedTenant(c.fixedTenant)", new: "tenant := idemhttp.FixedTenant(etcdstore.DefaultTenant)"},
-	{name: "injector (issue 39 review): the port rename reaches every container", file: "internal/inject/inject.go",
-		old: "\t\trenamePort(containers[s.appIn].(obj), s.portName, s.appPort)", new: "\t\tfor _, ct := range containers {\n\t\t\trenamePort(ct.(obj), s.portName, s.appPort)\n\t\t}"},
 	{name: "injector (issue 39 review): an app port over UDP is taken", file: "internal/inject/inject.go",
 		old: "\t\t\tif ports[i].proto != \"TCP\" {", new: "\t\t\tif false {"},
 	{name: "injector (issue 39 review): the ports of init containers and sidecars are not checked", file: "internal/inject/inject.go",
-		old: "\tfor _, p := range all {", new: "\tfor _, p := range ports {"},
+		old: "\tfor _, p := range all {\n\t\tif p.num == s.port", new: "\tfor _, p := range ports {\n\t\tif p.num == s.port"},
 	{name: "injector (issue 39): the pod's grace period is left shorter than idem's shutdown", file: "internal/inject/inject.go",
 		old: "\tif int64(grace) < need {", new: "\tif int64(grace) < need && false {"},
 	{name: "shards (issue 39 review): a shard without TLS files ignores --cacert, --cert and --key", file: "cmd/idem/shards.go",
@@ -524,6 +523,10 @@ var kernelMutants = []mutant{
 		old: "podOS[\"name\"] != nil && podOS[\"name\"] != \"linux\" {", new: "podOS[\"name\"] != nil && podOS[\"name\"] == \"none\" {"},
 	{name: "serve (issue 39): --tenant puts jobs in the keys' tenant, where a key can claim a job's record", file: "cmd/idem/server.go",
 		old: "if c.tlsClientCAFile != \"\" || c.tokens != nil || c.tenantHeader != \"\" {", new: "if c.tlsClientCAFile != \"\" || c.tokens != nil || c.tenantHeader != \"\" || c.fixedTenant != etcdstore.DefaultTenant {"},
+	{name: "injector (issue 39 review 8): another container's port of the app port's name is allowed", file: "internal/inject/inject.go",
+		old: "\t\t\tif p.name == s.portName && p.in != s.appIn {", new: "\t\t\tif p.name == s.portName && p.in != s.appIn && false {"},
+	{name: "injector (issue 39 review 8): a request above its limit is taken", file: "internal/inject/inject.go",
+		old: "quantityValue(q) > quantityValue(l) {", new: "quantityValue(q) > quantityValue(l) && false {"},
 }
 
 func main() {
