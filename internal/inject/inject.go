@@ -260,6 +260,9 @@ func (c Config) settings(spec obj, anns map[string]string) (settings, error) {
 			if ports[i].proto != "TCP" {
 				return s, bad(AnnAppPort, "the port is %s: idem proxies HTTP, over TCP", ports[i].proto)
 			}
+			if ports[i].host != 0 {
+				return s, bad(AnnAppPort, "the port has hostPort %d, whose traffic would reach the app past idem", ports[i].host)
+			}
 			s.appPort, s.portName, s.appIn = ports[i].num, ports[i].name, ports[i].in
 		case !isNum:
 			return s, bad(AnnAppPort, "no container port has this name, and it is not a port number (1-65535)")
@@ -274,6 +277,9 @@ func (c Config) settings(spec obj, anns map[string]string) (settings, error) {
 		}
 		if ports[0].proto != "TCP" {
 			return s, fmt.Errorf("%w: the pod's only port is %s: idem proxies HTTP, over TCP", ErrInvalid, ports[0].proto)
+		}
+		if ports[0].host != 0 {
+			return s, fmt.Errorf("%w: the pod's only port has hostPort %d, whose traffic would reach the app past idem", ErrInvalid, ports[0].host)
 		}
 		s.appPort, s.portName, s.appIn = ports[0].num, ports[0].name, ports[0].in
 	}
@@ -490,6 +496,7 @@ func renamePort(ct obj, name string, num int) {
 type port struct {
 	name, proto string
 	num, in     int // in: its container's index among the app's, -1 for an init container
+	host        int // its hostPort, 0 for none
 }
 
 // portsOf lists a container's declared ports; in is its index among the
@@ -504,7 +511,8 @@ func portsOf(ct any, in int) []port {
 		if proto == "" {
 			proto = "TCP"
 		}
-		out = append(out, port{name, proto, n, in})
+		host, _ := toInt(pm["hostPort"])
+		out = append(out, port{name, proto, n, in, host})
 	}
 	return out
 }

@@ -242,7 +242,7 @@ func TestContainerModeAndAnnotations(t *testing.T) {
 
 func TestBadAnnotationsAreRefusedNamingThem(t *testing.T) {
 	base := `{"metadata": {"labels": {"idem.dev/inject": "true"}, "annotations": %s},
-		"spec": {"containers": [{"name": "app", "ports": [{"name": "http", "containerPort": 8080}, {"containerPort": 9481}]}]}}`
+		"spec": {"containers": [{"name": "app", "ports": [{"name": "http", "containerPort": 8080}, {"containerPort": 9481, "hostPort": 30000}]}]}}`
 	for _, tc := range []struct{ anns, want string }{
 		{`{"idem.dev/app-port": "http", "idem.dev/tennant": "a"}`, "unknown annotation idem.dev/tennant"},
 		{`{}`, "idem.dev/app-port is not set and the pod declares 2 container ports"},
@@ -253,6 +253,7 @@ func TestBadAnnotationsAreRefusedNamingThem(t *testing.T) {
 		{`{"idem.dev/app-port": "http", "idem.dev/port": "7000", "idem.dev/retention": "-1h"}`, `idem.dev/retention "-1h": must be a whole number of seconds`},
 		{`{"idem.dev/app-port": "http", "idem.dev/port": "7000", "idem.dev/tenant": "a/b"}`, `idem.dev/tenant "a/b"`},
 		{`{"idem.dev/app-port": "70000"}`, `idem.dev/app-port "70000": not a port number`},
+		{`{"idem.dev/app-port": "9481", "idem.dev/port": "7000"}`, `idem.dev/app-port "9481": the port has hostPort 30000`},
 		{`{"idem.dev/app-port": "http", "idem.dev/port": "7000", "idem.dev/etcd-endpoints": "etcd:2379"}`, `idem.dev/etcd-endpoints "etcd:2379"`},
 		{`{"idem.dev/app-port": "http", "idem.dev/port": "7000", "idem.dev/etcd-endpoints": "http://e:2379", "idem.dev/shards-configmap": "s"}`, "exclude each other"},
 		{`{"idem.dev/app-port": "http", "idem.dev/port": "7000", "idem.dev/shards-configmap": "Bad_Name"}`, `idem.dev/shards-configmap "Bad_Name"`},

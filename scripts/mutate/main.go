@@ -158,6 +158,7 @@ var contract = map[string]backstop{
 	"serve (issue 39): --tenant puts jobs in the keys' tenant, where a key can claim a job's record": {"./cmd/idem", "TestServeTenantFlag"},
 	"injector (issue 39 review 8): another container's port of the app port's name is allowed":       {"./internal/inject", "TestReview8ServiceOfASharedPortNameReachesIdem"},
 	"injector (issue 39 review 8): a request above its limit is taken":                               {"./cmd/idem", "TestReview8InjectorRefusesResourcesTheAPIServerRefuses"},
+	"injector (issue 39): an app port with a hostPort is taken":                                      {"./internal/inject", "TestBadAnnotationsAreRefusedNamingThem"},
 }
 
 // explorerKernel are the kernel's mutants measured by the explorer: the
@@ -527,6 +528,8 @@ var kernelMutants = []mutant{
 		old: "\t\t\tif p.name == s.portName && p.in != s.appIn {", new: "\t\t\tif p.name == s.portName && p.in != s.appIn && false {"},
 	{name: "injector (issue 39 review 8): a request above its limit is taken", file: "internal/inject/inject.go",
 		old: "quantityValue(q) > quantityValue(l) {", new: "quantityValue(q) > quantityValue(l) && false {"},
+	{name: "injector (issue 39): an app port with a hostPort is taken", file: "internal/inject/inject.go",
+		old: "\t\t\tif ports[i].host != 0 {", new: "\t\t\tif ports[i].host != 0 && false {"},
 }
 
 func main() {
