@@ -141,6 +141,8 @@ var (
 	cpOnce sync.Once
 	cp     *controlPlane
 	cpErr  error
+	// cpUsers are the tests that used cp (tests run one at a time here).
+	cpUsers = map[string]bool{}
 )
 
 // controlPlaneTests are the package's tests that need the control plane:
@@ -205,9 +207,17 @@ func TestMain(m *testing.M) {
 
 // sharedControlPlane starts the control plane on first use; every test
 // of the package shares it (it takes a build and a few seconds to start).
+// A test that runs again (go test -count=N) gets a new control plane: the
+// tests name their namespaces and objects, and the first run's are there.
 func sharedControlPlane(t *testing.T) *controlPlane {
 	t.Helper()
 	cpOnce.Do(func() { cp, cpErr = startControlPlane(t) })
+	if cpErr == nil && cpUsers[t.Name()] {
+		cp.stop()
+		cp, cpErr = startControlPlane(t)
+		cpUsers = map[string]bool{}
+	}
+	cpUsers[t.Name()] = true
 	if cpErr != nil {
 		t.Fatal(cpErr)
 	}

@@ -1,6 +1,7 @@
 package deploy
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
@@ -79,13 +80,14 @@ func injectorArgs(t *testing.T, objects, listen, cert, key string) []string {
 type injectorProc struct {
 	cmd  *exec.Cmd
 	done chan struct{}
-	logs *strings.Builder
+	mu   sync.Mutex // guards logs
+	logs *bytes.Buffer
 }
 
 func startInjectorProc(t *testing.T, bin string, args []string, addr string, ca *testCA) *injectorProc {
 	t.Helper()
-	p := &injectorProc{cmd: exec.Command(bin, args...), done: make(chan struct{}), logs: &strings.Builder{}}
-	p.cmd.Stderr = &lockedWriterS{b: p.logs}
+	p := &injectorProc{cmd: exec.Command(bin, args...), done: make(chan struct{}), logs: &bytes.Buffer{}}
+	p.cmd.Stderr = &lockedWriter{mu: &p.mu, w: p.logs}
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -98,6 +100,8 @@ func startInjectorProc(t *testing.T, bin string, args []string, addr string, ca 
 	waitFor(t, 60*time.Second, "idem injector to answer /livez", func() (bool, string) {
 		select {
 		case <-p.done:
+			p.mu.Lock()
+			defer p.mu.Unlock()
 			t.Fatalf("idem injector exited: %s", p.logs)
 		default:
 		}
@@ -114,17 +118,6 @@ func startInjectorProc(t *testing.T, bin string, args []string, addr string, ca 
 func (p *injectorProc) stop() {
 	p.cmd.Process.Signal(syscall.SIGTERM)
 	<-p.done
-}
-
-type lockedWriterS struct {
-	mu sync.Mutex
-	b  *strings.Builder
-}
-
-func (l *lockedWriterS) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
 }
 
 const shopDeployment = `apiVersion: apps/v1
@@ -265,6 +258,31 @@ func checkInjected(p pod, tenant string) string {
 	return ""
 }
 
+// chartWithInjector installs the chart as release name into a restricted
+// namespace ns, with the injector reached by URL on loopback (no kubelet
+// runs the chart's Deployment here) behind a certificate of the test CA,
+// and starts idem injector with the chart's own arguments. It returns the
+// injector's address and arguments.
+func chartWithInjector(t *testing.T, c *controlPlane, bin, name, ns string) (addr string, args []string, inj *injectorProc) {
+	t.Helper()
+	cert, key := c.ca.issue(t, name+"-injector", name+"-injector", true)
+	addr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	vals := map[string]any{"mode": "external", "certManager": map[string]any{"enabled": false},
+		"injector": map[string]any{"enabled": true, "url": "https://" + addr,
+			"tls": map[string]any{"secretName": "injector-tls", "caBundle": base64.StdEncoding.EncodeToString(c.ca.certPEM)}}}
+	objects, err := renderRelease(t, vals, name, ns, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.restrictedNamespace(t, ns)
+	c.applyChecked(t, "the chart with the injector", ns, objects)
+	t.Cleanup(func() {
+		c.kubectl(nil, "delete", "mutatingwebhookconfiguration", "-l", "app.kubernetes.io/instance="+name, "--ignore-not-found")
+	})
+	args = injectorArgs(t, objects, addr, cert, key)
+	return addr, args, startInjectorProc(t, bin, args, addr, c.ca)
+}
+
 // Issue 39: the sidecar injected by the real API server calling idem's
 // webhook over TLS. An annotated Deployment's pods, made by the controller
 // manager, are stored with idem as the chart's injector configures it; an
@@ -275,26 +293,9 @@ func checkInjected(p pod, tenant string) string {
 func TestSidecarInjectionOnARealControlPlane(t *testing.T) {
 	c := sharedControlPlane(t)
 	bin := buildIdem(t)
-	cert, key := c.ca.issue(t, "injector", "injector", true)
-	port := freePort(t)
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-
 	// The chart, with the injector reached by URL and a provided
 	// certificate, into idem's own (restricted) namespace.
-	vals := map[string]any{"mode": "external", "certManager": map[string]any{"enabled": false},
-		"injector": map[string]any{"enabled": true, "url": "https://" + addr,
-			"tls": map[string]any{"secretName": "injector-tls", "caBundle": base64.StdEncoding.EncodeToString(c.ca.certPEM)}}}
-	objects, err := renderRelease(t, vals, "idem", "idem-system", false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.restrictedNamespace(t, "idem-system")
-	c.applyChecked(t, "the chart with the injector", "idem-system", objects)
-	t.Cleanup(func() {
-		c.kubectl(nil, "delete", "mutatingwebhookconfiguration", "-l", "app.kubernetes.io/part-of=idem", "--ignore-not-found")
-	})
-	args := injectorArgs(t, objects, addr, cert, key)
-	inj := startInjectorProc(t, bin, args, addr, c.ca)
+	addr, args, inj := chartWithInjector(t, c, bin, "idem", "idem-system")
 
 	c.restrictedNamespace(t, "shop")
 	anns := `idem.dev/app-port: http, idem.dev/tenant: shop, idem.dev/retention: 48h`

@@ -8,7 +8,6 @@ package deploy
 // dry runs).
 
 import (
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -42,21 +41,7 @@ const r7SecCtx = `"securityContext": {"allowPrivilegeEscalation": false, "capabi
 func TestReview7InjectorOnARealControlPlane(t *testing.T) {
 	c := sharedControlPlane(t)
 	bin := buildIdem(t)
-	cert, key := c.ca.issue(t, "r7-injector", "r7-injector", true)
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	vals := map[string]any{"mode": "external", "certManager": map[string]any{"enabled": false},
-		"injector": map[string]any{"enabled": true, "url": "https://" + addr,
-			"tls": map[string]any{"secretName": "injector-tls", "caBundle": base64.StdEncoding.EncodeToString(c.ca.certPEM)}}}
-	objects, err := renderRelease(t, vals, "r7", "r7-system", false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.restrictedNamespace(t, "r7-system")
-	c.applyChecked(t, "the chart with the injector", "r7-system", objects)
-	t.Cleanup(func() {
-		c.kubectl(nil, "delete", "mutatingwebhookconfiguration", "-l", "app.kubernetes.io/instance=r7", "--ignore-not-found")
-	})
-	startInjectorProc(t, bin, injectorArgs(t, objects, addr, cert, key), addr, c.ca)
+	chartWithInjector(t, c, bin, "r7", "r7-system")
 	c.restrictedNamespace(t, "r7-shop")
 
 	create := func(pod string, extra ...string) (string, string, error) {

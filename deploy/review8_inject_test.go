@@ -4,8 +4,6 @@ package deploy
 // the injector writes.
 
 import (
-	"encoding/base64"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -24,21 +22,7 @@ import (
 func TestReview8InjectedServiceRoutingOnARealControlPlane(t *testing.T) {
 	c := sharedControlPlane(t)
 	bin := buildIdem(t)
-	cert, key := c.ca.issue(t, "r8-injector", "r8-injector", true)
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	vals := map[string]any{"mode": "external", "certManager": map[string]any{"enabled": false},
-		"injector": map[string]any{"enabled": true, "url": "https://" + addr,
-			"tls": map[string]any{"secretName": "injector-tls", "caBundle": base64.StdEncoding.EncodeToString(c.ca.certPEM)}}}
-	objects, err := renderRelease(t, vals, "r8", "r8-system", false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.restrictedNamespace(t, "r8-system")
-	c.applyChecked(t, "the chart with the injector", "r8-system", objects)
-	t.Cleanup(func() {
-		c.kubectl(nil, "delete", "mutatingwebhookconfiguration", "-l", "app.kubernetes.io/instance=r8", "--ignore-not-found")
-	})
-	startInjectorProc(t, bin, injectorArgs(t, objects, addr, cert, key), addr, c.ca)
+	chartWithInjector(t, c, bin, "r8", "r8-system")
 	c.restrictedNamespace(t, "r8-shop")
 
 	// A node for the pod to be bound to (no kubelet runs it: the test

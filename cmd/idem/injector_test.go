@@ -18,19 +18,27 @@ import (
 	"github.com/idem-dev/idem/internal/testcerts"
 )
 
+// serverCert makes a CA named name in a new directory and a server
+// certificate for 127.0.0.1 signed by it.
+func serverCert(t *testing.T, name string) (string, *testcerts.CA, testcerts.Files) {
+	t.Helper()
+	dir := tempDir(t)
+	ca, err := testcerts.NewCA(dir, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := ca.Issue(name, testcerts.Options{Server: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir, ca, f
+}
+
 // startInjector starts "idem injector" with a certificate for 127.0.0.1
 // and returns its address and a client that trusts only its CA.
 func startInjector(t *testing.T, args ...string) (string, *http.Client, *exec.Cmd) {
 	t.Helper()
-	dir := tempDir(t)
-	ca, err := testcerts.NewCA(dir, "injector")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := ca.Issue("injector", testcerts.Options{Server: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, ca, f := serverCert(t, "injector")
 	args = append([]string{"injector", "--listen", "127.0.0.1:0", "--tls-cert-file", f.CertFile, "--tls-key-file", f.KeyFile}, args...)
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), "IDEM_TEST_RUN_MAIN=1")
@@ -129,15 +137,7 @@ func TestInjectorAnswersAdmissionReviews(t *testing.T) {
 
 // A configuration error exits 2, before anything listens.
 func TestInjectorConfigErrors(t *testing.T) {
-	dir := tempDir(t)
-	ca, err := testcerts.NewCA(dir, "c")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := ca.Issue("c", testcerts.Options{Server: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, _, f := serverCert(t, "c")
 	tlsArgs := []string{"--tls-cert-file", f.CertFile, "--tls-key-file", f.KeyFile}
 	for _, tc := range []struct {
 		args []string

@@ -248,15 +248,7 @@ func TestReview7AdmittedSidecarStarts(t *testing.T) {
 // docs/CLI.md: a flag value a command refuses exits 2 before anything
 // runs; these are refused only later, pod by pod.
 func TestReview7InjectorChecksWhatItInjects(t *testing.T) {
-	dir := tempDir(t)
-	ca, err := testcerts.NewCA(dir, "c")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := ca.Issue("c", testcerts.Options{Server: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, _, f := serverCert(t, "c")
 	for _, tc := range [][]string{
 		{"--prefix", "/idem"},
 		{"--retention", "1500ms"},

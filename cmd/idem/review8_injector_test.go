@@ -9,8 +9,6 @@ import (
 	"os/exec"
 	"testing"
 	"time"
-
-	"github.com/idem-dev/idem/internal/testcerts"
 )
 
 // --resources is checked at start ("requests and limits of Kubernetes
@@ -24,15 +22,7 @@ import (
 // sidecar.resources straight through (--resources={{ toJson ... }}), and
 // values.schema.json does not compare them either.
 func TestReview8InjectorRefusesResourcesTheAPIServerRefuses(t *testing.T) {
-	dir := tempDir(t)
-	ca, err := testcerts.NewCA(dir, "c")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := ca.Issue("c", testcerts.Options{Server: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, _, f := serverCert(t, "c")
 	for _, res := range []string{
 		`{"requests":{"memory":"512Mi"},"limits":{"memory":"256Mi"}}`, // request above limit
 		`{"requests":{"cpu":"2"},"limits":{"cpu":"500m"}}`,
