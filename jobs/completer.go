@@ -58,6 +58,8 @@ type completer struct {
 	// that run now (each may take a slot the index does not show yet).
 	rates       map[string]map[string]int64
 	ratePending map[string]int
+
+	gated []dueItem // due, held back by the worker's gate until it wakes the completer
 }
 
 // entry is what the completer knows of one in-flight job.
@@ -412,6 +414,10 @@ func (c *completer) dispatch(ctx context.Context) {
 		var next time.Time
 		var ready []*entry
 		var readyAt []time.Time // when each was due: a job not started keeps its place
+		for _, it := range c.gated {
+			heap.Push(&c.due, it)
+		}
+		c.gated = nil
 		for c.free > 0 && len(c.due) > 0 && !c.due[0].at.After(now) {
 			it := heap.Pop(&c.due).(dueItem)
 			e := c.jobs[it.id]
@@ -438,9 +444,18 @@ func (c *completer) dispatch(ctx context.Context) {
 					best = i
 				}
 			}
-			e := ready[best]
+			e, at := ready[best], readyAt[best]
 			ready, readyAt = slices.Delete(ready, best, best+1), slices.Delete(readyAt, best, best+1)
+			if c.w.gate != nil && !c.w.gate(e.kind.Name) {
+				// No remote worker of its kind waits: until one comes
+				// (the gate's owner wakes the completer).
+				c.gated = append(c.gated, dueItem{at: at, id: e.id, version: e.version})
+				continue
+			}
 			if p, at := c.rateRoom(e, now); p != "" {
+				if c.w.ungate != nil {
+					c.w.ungate(e.kind.Name)
+				}
 				// Its key's rate slots are used (or about to be, by
 				// attempts running): not before the soonest is free again,
 				// or a slot of the key changes. (Found by review: every
@@ -508,6 +523,9 @@ func (c *completer) dispatch(ctx context.Context) {
 // run tries one job, then sets when it may be tried again.
 func (c *completer) run(e entry) {
 	err := c.w.execute(context.Background(), e.id, e.fp, e.kind)
+	if c.w.ungate != nil {
+		c.w.ungate(e.kind.Name)
+	}
 	c.mu.Lock()
 	defer func() {
 		c.free++

@@ -44,6 +44,24 @@ type Worker struct {
 
 	comp  *completer   // the first of comps; nil without a completer
 	comps []*completer // one per store: on a shard set, per shard
+
+	// gate, when set, says whether the completer may start a job of a
+	// kind now (a Hub's: a remote worker of it waits), keeping its place;
+	// ungate gives the place back when the attempt ends.
+	gate   func(kind string) bool
+	ungate func(kind string)
+}
+
+// withGate makes the completer start a job only when gate says so (Hub).
+func withGate(gate func(string) bool, ungate func(string)) WorkerOption {
+	return func(w *Worker) error { w.gate, w.ungate = gate, ungate; return nil }
+}
+
+// wake makes the completers look for due jobs again (a Hub's worker came).
+func (w *Worker) wake() {
+	for _, c := range w.comps {
+		c.wake()
+	}
 }
 
 // errClosing is the cause of a running step's context when its worker
@@ -298,6 +316,9 @@ func (w *Worker) attempt(ctx context.Context, c *etcdstore.Claim, k *Kind, held 
 		if r.suspend != nil {
 			return w.suspended(ctx, c, st, r.suspend, r.retry)
 		}
+		if out, end, ok := w.remoteEnd(ctx, c, st, err); ok {
+			return out, end
+		}
 		if err != nil {
 			return w.stepFailed(ctx, c, st, k, step, n, err)
 		}
@@ -396,6 +417,22 @@ func callCompensate(ctx context.Context, step *Step, r *Run) (err error) {
 	return step.Compensate(ctx, r)
 }
 
+// remoteEnd ends an attempt whose step ran on a remote worker (Hub) that
+// did not finish it: a worker that went silent ends the attempt as a
+// crashed worker does (abandoned; the next claim counts it), and a step
+// no worker took gives the job back uncounted. ok is false for any other
+// error: the step's policy decides.
+func (w *Worker) remoteEnd(ctx context.Context, c *etcdstore.Claim, st *state, err error) (etcdstore.Outcome, etcdstore.End, bool) {
+	switch {
+	case errors.Is(err, errWorkerLost):
+		return etcdstore.Outcome{}, etcdstore.EndAbandon, true
+	case errors.Is(err, errNoTaker):
+		out, end := w.giveBack(ctx, c, st)
+		return out, end, true
+	}
+	return etcdstore.Outcome{}, 0, false
+}
+
 // stepFailed ends an attempt whose step returned err, as the step's
 // policy says.
 func (w *Worker) stepFailed(ctx context.Context, c *etcdstore.Claim, st *state, k *Kind, step *Step, n int, err error) (etcdstore.Outcome, etcdstore.End) {
@@ -433,6 +470,9 @@ func (w *Worker) compensate(ctx context.Context, c *etcdstore.Claim, st *state, 
 		if err := callCompensate(ctx, step, r); err != nil {
 			if ctx.Err() != nil {
 				return w.interrupted(ctx, c, st)
+			}
+			if out, end, ok := w.remoteEnd(ctx, c, st, err); ok {
+				return out, end
 			}
 			st.addError(w.errorOf(c, n, d.Name, fmt.Errorf("compensating: %w", err)))
 			return w.retryLater(ctx, c, st, k, n)

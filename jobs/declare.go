@@ -1,0 +1,278 @@
+package jobs
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/storex"
+)
+
+// Declaration is a kind as data: its steps, retry policy and deadline,
+// declared once (Queue.Declare, the worker API's PUT /v1/jobs/kinds/{kind},
+// idem jobs kinds apply) and run by workers in any language through a Hub,
+// or bound to Go functions (Declaration.Bind). Durations are Go duration
+// strings ("30s", "5m").
+type Declaration struct {
+	Name        string            `json:"name"`
+	Steps       []StepDeclaration `json:"steps"`
+	MaxAttempts int               `json:"max_attempts,omitempty"`
+	Backoff     string            `json:"backoff,omitempty"`
+	MaxBackoff  string            `json:"max_backoff,omitempty"`
+	Deadline    string            `json:"deadline,omitempty"`
+	// TaskTimeout is how long a worker may stay silent in a step (no call
+	// on its task) before it counts as dead: the attempt ends as a crashed
+	// worker's does (default 30 s; a worker renews at a third of it).
+	TaskTimeout string `json:"task_timeout,omitempty"`
+}
+
+// StepDeclaration is one step of a declared kind. A step with Sleep or
+// Await is run by idem itself (SleepStep, AwaitStep); any other by a
+// worker.
+type StepDeclaration struct {
+	Name string `json:"name"`
+	// OnError: "retry" (default), "fail" or "compensate".
+	OnError string `json:"on_error,omitempty"`
+	// Compensate: the worker undoes this step when a later one fails
+	// with on_error "compensate" (its task has compensating set).
+	Compensate bool   `json:"compensate,omitempty"`
+	Sleep      string `json:"sleep,omitempty"`
+	Await      string `json:"await,omitempty"`
+	Timeout    string `json:"timeout,omitempty"` // an Await's
+}
+
+// DefaultTaskTimeout is how long a worker of a declared kind may stay
+// silent in a step before it counts as dead.
+const DefaultTaskTimeout = 30 * time.Second
+
+// StepFunc runs a step of a declared kind bound to Go (Declaration.Bind).
+type StepFunc func(ctx context.Context, r *Run) ([]byte, error)
+
+// ParseDeclaration reads a declaration from JSON, refusing unknown and
+// repeated members, and checks it.
+func ParseDeclaration(b []byte) (Declaration, error) {
+	var d Declaration
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&d); err != nil {
+		return d, fmt.Errorf("%w: kind declaration: %v", ErrInvalid, err)
+	}
+	if dec.More() {
+		return d, fmt.Errorf("%w: kind declaration: more than one JSON value", ErrInvalid)
+	}
+	if _, err := d.kind(nil, func(string, bool) StepFunc { return nil }, time.Duration(1<<62)); err != nil {
+		return d, err
+	}
+	return d, nil
+}
+
+// Bind returns the declared kind with Go functions for its worker steps
+// (every step without sleep or await needs one, and a step declared with
+// compensate its undo in undo), checked as NewWorker checks a Kind.
+func (d Declaration) Bind(run map[string]StepFunc, undo map[string]func(ctx context.Context, r *Run) error) (Kind, error) {
+	for name := range run {
+		if !slices.ContainsFunc(d.Steps, func(s StepDeclaration) bool { return s.Name == name && s.Sleep == "" && s.Await == "" }) {
+			return Kind{}, fmt.Errorf("%w: kind %s has no worker step %q", ErrInvalid, d.Name, name)
+		}
+	}
+	if undo == nil {
+		undo = map[string]func(context.Context, *Run) error{}
+	}
+	return d.kind(undo, func(name string, _ bool) StepFunc { return run[name] }, time.Duration(1<<62))
+}
+
+// duration parses a declared duration ("" is 0).
+func duration(what, s string) (time.Duration, error) {
+	if s == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("%w: %s %q is not a duration such as \"30s\"", ErrInvalid, what, s)
+	}
+	return d, nil
+}
+
+// taskTimeout returns the declaration's task timeout, or the default.
+func (d Declaration) taskTimeout() time.Duration {
+	t, err := duration("task_timeout", d.TaskTimeout)
+	if err != nil || t == 0 {
+		return DefaultTaskTimeout
+	}
+	return t
+}
+
+// kind builds the Kind d declares: worker steps' Run from step, their
+// Compensate from undo (or, with undo nil, from step with compensating
+// set), and checks it against retention.
+func (d Declaration) kind(undo map[string]func(context.Context, *Run) error, step func(name string, compensating bool) StepFunc, retention time.Duration) (Kind, error) {
+	k := Kind{Name: d.Name, MaxAttempts: d.MaxAttempts}
+	var err error
+	if k.Backoff, err = duration("backoff", d.Backoff); err != nil {
+		return Kind{}, fmt.Errorf("kind %s: %w", d.Name, err)
+	}
+	if k.MaxBackoff, err = duration("max_backoff", d.MaxBackoff); err != nil {
+		return Kind{}, fmt.Errorf("kind %s: %w", d.Name, err)
+	}
+	if k.Deadline, err = duration("deadline", d.Deadline); err != nil {
+		return Kind{}, fmt.Errorf("kind %s: %w", d.Name, err)
+	}
+	tt, err := duration("task_timeout", d.TaskTimeout)
+	if err != nil {
+		return Kind{}, fmt.Errorf("kind %s: %w", d.Name, err)
+	}
+	if d.TaskTimeout != "" && tt < time.Second {
+		return Kind{}, fmt.Errorf("%w: kind %s: task_timeout %v is under a second", ErrInvalid, d.Name, tt)
+	}
+	for i, s := range d.Steps {
+		var on OnError
+		switch s.OnError {
+		case "", "retry":
+			on = Retry
+		case "fail":
+			on = Fail
+		case "compensate":
+			on = Compensate
+		default:
+			return Kind{}, fmt.Errorf("%w: kind %s, step %d: on_error %q is not retry, fail or compensate", ErrInvalid, d.Name, i, s.OnError)
+		}
+		sleep, err := duration("sleep", s.Sleep)
+		if err != nil {
+			return Kind{}, fmt.Errorf("kind %s, step %s: %w", d.Name, s.Name, err)
+		}
+		timeout, err := duration("timeout", s.Timeout)
+		if err != nil {
+			return Kind{}, fmt.Errorf("kind %s, step %s: %w", d.Name, s.Name, err)
+		}
+		switch {
+		case s.Sleep != "" && s.Await != "":
+			return Kind{}, fmt.Errorf("%w: kind %s, step %s: both sleep and await", ErrInvalid, d.Name, s.Name)
+		case s.Timeout != "" && s.Await == "":
+			return Kind{}, fmt.Errorf("%w: kind %s, step %s: a timeout without await", ErrInvalid, d.Name, s.Name)
+		case s.Compensate && (s.Sleep != "" || s.Await != ""):
+			return Kind{}, fmt.Errorf("%w: kind %s, step %s: only a worker step has a compensation", ErrInvalid, d.Name, s.Name)
+		case s.Sleep != "":
+			st := SleepStep(s.Name, sleep)
+			st.OnError = on
+			k.Steps = append(k.Steps, st)
+			continue
+		case s.Await != "":
+			if err := validName(s.Await, 64, true); err != nil {
+				return Kind{}, fmt.Errorf("%w: kind %s, step %s: event name %q: %v", ErrInvalid, d.Name, s.Name, s.Await, err)
+			}
+			k.Steps = append(k.Steps, AwaitStep(s.Name, s.Await, timeout, on))
+			continue
+		}
+		st := Step{Name: s.Name, OnError: on, Run: step(s.Name, false)}
+		if st.Run == nil && step(s.Name, true) == nil && undo == nil {
+			// ParseDeclaration: checked without functions.
+			st.Run = func(context.Context, *Run) ([]byte, error) { return nil, errors.New("unbound") }
+		}
+		if s.Compensate {
+			if undo != nil {
+				st.Compensate = undo[s.Name]
+				if st.Compensate == nil {
+					return Kind{}, fmt.Errorf("%w: kind %s, step %s declares a compensation and none is bound", ErrInvalid, d.Name, s.Name)
+				}
+			} else if f := step(s.Name, true); f != nil {
+				st.Compensate = func(ctx context.Context, r *Run) error { _, err := f(ctx, r); return err }
+			}
+		}
+		k.Steps = append(k.Steps, st)
+	}
+	if err := k.validate(retention); err != nil {
+		return Kind{}, err
+	}
+	return k, nil
+}
+
+// declPrefix names the values that hold a tenant's declared kinds.
+func declPrefix(tenant string) string { return "d/" + tenant + "/" }
+
+// Declare stores kind d for the queue's tenant, replacing an earlier
+// declaration of the same name: hubs run the new one from their next look
+// (jobs already running finish their attempt under the old). It is checked
+// first, against the store's retention; a bad declaration changes nothing.
+func (q *Queue) Declare(ctx context.Context, d Declaration) error {
+	if q.store == nil {
+		return fmt.Errorf("declare: %w: declared kinds need one etcd cluster, not a shard set", ErrInvalid)
+	}
+	if _, err := d.kind(nil, func(string, bool) StepFunc { return nil }, q.retention()); err != nil {
+		return fmt.Errorf("declare: %w", err)
+	}
+	b, err := json.Marshal(d)
+	if err != nil {
+		return fmt.Errorf("declare: %w", err)
+	}
+	name := declPrefix(q.tenant) + d.Name
+	for {
+		v, err := storex.GetValue(q.store, ctx, name)
+		if err != nil {
+			return fmt.Errorf("declare %s: %w", d.Name, err)
+		}
+		if bytes.Equal(v.Value, b) {
+			return nil // declared so already (a retry whose reply was lost)
+		}
+		_, ok, err := storex.SetValue(q.store, ctx, name, b, v.Revision)
+		if errors.Is(err, etcdstore.ErrUnavailable) && ctx.Err() == nil {
+			continue // its outcome is unknown: read it again
+		}
+		if err != nil {
+			return fmt.Errorf("declare %s: %w", d.Name, err)
+		}
+		if ok {
+			return nil
+		}
+	}
+}
+
+// Declared returns the tenant's declared kinds, by name.
+func (q *Queue) Declared(ctx context.Context) ([]Declaration, error) {
+	if q.store == nil {
+		return nil, nil
+	}
+	vals, err := storex.Values(q.store, ctx, declPrefix(q.tenant))
+	if err != nil {
+		return nil, fmt.Errorf("declared kinds: %w", err)
+	}
+	var out []Declaration
+	for _, v := range vals {
+		var d Declaration
+		if err := json.Unmarshal(v.Value, &d); err != nil {
+			return nil, fmt.Errorf("declared kind %s: %w", strings.TrimPrefix(v.Name, declPrefix(q.tenant)), err)
+		}
+		out = append(out, d)
+	}
+	slices.SortFunc(out, func(a, b Declaration) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+// Undeclare removes declared kind name (false: there was none). Its jobs
+// stay; no hub runs them until it is declared again.
+func (q *Queue) Undeclare(ctx context.Context, name string) (bool, error) {
+	if q.store == nil {
+		return false, nil
+	}
+	for {
+		v, err := storex.GetValue(q.store, ctx, declPrefix(q.tenant)+name)
+		if err != nil {
+			return false, fmt.Errorf("undeclare %s: %w", name, err)
+		}
+		if v.Revision == 0 {
+			return false, nil
+		}
+		ok, err := storex.DeleteValue(q.store, ctx, declPrefix(q.tenant)+name, v.Revision)
+		if err != nil {
+			return false, fmt.Errorf("undeclare %s: %w", name, err)
+		}
+		if ok {
+			return true, nil
+		}
+	}
+}
