@@ -39,12 +39,12 @@ type Hub struct {
 	decls   map[string]Declaration // the kinds w runs
 	loaded  time.Time              // when decls were last read
 	closed  bool
-	waiting map[string]int         // pollers waiting, by kind
-	held    map[string]int         // attempts running, by kind: each keeps a poller's place
-	polls   []*poll                // waiting, oldest first
-	pending []*task                // offered, not taken yet
-	tasks   map[string]*task       // open, by id
-	retired map[string]*task       // ended, kept a while to answer retries
+	waiting map[string]int   // pollers waiting, by kind
+	held    map[string]int   // attempts running, by kind: each keeps a poller's place
+	polls   []*poll          // waiting, oldest first
+	pending []*task          // offered, not taken yet
+	tasks   map[string]*task // open, by id
+	retired map[string]*task // ended, kept a while to answer retries
 }
 
 // Task is a step handed to a remote worker.
@@ -112,7 +112,7 @@ type task struct {
 	msgs    chan msg      // reports, to the step's Run
 	taken   chan struct{} // closed when a worker takes it
 	renewed time.Time
-	gone    chan struct{} // closed when its step's run ends
+	gone    chan struct{}   // closed when its step's run ends
 	answers map[int]*answer // by Seq
 	last    int
 	ended   bool
