@@ -46,6 +46,12 @@ var apiRoutes = []Route{
 	{"GET", "/v1/jobs/{id}", "getJob"},
 	{"POST", "/v1/jobs/{id}/signals/{event}", "signalJob"},
 	{"GET", "/v1/limits", "listSlots"},
+	{"GET", "/v1/kinds", "listKinds"},
+	{"GET", "/v1/kinds/{kind}", "getKind"},
+	{"PUT", "/v1/kinds/{kind}", "putKind"},
+	{"DELETE", "/v1/kinds/{kind}", "deleteKind"},
+	{"POST", "/v1/work/next", "nextTask"},
+	{"POST", "/v1/work/tasks/{task}/{op}", "reportTask"},
 }
 
 // APIConfig configures the worker API.
@@ -137,9 +143,11 @@ func NewAPI(cfg APIConfig) (*API, error) {
 		"claim": a.claim, "complete": a.complete, "checkpoint": a.checkpoint,
 		"renew": a.renew, "release": a.release, "abandon": a.abandon, "get": a.get,
 		"submitJob": a.submitJob, "getJob": a.getJob, "signalJob": a.signalJob, "listSlots": a.listSlots,
+		"listKinds": a.listKinds, "getKind": a.getKind, "putKind": a.putKind, "deleteKind": a.deleteKind,
+		"nextTask": a.nextTask, "reportTask": a.reportTask,
 	}
 	if cfg.Jobs == nil {
-		for _, op := range []string{"submitJob", "getJob", "signalJob", "listSlots"} {
+		for _, op := range []string{"submitJob", "getJob", "signalJob", "listSlots", "listKinds", "getKind", "putKind", "deleteKind", "nextTask", "reportTask"} {
 			handlers[op] = func(w http.ResponseWriter, r *http.Request) {
 				a.problem(w, NewProblem(http.StatusNotFound, KindNoSuchRoute, "this idem serves no jobs (they run on one etcd cluster, not a shard set)"))
 			}

@@ -19,6 +19,9 @@ type JobsConfig struct {
 	// Tenant is the tenant of a request's jobs (default
 	// FixedTenant(jobs.DefaultTenant); with authentication, the caller's).
 	Tenant TenantFunc
+	// Hub returns the hub that runs a tenant's declared kinds for the
+	// workers of /v1/work (nil: those routes answer 404 no-such-route).
+	Hub func(tenant string) (*jobs.Hub, error)
 }
 
 // SubmitJobRequest is the body of POST /v1/jobs.

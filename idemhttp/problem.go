@@ -84,6 +84,8 @@ const (
 	KindSignalMismatch      = "signal-mismatch"
 	KindJobEnded            = "job-ended"
 	KindCrossSite           = "cross-site"
+	KindTaskGone            = "task-gone"
+	KindUnknownKind         = "unknown-kind"
 )
 
 var titles = map[string]string{
@@ -161,6 +163,10 @@ func ProblemFor(err error) Problem {
 		return NewProblem(http.StatusConflict, KindJobEnded, err.Error())
 	case errors.Is(err, jobs.ErrInvalid):
 		return NewProblem(http.StatusBadRequest, KindInvalidRequest, err.Error())
+	case errors.Is(err, jobs.ErrTaskGone):
+		return NewProblem(http.StatusGone, KindTaskGone, err.Error()+": stop this step; the job resumes from its last recovery point")
+	case errors.Is(err, jobs.ErrUnknownKind):
+		return NewProblem(http.StatusNotFound, KindUnknownKind, err.Error())
 	case errors.Is(err, jobs.ErrNotJob):
 		return NewProblem(http.StatusNotFound, KindNotFound, err.Error())
 	case errors.Is(err, etcdstore.ErrMismatch):

@@ -31,8 +31,9 @@ import (
 // lost, sent again with the same sequence number, is answered as before
 // and applied once.
 type Hub struct {
-	q    *Queue
-	conc int
+	q     *Queue
+	conc  int
+	drain time.Duration
 
 	mu      sync.Mutex
 	w       *Worker
@@ -145,13 +146,25 @@ func HubConcurrency(n int) HubOption {
 	}
 }
 
+// HubDrainTimeout sets how long Close lets running steps go on before it
+// gives their jobs back (default 30 s, as a Worker's DrainTimeout).
+func HubDrainTimeout(d time.Duration) HubOption {
+	return func(h *Hub) error {
+		if d < 0 {
+			return fmt.Errorf("%w: drain timeout %v is negative", ErrInvalid, d)
+		}
+		h.drain = d
+		return nil
+	}
+}
+
 // NewHub returns a hub for q's declared kinds. It claims nothing until a
 // worker asks (Next).
 func NewHub(q *Queue, opts ...HubOption) (*Hub, error) {
 	if q == nil {
 		return nil, fmt.Errorf("new hub: %w: nil queue", ErrInvalid)
 	}
-	h := &Hub{q: q, conc: 64, waiting: map[string]int{}, held: map[string]int{}, tasks: map[string]*task{}, retired: map[string]*task{}}
+	h := &Hub{q: q, conc: 64, drain: 30 * time.Second, waiting: map[string]int{}, held: map[string]int{}, tasks: map[string]*task{}, retired: map[string]*task{}}
 	for _, o := range opts {
 		if err := o(h); err != nil {
 			return nil, fmt.Errorf("new hub: %w", err)
@@ -221,7 +234,7 @@ func (h *Hub) refresh(ctx context.Context, kinds []string) error {
 		}
 		ks = append(ks, k)
 	}
-	w, err := NewWorker(h.q, ks, Concurrency(h.conc), withGate(h.gate, h.ungate))
+	w, err := NewWorker(h.q, ks, Concurrency(h.conc), DrainTimeout(h.drain), withGate(h.gate, h.ungate))
 	if err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
@@ -46,6 +47,10 @@ Flags:
 // serveConfig is everything idem serve is told.
 type serveConfig struct {
 	jobsLog *slog.Logger // the process's logger, for the job queues it makes
+
+	hubsMu     sync.Mutex
+	hubs       map[string]*jobs.Hub // by tenant: the declared kinds' hubs (/v1/work)
+	hubsClosed bool
 
 	// tracer is set when the OpenTelemetry environment asks for traces.
 	tracer trace.TracerProvider

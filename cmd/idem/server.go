@@ -214,6 +214,8 @@ func (s *server) Run(ctx context.Context) error {
 		return fmt.Errorf("embedded etcd: %w", err)
 	}
 	s.draining.Store(true)
+	hubsClosed := make(chan struct{})
+	go func() { c.closeHubs(); close(hubsClosed) }() // its long polls end now
 	grace, cancel := context.WithTimeout(context.Background(), c.shutdownGrace)
 	defer cancel()
 	if err := s.main.Shutdown(grace); err != nil {
@@ -227,6 +229,7 @@ func (s *server) Run(ctx context.Context) error {
 	case <-time.After(etcdstore.DefaultEndTimeout):
 		s.log.Warn("requests still running after the grace period; their claims will be taken over")
 	}
+	<-hubsClosed
 	return s.Close()
 }
 
@@ -247,6 +250,7 @@ func (s *server) Close() error {
 		s.connectC()
 		s.connectW.Wait()
 	}
+	s.cfg.closeHubs()
 	var err error
 	if st := s.current(); st != nil {
 		if err = st.Close(); err != nil {
@@ -293,7 +297,8 @@ func (c *serveConfig) edge(store backend, metrics *idemhttp.Metrics, log *slog.L
 		return nil, err
 	}
 	if c.upstream == "" {
-		jc := &idemhttp.JobsConfig{Queue: func(t string) (*jobs.Queue, error) { return c.queue(store, t) }}
+		jc := &idemhttp.JobsConfig{Queue: func(t string) (*jobs.Queue, error) { return c.queue(store, t) },
+			Hub: func(t string) (*jobs.Hub, error) { return c.hub(store, t) }}
 		if c.tlsClientCAFile != "" || c.tokens != nil || c.tenantHeader != "" {
 			jc.Tenant = tenant // the caller's tenant, as for keys
 		}
@@ -361,6 +366,47 @@ func (c *serveConfig) queue(store backend, tenant string) (*jobs.Queue, error) {
 		return jobs.NewOnShards(st, opts...)
 	}
 	return nil, fmt.Errorf("no job queue on a %T", store)
+}
+
+// hub is tenant's hub on store, which runs its declared kinds for the
+// workers of /v1/work; made at its first use, closed with the server.
+func (c *serveConfig) hub(store backend, tenant string) (*jobs.Hub, error) {
+	c.hubsMu.Lock()
+	defer c.hubsMu.Unlock()
+	if c.hubsClosed {
+		return nil, fmt.Errorf("%w: idem is shutting down", etcdstore.ErrUnavailable)
+	}
+	if h := c.hubs[tenant]; h != nil {
+		return h, nil
+	}
+	q, err := c.queue(store, tenant)
+	if err != nil {
+		return nil, err
+	}
+	h, err := jobs.NewHub(q, jobs.HubDrainTimeout(c.shutdownGrace))
+	if err != nil {
+		return nil, err
+	}
+	if c.hubs == nil {
+		c.hubs = map[string]*jobs.Hub{}
+	}
+	c.hubs[tenant] = h
+	return h, nil
+}
+
+// closeHubs stops every hub: waiting workers are answered at once, and
+// running steps get the shutdown grace to end.
+func (c *serveConfig) closeHubs() {
+	c.hubsMu.Lock()
+	c.hubsClosed = true
+	hubs := c.hubs
+	c.hubs = nil
+	c.hubsMu.Unlock()
+	var wg sync.WaitGroup
+	for _, h := range hubs {
+		wg.Go(func() { h.Close() })
+	}
+	wg.Wait()
 }
 
 // ends names the ways a claim ends, as flags spell them.
