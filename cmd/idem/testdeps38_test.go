@@ -56,10 +56,14 @@ func TestTheREADMETestCommandInstallsWhatTheTestsNeed(t *testing.T) {
 		"redis-server": "redis-server",
 		"chromium":     "chromium",
 		"npm":          "npm",
+		"node":         "nodejs",
 	} {
 		if !strings.Contains(deps, "command -v "+program+" ") || !strings.Contains(deps, "need+=("+install+")") {
 			t.Errorf("scripts/test-deps does not install %s (Debian's %s) when it is missing", program, install)
 		}
+	}
+	if !strings.Contains(deps, "/usr/bin/python3 -c 'import pytest'") || !strings.Contains(deps, "need+=(python3-pytest)") {
+		t.Error("scripts/test-deps does not install Debian's python3-pytest for the Python client's tests")
 	}
 	if !strings.Contains(deps, "axe-core/axe.min.js") || !strings.Contains(deps, "npm ci --prefix cmd/idem/testdata/npm") {
 		t.Error("scripts/test-deps does not install npm's axe-core for the console's audit")
