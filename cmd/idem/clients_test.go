@@ -29,3 +29,7 @@ func clientTest(t *testing.T, dir string, name string, args ...string) {
 func TestClientsPython(t *testing.T) {
 	clientTest(t, "python", "/usr/bin/python3", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests")
 }
+
+func TestClientsTypeScript(t *testing.T) {
+	clientTest(t, "typescript", "npm", "test", "--silent")
+}

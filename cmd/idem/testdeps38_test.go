@@ -65,6 +65,9 @@ func TestTheREADMETestCommandInstallsWhatTheTestsNeed(t *testing.T) {
 	if !strings.Contains(deps, "/usr/bin/python3 -c 'import pytest'") || !strings.Contains(deps, "need+=(python3-pytest)") {
 		t.Error("scripts/test-deps does not install Debian's python3-pytest for the Python client's tests")
 	}
+	if !strings.Contains(deps, "npm ci --prefix clients/typescript") {
+		t.Error("scripts/test-deps does not install the TypeScript client's compiler")
+	}
 	if !strings.Contains(deps, "axe-core/axe.min.js") || !strings.Contains(deps, "npm ci --prefix cmd/idem/testdata/npm") {
 		t.Error("scripts/test-deps does not install npm's axe-core for the console's audit")
 	}
