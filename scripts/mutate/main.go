@@ -84,6 +84,7 @@ var backstops = map[string]backstop{
 	"reaper (issue 29): a finished work's outcome is not kept past its claim's deadline while it is saved": {"./etcdstore", "TestPendingOutcomeSurvivesItsDeadline"},
 	"shards: a claim on a key's old shard may create a record there":                                       {"./shard", "TestDrainRacesATakeoverInFlight"},
 	"jobs (review): a last step's ops commit although the job's end cannot fit":                            {"./jobs", "TestSucceededJobNearTheLimitKeepsItsState"},
+	"explorer (issue 38): a takeover of a dead idem's claim forwards again (the explorer's 2b)":            {"./cmd/idem", "TestKilledAfterUpstreamCallNoDoubleEffect"},
 }
 
 type backstop struct{ pkg, test string }
