@@ -30,6 +30,19 @@ type Declaration struct {
 	// on its task) before it counts as dead: the attempt ends as a crashed
 	// worker's does (default 30 s; a worker renews at a third of it).
 	TaskTimeout string `json:"task_timeout,omitempty"`
+	// Limits bound how many of the kind's jobs that share a parameter's
+	// value run at once, or start per second (Limit, with ParamKey).
+	Limits []LimitDeclaration `json:"limits,omitempty"`
+}
+
+// LimitDeclaration is a Limit of a declared kind, keyed by a field of the
+// job's JSON parameters (ParamKey).
+type LimitDeclaration struct {
+	Name        string  `json:"name"`
+	Param       string  `json:"param"`
+	Concurrency int     `json:"concurrency,omitempty"`
+	Rate        float64 `json:"rate,omitempty"`
+	Burst       int     `json:"burst,omitempty"`
 }
 
 // StepDeclaration is one step of a declared kind. A step with Sleep or
@@ -129,6 +142,12 @@ func (d Declaration) kind(undo map[string]func(context.Context, *Run) error, ste
 	}
 	if d.TaskTimeout != "" && tt < time.Second {
 		return Kind{}, fmt.Errorf("%w: kind %s: task_timeout %v is under a second", ErrInvalid, d.Name, tt)
+	}
+	for _, l := range d.Limits {
+		if l.Param == "" {
+			return Kind{}, fmt.Errorf("%w: kind %s: limit %s names no param (the parameter whose value it limits)", ErrInvalid, d.Name, l.Name)
+		}
+		k.Limits = append(k.Limits, Limit{Name: l.Name, Key: ParamKey(l.Param), Concurrency: l.Concurrency, Rate: l.Rate, Burst: l.Burst})
 	}
 	for i, s := range d.Steps {
 		var on OnError

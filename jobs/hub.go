@@ -41,7 +41,8 @@ type Hub struct {
 	loaded  time.Time              // when decls were last read
 	closed  bool
 	waiting map[string]int   // pollers waiting, by kind
-	held    map[string]int   // attempts running, by kind: each keeps a poller's place
+	held    map[string]int   // attempts running, by kind
+	busy    map[string]int   // of those, the ones whose step a worker runs now
 	polls   []*poll          // waiting, oldest first
 	pending []*task          // offered, not taken yet
 	tasks   map[string]*task // open, by id
@@ -112,6 +113,7 @@ type task struct {
 	Task
 	msgs    chan msg      // reports, to the step's Run
 	taken   chan struct{} // closed when a worker takes it
+	took    bool          // taken (h.mu)
 	renewed time.Time
 	gone    chan struct{}   // closed when its step's run ends
 	answers map[int]*answer // by Seq
@@ -164,7 +166,7 @@ func NewHub(q *Queue, opts ...HubOption) (*Hub, error) {
 	if q == nil {
 		return nil, fmt.Errorf("new hub: %w: nil queue", ErrInvalid)
 	}
-	h := &Hub{q: q, conc: 64, drain: 30 * time.Second, waiting: map[string]int{}, held: map[string]int{}, tasks: map[string]*task{}, retired: map[string]*task{}}
+	h := &Hub{q: q, conc: 64, drain: 30 * time.Second, waiting: map[string]int{}, held: map[string]int{}, busy: map[string]int{}, tasks: map[string]*task{}, retired: map[string]*task{}}
 	for _, o := range opts {
 		if err := o(h); err != nil {
 			return nil, fmt.Errorf("new hub: %w", err)
@@ -259,13 +261,14 @@ func same(a, b map[string]Declaration) bool {
 	return true
 }
 
-// gate reports whether the completer may claim a job of kind: a worker of
-// it waits whose place no running attempt keeps. It keeps one (ungate
-// gives it back when the attempt ends).
+// gate reports whether the completer may claim a job of kind: more
+// workers of it wait than the running attempts that need one (those whose
+// step no worker runs now: about to hand one out, or between steps). It
+// counts the new attempt among them until it ends (ungate).
 func (h *Hub) gate(kind string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.waiting[kind]-h.held[kind] <= 0 {
+	if h.waiting[kind] <= h.held[kind]-h.busy[kind] {
 		return false
 	}
 	h.held[kind]++
@@ -344,10 +347,12 @@ func (h *Hub) unpoll(i int) {
 	h.polls = slices.Delete(h.polls, i, i+1)
 }
 
-// take marks t taken (h.mu held).
+// take marks t taken (h.mu held): its attempt is busy until t retires.
 func (h *Hub) take(t *task) {
 	t.renewed = h.q.clock.Now()
 	close(t.taken)
+	t.took = true
+	h.busy[t.Kind]++
 }
 
 func (t *task) copy() *Task {
@@ -483,6 +488,11 @@ func (h *Hub) retire(t *task) {
 		h.pending = slices.Delete(h.pending, i, i+1)
 	}
 	delete(h.tasks, t.ID)
+	if t.took {
+		if h.busy[t.Kind]--; h.busy[t.Kind] <= 0 {
+			delete(h.busy, t.Kind)
+		}
+	}
 	t.ended, t.endedAt = true, h.q.clock.Now()
 	close(t.gone)
 	h.retired[t.ID] = t

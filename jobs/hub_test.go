@@ -240,3 +240,48 @@ func TestADeclarationThatCannotRunIsRefusedNamingWhy(t *testing.T) {
 		t.Fatalf("Next for an undeclared kind: %v, want ErrUnknownKind", err)
 	}
 }
+
+// A declared limit holds a second job of the same key back while the
+// first runs, with a worker waiting for it: the limit, not the number of
+// workers, decides.
+func TestAHubAppliesADeclaredLimit(t *testing.T) {
+	q := newQueue(t, newStore(t, testPrefix(t)))
+	h := hubFor(t, q, Declaration{Name: "payout", TaskTimeout: "10s", Steps: []StepDeclaration{{Name: "pay"}},
+		Limits: []LimitDeclaration{{Name: "merchant", Param: "merchant", Concurrency: 1}}})
+	ctx := testCtx(t)
+	for _, id := range []string{"p-1", "p-2"} {
+		if _, err := q.Submit(ctx, id, "payout", []byte(`{"merchant":"acme"}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := nextTask(t, h, "payout")
+	other := map[string]string{"p-1": "p-2", "p-2": "p-1"}[first.Job]
+	got := make(chan *Task, 1)
+	go func() {
+		task, _ := h.Next(ctx, []string{"payout"})
+		got <- task
+	}()
+	for {
+		j, err := q.Get(ctx, other)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j.Limited == "merchant=acme" {
+			break // tried while a worker waited, and held back by the limit
+		}
+		select {
+		case task := <-got:
+			t.Fatalf("a second job of the merchant was handed out while the first runs: %+v", task)
+		default:
+		}
+	}
+	report(t, h, first, Report{Seq: 1, Op: "done"})
+	task := <-got
+	if task == nil || task.Job != other {
+		t.Fatalf("after the first ended, the waiting worker got %+v, want %s", task, other)
+	}
+	report(t, h, task, Report{Seq: 1, Op: "done"})
+	if _, err := ParseDeclaration([]byte(`{"name":"k","steps":[{"name":"a"}],"limits":[{"name":"m","concurrency":1}]}`)); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "names no param") {
+		t.Fatalf("a limit without its param: %v", err)
+	}
+}
