@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/etcdstore"
+	"github.com/idem-dev/idem/internal/canonjson"
 	"github.com/idem-dev/idem/internal/storex"
 )
 
@@ -71,6 +72,9 @@ type StepFunc func(ctx context.Context, r *Run) ([]byte, error)
 // repeated members, and checks it.
 func ParseDeclaration(b []byte) (Declaration, error) {
 	var d Declaration
+	if _, err := canonjson.Canonical(b); err != nil && json.Valid(b) {
+		return d, fmt.Errorf("%w: kind declaration: %v", ErrInvalid, err) // a member named twice
+	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&d); err != nil {
@@ -83,6 +87,12 @@ func ParseDeclaration(b []byte) (Declaration, error) {
 		return d, err
 	}
 	return d, nil
+}
+
+// Check checks d as Queue.Declare does, against a store's retention.
+func (d Declaration) Check(retention time.Duration) error {
+	_, err := d.kind(nil, func(string, bool) StepFunc { return nil }, retention)
+	return err
 }
 
 // Bind returns the declared kind with Go functions for its worker steps
@@ -222,7 +232,7 @@ func (q *Queue) Declare(ctx context.Context, d Declaration) error {
 	if q.store == nil {
 		return fmt.Errorf("declare: %w: declared kinds need one etcd cluster, not a shard set", ErrInvalid)
 	}
-	if _, err := d.kind(nil, func(string, bool) StepFunc { return nil }, q.retention()); err != nil {
+	if err := d.Check(q.retention()); err != nil {
 		return fmt.Errorf("declare: %w", err)
 	}
 	b, err := json.Marshal(d)

@@ -78,7 +78,7 @@ func (a *adminCmd) open(ctx context.Context, args []string, nargs int) (keyAdmin
 	if err := parseFlags(a.fs, args); err != nil {
 		return nil, nil, nil, nil, err
 	}
-	if a.fs.NArg() != nargs {
+	if nargs >= 0 && a.fs.NArg() != nargs { // (nargs < 0: a.check counts them)
 		a.fs.Usage()
 		return nil, nil, nil, nil, usageError{fmt.Errorf("%s takes %d argument(s), got %d", a.fs.Name(), nargs, a.fs.NArg())}
 	}

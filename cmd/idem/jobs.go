@@ -35,6 +35,7 @@ Commands:
   resume     resume a paused schedule:  idem jobs resume SCHEDULE
   backfill   run a past range again:    idem jobs backfill --from T --to T SCHEDULE
   limits     the limits' held slots:    idem jobs limits [--limit NAME]
+  kinds      declared kinds:            idem jobs kinds apply FILE | ls | get KIND | delete KIND
 
 Run "idem jobs COMMAND -h" for a command's flags.
 `
@@ -64,6 +65,8 @@ func jobsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return jobsBackfill(ctx, args[1:], stdout, stderr)
 	case "limits":
 		return jobsLimits(ctx, args[1:], stdout, stderr)
+	case "kinds":
+		return jobsKinds(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, jobsUsage)
 		return nil
