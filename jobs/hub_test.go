@@ -160,7 +160,8 @@ func TestAHubAnswersARepeatedReportAsBefore(t *testing.T) {
 // refused.
 func TestAHubResumesAStepWhoseWorkerWentSilent(t *testing.T) {
 	q := newQueue(t, newStore(t, testPrefix(t)))
-	h := hubFor(t, q, Declaration{Name: "one", TaskTimeout: "1s", MaxAttempts: 3, Steps: []StepDeclaration{{Name: "a"}}})
+	// on_error fail: a worker's death is no failure of its step.
+	h := hubFor(t, q, Declaration{Name: "one", TaskTimeout: "1s", MaxAttempts: 3, Steps: []StepDeclaration{{Name: "a", OnError: "fail"}}})
 	if _, err := q.Submit(testCtx(t), "s-1", "one", nil); err != nil {
 		t.Fatal(err)
 	}
@@ -272,6 +273,8 @@ func TestAHubAppliesADeclaredLimit(t *testing.T) {
 		select {
 		case task := <-got:
 			t.Fatalf("a second job of the merchant was handed out while the first runs: %+v", task)
+		case <-ctx.Done():
+			t.Fatal("the second job was never tried while a worker waited for it")
 		default:
 		}
 	}

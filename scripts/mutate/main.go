@@ -160,6 +160,15 @@ var contract = map[string]backstop{
 	"injector (issue 39 review 8): another container's port of the app port's name is allowed":       {"./internal/inject", "TestReview8ServiceOfASharedPortNameReachesIdem"},
 	"injector (issue 39 review 8): a request above its limit is taken":                               {"./cmd/idem", "TestReview8InjectorRefusesResourcesTheAPIServerRefuses"},
 	"injector (issue 39): an app port with a hostPort is taken":                                      {"./internal/inject", "TestBadAnnotationsAreRefusedNamingThem"},
+	"work (issue 40): a report sent again is applied again":                                          {"./jobs", "TestAHubAnswersARepeatedReportAsBefore"},
+	"work (issue 40): a silent worker fails its step":                                                {"./jobs", "TestAHubResumesAStepWhoseWorkerWentSilent"},
+	"work (issue 40): a busy worker's attempt still waits for a worker":                              {"./jobs", "TestAHubAppliesADeclaredLimit"},
+	"work (issue 40): a declared kind's limits are dropped":                                          {"./jobs", "TestAHubAppliesADeclaredLimit"},
+	"work (issue 40): a report on an ended task is a conflict, which clients retry":                  {"./api", "TestWorkProtocolConformsToOpenAPI"},
+	"work (issue 40): a sleep within a step goes on without waiting":                                 {"./jobs", "TestAHubRunsADeclaredKindThroughARemoteWorker"},
+	"cli (issue 40): a kinds file is checked against the retention only by etcd":                     {"./cmd/idem", "TestJobsKindsCommand"},
+	"python (issue 40): a lost reply is not retried":                                                 {"./cmd/idem", "TestClientsPython"},
+	"typescript (issue 40): a lost reply is not retried":                                             {"./cmd/idem", "TestClientsTypeScript"},
 }
 
 // explorerKernel are the kernel's mutants measured by the explorer: the
@@ -531,6 +540,24 @@ var kernelMutants = []mutant{
 		old: "quantityValue(q) > quantityValue(l) {", new: "quantityValue(q) > quantityValue(l) && false {"},
 	{name: "injector (issue 39): an app port with a hostPort is taken", file: "internal/inject/inject.go",
 		old: "\t\t\tif ports[i].host != 0 {", new: "\t\t\tif ports[i].host != 0 && false {"},
+	{name: "work (issue 40): a report sent again is applied again", file: "jobs/hub.go",
+		old: "	if p := t.answers[rep.Seq]; p != nil && rep.Op != \"renew\" {", new: "	if p := t.answers[rep.Seq]; p != nil && rep.Op == \"none\" {"},
+	{name: "work (issue 40): a silent worker fails its step", file: "jobs/worker.go",
+		old: "	case errors.Is(err, errWorkerLost):\n		return etcdstore.Outcome{}, etcdstore.EndAbandon, true\n", new: ""},
+	{name: "work (issue 40): a busy worker's attempt still waits for a worker", file: "jobs/hub.go",
+		old: "	if h.waiting[kind] <= h.held[kind]-h.busy[kind] {", new: "	if h.waiting[kind] <= h.held[kind] {"},
+	{name: "work (issue 40): a declared kind's limits are dropped", file: "jobs/declare.go",
+		old: "		k.Limits = append(k.Limits, Limit{", new: "		_ = append(k.Limits, Limit{"},
+	{name: "work (issue 40): a report on an ended task is a conflict, which clients retry", file: "idemhttp/problem.go",
+		old: "		return NewProblem(http.StatusGone, KindTaskGone,", new: "		return NewProblem(http.StatusConflict, KindConflict,"},
+	{name: "work (issue 40): a sleep within a step goes on without waiting", file: "jobs/hub.go",
+		old: "		case errors.Is(err, ErrSuspended):\n			a.Result, end = \"suspended\", true\n		default:\n			a.Result, a.Error, end = \"failed\", err.Error(), true\n		}\n	case \"await\":", new: "		case errors.Is(err, ErrSuspended):\n			a.Result, err = \"continue\", nil\n		default:\n			a.Result, a.Error, end = \"failed\", err.Error(), true\n		}\n	case \"await\":"},
+	{name: "cli (issue 40): a kinds file is checked against the retention only by etcd", file: "cmd/idem/jobs_kinds.go",
+		old: "			if err := d.Check(*retention); err != nil {", new: "			if err := d.Check(1 << 62); err != nil {"},
+	{name: "python (issue 40): a lost reply is not retried", file: "clients/python/idem/client.py",
+		old: "                if time.monotonic() + delay > deadline:", new: "                if True:"},
+	{name: "typescript (issue 40): a lost reply is not retried", file: "clients/typescript/src/index.ts",
+		old: "        if (Date.now() + delay > deadline) throw", new: "        if (true) throw"},
 }
 
 func main() {
