@@ -31,6 +31,7 @@ import (
 // lost, sent again with the same sequence number, is answered as before
 // and applied once.
 type Hub struct {
+	id    string // names its tasks: a report another process gets is relayed here
 	q     *Queue
 	conc  int
 	drain time.Duration
@@ -47,6 +48,9 @@ type Hub struct {
 	pending []*task          // offered, not taken yet
 	tasks   map[string]*task // open, by id
 	retired map[string]*task // ended, kept a while to answer retries
+
+	stop   context.CancelFunc // ends serveRelays
+	relays chan struct{}      // closed when serveRelays has returned
 }
 
 // Task is a step handed to a remote worker.
@@ -116,6 +120,7 @@ type task struct {
 	took    bool          // taken (h.mu)
 	renewed time.Time
 	gone    chan struct{}   // closed when its step's run ends
+	relayed []string        // the answers written for relayed reports (h.mu)
 	answers map[int]*answer // by Seq
 	last    int
 	ended   bool
@@ -172,12 +177,23 @@ func NewHub(q *Queue, opts ...HubOption) (*Hub, error) {
 			return nil, fmt.Errorf("new hub: %w", err)
 		}
 	}
+	h.id = newHubID()
+	h.relays = make(chan struct{})
+	ctx, stop := context.WithCancel(context.Background())
+	h.stop = stop
+	if q.store == nil {
+		close(h.relays)
+	} else {
+		go func() { defer close(h.relays); h.serveRelays(ctx) }()
+	}
 	return h, nil
 }
 
 // Close stops the hub's worker: running attempts are given back (their
 // tasks end), and Next returns at once.
 func (h *Hub) Close() error {
+	h.stop()
+	<-h.relays
 	h.mu.Lock()
 	h.closed = true
 	w := h.w
@@ -390,7 +406,7 @@ func (h *Hub) stepFunc(d Declaration) func(string, bool) StepFunc {
 
 // remote runs r's step on a remote worker.
 func (h *Hub) remote(ctx context.Context, r *Run, timeout time.Duration) ([]byte, error) {
-	t := &task{Task: Task{ID: newTaskID(), Job: r.Key().ID, Kind: r.Kind(), Step: r.Step(), Attempt: r.Attempt(),
+	t := &task{Task: Task{ID: h.id + "-" + newTaskID(), Job: r.Key().ID, Kind: r.Kind(), Step: r.Step(), Attempt: r.Attempt(),
 		Token: strconv.FormatUint(uint64(r.Token()), 10), StepKey: r.StepKey(), Compensating: r.Compensating(),
 		Params: r.Params(), Outputs: map[string][]byte{}, Timeout: timeout},
 		msgs: make(chan msg), taken: make(chan struct{}), gone: make(chan struct{}), answers: map[int]*answer{}}
@@ -499,6 +515,7 @@ func (h *Hub) retire(t *task) {
 	for id, o := range h.retired {
 		if h.q.clock.Now().Sub(o.endedAt) > 2*o.Timeout {
 			delete(h.retired, id)
+			h.forget(o.relayed)
 		}
 	}
 }
@@ -527,7 +544,7 @@ func (h *Hub) Report(ctx context.Context, id string, rep Report) (Answer, error)
 	}
 	if t == nil {
 		h.mu.Unlock()
-		return Answer{}, fmt.Errorf("task %s: %w", id, ErrTaskGone)
+		return h.relay(ctx, id, rep) // handed out by another process's hub
 	}
 	if p := t.answers[rep.Seq]; p != nil && rep.Op != "renew" {
 		h.mu.Unlock()

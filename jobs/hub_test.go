@@ -288,3 +288,54 @@ func TestAHubAppliesADeclaredLimit(t *testing.T) {
 		t.Fatalf("a limit without its param: %v", err)
 	}
 }
+
+// Behind a load balancer a worker's report reaches another idem process
+// than the one whose hub handed the task out: it is relayed there through
+// etcd and answered as if it had come itself (numbered, a repeat answered
+// once). A task of a hub that is gone is answered ErrTaskGone once the
+// report's time is up, not held for ever.
+func TestAReportThatReachesAnotherProcessIsRelayed(t *testing.T) {
+	prefix := testPrefix(t)
+	qa, qb := newQueue(t, newStore(t, prefix)), newQueue(t, newStore(t, prefix)) // two idem processes
+	ha := hubFor(t, qa, Declaration{Name: "two", TaskTimeout: "5s", Steps: []StepDeclaration{{Name: "a"}, {Name: "b"}}})
+	hb, err := NewHub(qb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hb.Close() })
+	ctx := testCtx(t)
+	if _, err := qa.Submit(ctx, "r-1", "two", nil); err != nil {
+		t.Fatal(err)
+	}
+	task := nextTask(t, ha, "two")
+	if a := report(t, hb, task, Report{Seq: 1, Op: "sleep", For: 100 * time.Millisecond}); a.Result != "suspended" {
+		t.Fatalf("a relayed sleep answered %+v", a)
+	}
+	for _, h := range []*Hub{hb, ha} { // sent again, through either process
+		if a := report(t, h, task, Report{Seq: 1, Op: "sleep", For: 100 * time.Millisecond}); a.Result != "suspended" {
+			t.Fatalf("the sleep sent again answered %+v", a)
+		}
+	}
+	task = nextTask(t, ha, "two")
+	report(t, hb, task, Report{Op: "renew"})
+	if a := report(t, hb, task, Report{Seq: 1, Op: "sleep", For: 100 * time.Millisecond}); a.Result != "continue" {
+		t.Fatalf("the sleep once over, relayed: %+v", a)
+	}
+	if _, err := hb.Report(ctx, task.ID, Report{Seq: 3, Op: "done"}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a relayed report that skips a number: %v, want ErrInvalid", err)
+	}
+	report(t, hb, task, Report{Seq: 2, Op: "done", Output: []byte(`"A"`)})
+	next := nextTask(t, ha, "two")
+	if next.Step != "b" || string(next.Outputs["a"]) != `"A"` {
+		t.Fatalf("after a's relayed done: %+v", next)
+	}
+	report(t, hb, next, Report{Seq: 1, Op: "done"})
+	if j := waitJob(t, qa, "r-1"); j.State != Succeeded || j.Attempts != 1 {
+		t.Fatalf("job %s after %d attempts", j.State, j.Attempts)
+	}
+	short, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if _, err := hb.Report(short, "0123456789abcdef-gone", Report{Seq: 1, Op: "done"}); !errors.Is(err, ErrTaskGone) {
+		t.Fatalf("a task of a hub that is gone: %v, want ErrTaskGone", err)
+	}
+}

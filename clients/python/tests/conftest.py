@@ -27,12 +27,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 class Idem:
     """``idem serve`` on an embedded etcd in its own directory, on free ports."""
 
-    def __init__(self, workdir: str, *args: str):
+    def __init__(self, workdir: str, *args: str, etcd: Optional["Idem"] = None):
         binary = os.environ.get("IDEM_BIN")
         if not binary:
             raise RuntimeError("set IDEM_BIN to an idem binary (go build -o /tmp/idem ./cmd/idem)")
-        cmd = [binary, "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json",
-               "--data-dir", os.path.join(workdir, "data"), "--embedded-peer-url", "unix://peer.sock", *args]
+        self.data = os.path.join(workdir, "data")
+        # Its own embedded etcd, or (etcd) another idem's: a second process of one deployment.
+        where = ["--data-dir", self.data, "--embedded-peer-url", "unix://peer.sock"] if etcd is None else \
+            ["--endpoints", "unix://" + os.path.join(etcd.data, "etcd.sock")]
+        cmd = [binary, "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json", *where, *args]
         self.proc = subprocess.Popen(cmd, cwd=workdir, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
         self.logs: List[str] = []
         ready: "queue.Queue[Optional[str]]" = queue.Queue()
@@ -87,13 +90,16 @@ def _serve(handler: type) -> _Server:
 
 
 class LossyProxy:
-    """Forwards every request to ``target`` and, for the first request of
-    each kind named in ``drop`` (a substring of "METHOD path"), reads idem's
-    answer and then closes the connection without passing it on: a reply
-    lost after idem acted."""
+    """Forwards every request to ``target`` (a URL, or a list of them taken
+    in turn, as a load balancer without affinity would) and, for the first
+    request of each kind named in ``drop`` (a substring of "METHOD path"),
+    reads idem's answer and then closes the connection without passing it
+    on: a reply lost after idem acted."""
 
-    def __init__(self, target: str, drop: List[str]):
-        self.target = urllib.parse.urlsplit(target)
+    def __init__(self, target, drop: List[str]):
+        targets = [target] if isinstance(target, str) else list(target)
+        self.targets = [urllib.parse.urlsplit(t) for t in targets]
+        self.turn = 0
         self.pending = list(drop)
         self.dropped: List[str] = []
         self.lock = threading.Lock()
@@ -108,7 +114,10 @@ class LossyProxy:
             def _any(self) -> None:
                 n = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(n) if n else None
-                conn = http.client.HTTPConnection(proxy.target.hostname, proxy.target.port, timeout=120)
+                with proxy.lock:
+                    target = proxy.targets[proxy.turn % len(proxy.targets)]
+                    proxy.turn += 1
+                conn = http.client.HTTPConnection(target.hostname, target.port, timeout=120)
                 hdrs = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
                 conn.request(self.command, self.path, body=body, headers=hdrs)
                 resp = conn.getresponse()

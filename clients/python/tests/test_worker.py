@@ -8,7 +8,7 @@ import threading
 import time
 import uuid
 
-from conftest import LossyProxy
+from conftest import Idem, LossyProxy
 from idem import Client, ProblemError, Worker
 import order_worker
 
@@ -98,3 +98,30 @@ def test_bad_declarations_and_unknown_kinds_are_refused(idem):
         raise AssertionError("next for an undeclared kind answered")
     except ProblemError as e:
         assert e.status == 404 and e.kind == "unknown-kind"
+
+
+def test_a_job_across_two_idem_processes_behind_a_balancer(idem, sink, tmp_path):
+    # Two idem processes of one deployment (the second on the first's etcd),
+    # every request to the next in turn: a task handed out by one is
+    # reported to the other, which relays it.
+    second = Idem(str(tmp_path), etcd=idem)
+    proxy = LossyProxy([idem.url, second.url], ["/done", "/await"])
+    try:
+        c = Client(proxy.url)
+        kind = declare_order(c)
+        job = kind + "-1"
+        c.submit_job(job, kind, params={"amount": 3})
+        w = Worker(Client(proxy.url), [kind], order_worker.steps(sink.url, ""), wait=2)
+        t = threading.Thread(target=w.run, daemon=True)
+        t.start()
+        assert wait_state(c, job, "waiting")["awaiting"] == "approved"
+        c.signal_job(job, "approved", {"by": "bo"})
+        j = c.wait_job(job, timeout=60)
+        w.stop()
+        assert j["state"] == "succeeded" and j["attempts"] == 1, j
+        assert sink.applied == {f"jobs:{job}.{s}": 1 for s in ("charge", "approve", "ship")}
+        assert all(len(v) == 1 for k, v in sink.calls.items() if k.endswith((".approve", ".ship"))), sink.calls
+        assert sorted(proxy.dropped) == ["/await", "/done"]
+    finally:
+        proxy.close()
+        second.stop()
