@@ -116,7 +116,10 @@ func (a *API) nextTask(w http.ResponseWriter, r *http.Request) {
 	if h == nil {
 		return
 	}
-	wait := min(time.Duration(req.WaitMS)*time.Millisecond, a.cfg.MaxWait)
+	wait := a.cfg.MaxWait // wait_ms: default and cap
+	if req.WaitMS > 0 {
+		wait = min(time.Duration(req.WaitMS)*time.Millisecond, a.cfg.MaxWait)
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), wait)
 	defer cancel()
 	t, err := h.Next(ctx, req.Kinds)

@@ -446,7 +446,7 @@ func (c *completer) dispatch(ctx context.Context) {
 			}
 			e, at := ready[best], readyAt[best]
 			ready, readyAt = slices.Delete(ready, best, best+1), slices.Delete(readyAt, best, best+1)
-			if c.w.gate != nil && !c.w.gate(e.kind.Name) {
+			if c.w.gate != nil && !c.w.gate(e.kind.Name, e.id) {
 				// No remote worker of its kind waits: until one comes
 				// (the gate's owner wakes the completer).
 				c.gated = append(c.gated, dueItem{at: at, id: e.id, version: e.version})
@@ -454,7 +454,7 @@ func (c *completer) dispatch(ctx context.Context) {
 			}
 			if p, at := c.rateRoom(e, now); p != "" {
 				if c.w.ungate != nil {
-					c.w.ungate(e.kind.Name)
+					c.w.ungate(e.kind.Name, e.id)
 				}
 				// Its key's rate slots are used (or about to be, by
 				// attempts running): not before the soonest is free again,
@@ -524,7 +524,7 @@ func (c *completer) dispatch(ctx context.Context) {
 func (c *completer) run(e entry) {
 	err := c.w.execute(context.Background(), e.id, e.fp, e.kind)
 	if c.w.ungate != nil {
-		c.w.ungate(e.kind.Name)
+		c.w.ungate(e.kind.Name, e.id)
 	}
 	c.mu.Lock()
 	defer func() {

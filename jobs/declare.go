@@ -153,6 +153,9 @@ func (d Declaration) kind(undo map[string]func(context.Context, *Run) error, ste
 	if d.TaskTimeout != "" && tt < time.Second {
 		return Kind{}, fmt.Errorf("%w: kind %s: task_timeout %v is under a second", ErrInvalid, d.Name, tt)
 	}
+	if tt >= retention/2 {
+		return Kind{}, fmt.Errorf("%w: kind %s: task_timeout %v is past half the store's retention (%v): a silent worker would hold its job past it", ErrInvalid, d.Name, tt, retention)
+	}
 	for _, l := range d.Limits {
 		if l.Param == "" {
 			return Kind{}, fmt.Errorf("%w: kind %s: limit %s names no param (the parameter whose value it limits)", ErrInvalid, d.Name, l.Name)

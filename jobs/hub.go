@@ -41,7 +41,7 @@ type Hub struct {
 	decls   map[string]Declaration // the kinds w runs
 	loaded  time.Time              // when decls were last read
 	closed  bool
-	waiting map[string]int   // pollers waiting, by kind
+	resv    map[string]*poll // the waiting worker each starting attempt counts on, by job
 	held    map[string]int   // attempts running, by kind
 	busy    map[string]int   // of those, the ones whose step a worker runs now
 	polls   []*poll          // waiting, oldest first
@@ -49,6 +49,7 @@ type Hub struct {
 	tasks   map[string]*task // open, by id
 	retired map[string]*task // ended, kept a while to answer retries
 
+	old    []*Worker          // replaced by newer declarations, ending their running attempts (h.mu)
 	stop   context.CancelFunc // ends serveRelays
 	relays chan struct{}      // closed when serveRelays has returned
 }
@@ -109,8 +110,10 @@ var errWorkerLost = errors.New("the worker running the step stopped answering")
 var errNoTaker = errors.New("no worker took the step")
 
 type poll struct {
-	kinds []string
-	got   chan *task // receives the task handed to it (buffered)
+	kinds    []string
+	got      chan *task // receives the task handed to it (buffered)
+	resv     string     // the job whose attempt counts on it (gate), or ""
+	resvKind string
 }
 
 type task struct {
@@ -171,7 +174,7 @@ func NewHub(q *Queue, opts ...HubOption) (*Hub, error) {
 	if q == nil {
 		return nil, fmt.Errorf("new hub: %w: nil queue", ErrInvalid)
 	}
-	h := &Hub{q: q, conc: 64, drain: 30 * time.Second, waiting: map[string]int{}, held: map[string]int{}, busy: map[string]int{}, tasks: map[string]*task{}, retired: map[string]*task{}}
+	h := &Hub{q: q, conc: 64, drain: 30 * time.Second, resv: map[string]*poll{}, held: map[string]int{}, busy: map[string]int{}, tasks: map[string]*task{}, retired: map[string]*task{}}
 	for _, o := range opts {
 		if err := o(h); err != nil {
 			return nil, fmt.Errorf("new hub: %w", err)
@@ -200,13 +203,19 @@ func (h *Hub) Close() error {
 	h.w = nil
 	polls := h.polls
 	h.polls = nil
+	old := h.old
+	h.old = nil
 	h.mu.Unlock()
 	for _, p := range polls {
 		close(p.got)
 	}
-	if w != nil {
-		return w.Close()
+	var wg sync.WaitGroup
+	for _, o := range append(old, w) {
+		if o != nil {
+			wg.Go(func() { o.Close() })
+		}
 	}
+	wg.Wait()
 	return nil
 }
 
@@ -256,11 +265,18 @@ func (h *Hub) refresh(ctx context.Context, kinds []string) error {
 	if err != nil {
 		return err
 	}
-	old := h.w
-	h.w, h.decls = w, decls
-	if old != nil {
-		go old.Close()
+	if old := h.w; old != nil {
+		// Its running attempts finish under the declarations they
+		// started with (their tasks are this hub's): it starts no more.
+		h.old = append(h.old, old)
+		go func() {
+			old.closeWhenIdle()
+			h.mu.Lock()
+			h.old = slices.DeleteFunc(h.old, func(w *Worker) bool { return w == old })
+			h.mu.Unlock()
+		}()
 	}
+	h.w, h.decls = w, decls
 	return nil
 }
 
@@ -277,25 +293,54 @@ func same(a, b map[string]Declaration) bool {
 	return true
 }
 
-// gate reports whether the completer may claim a job of kind: more
-// workers of it wait than the running attempts that need one (those whose
-// step no worker runs now: about to hand one out, or between steps). It
-// counts the new attempt among them until it ends (ungate).
-func (h *Hub) gate(kind string) bool {
+// worker returns the worker that runs the hub's declarations now (nil
+// before a worker asked for a step).
+func (h *Hub) worker() *Worker {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.waiting[kind] <= h.held[kind]-h.busy[kind] {
+	return h.w
+}
+
+// gate reports whether the completer may claim job (of kind): a waiting
+// worker of the kind is free (no attempt counts on it) beyond the running
+// attempts of the kind that need one and count on none (between steps).
+// It counts on that worker for the job until the attempt's first step
+// goes to it, or the attempt ends (ungate). A worker of several kinds is
+// counted on once.
+func (h *Hub) gate(kind, job string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var free *poll
+	nfree, counted := 0, 0
+	for _, p := range h.polls {
+		switch {
+		case p.resvKind == kind:
+			counted++
+		case p.resv == "" && slices.Contains(p.kinds, kind):
+			if free == nil {
+				free = p
+			}
+			nfree++
+		}
+	}
+	if nfree <= h.held[kind]-h.busy[kind]-counted {
 		return false
 	}
+	free.resv, free.resvKind = job, kind
+	h.resv[job] = free
 	h.held[kind]++
 	return true
 }
 
-func (h *Hub) ungate(kind string) {
+func (h *Hub) ungate(kind, job string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.held[kind]--; h.held[kind] <= 0 {
 		delete(h.held, kind)
+	}
+	if p := h.resv[job]; p != nil {
+		p.resv, p.resvKind = "", ""
+		delete(h.resv, job)
 	}
 }
 
@@ -324,9 +369,6 @@ func (h *Hub) Next(ctx context.Context, kinds []string) (*Task, error) {
 	}
 	p := &poll{kinds: slices.Clone(kinds), got: make(chan *task, 1)}
 	h.polls = append(h.polls, p)
-	for _, k := range kinds {
-		h.waiting[k]++
-	}
 	w := h.w
 	h.mu.Unlock()
 	if w != nil {
@@ -353,12 +395,11 @@ func (h *Hub) Next(ctx context.Context, kinds []string) (*Task, error) {
 	return nil, nil
 }
 
-// unpoll removes waiting poll i (h.mu held).
+// unpoll removes waiting poll i (h.mu held): an attempt that counted on
+// it counts on none now.
 func (h *Hub) unpoll(i int) {
-	for _, k := range h.polls[i].kinds {
-		if h.waiting[k]--; h.waiting[k] <= 0 {
-			delete(h.waiting, k)
-		}
+	if p := h.polls[i]; p.resv != "" {
+		delete(h.resv, p.resv)
 	}
 	h.polls = slices.Delete(h.polls, i, i+1)
 }
@@ -381,8 +422,15 @@ func (h *Hub) offer(t *task) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.tasks[t.ID] = t
+	if p := h.resv[t.Job]; p != nil {
+		// The worker its attempt counted on.
+		h.unpoll(slices.Index(h.polls, p))
+		h.take(t)
+		p.got <- t
+		return
+	}
 	for i, p := range h.polls {
-		if slices.Contains(p.kinds, t.Kind) {
+		if p.resv == "" && slices.Contains(p.kinds, t.Kind) {
 			h.unpoll(i)
 			h.take(t)
 			p.got <- t
@@ -534,8 +582,8 @@ func (h *Hub) Report(ctx context.Context, id string, rep Report) (Answer, error)
 	if rep.Op != "renew" && rep.Seq < 1 {
 		return Answer{}, fmt.Errorf("report: %w: seq %d: a task's reports are numbered from 1", ErrInvalid, rep.Seq)
 	}
-	if rep.Op == "sleep" && rep.For < 0 {
-		return Answer{}, fmt.Errorf("report: %w: a negative sleep", ErrInvalid)
+	if err := h.checkReport(rep); err != nil {
+		return Answer{}, err
 	}
 	h.mu.Lock()
 	t := h.tasks[id]
@@ -591,6 +639,34 @@ func (h *Hub) Report(ctx context.Context, id string, rep Report) (Answer, error)
 	}
 	close(p.done)
 	return p.a, p.err
+}
+
+// checkReport refuses a report that cannot be applied as sent (nothing
+// changes): a sleep or an await past half the retention, an event name
+// that is none.
+func (h *Hub) checkReport(rep Report) error {
+	half := h.q.retention() / 2
+	switch rep.Op {
+	case "sleep":
+		d := rep.For
+		if !rep.Until.IsZero() {
+			d = rep.Until.Sub(h.q.clock.Now())
+		}
+		switch {
+		case rep.For < 0:
+			return fmt.Errorf("report: %w: a negative sleep", ErrInvalid)
+		case d >= half:
+			return fmt.Errorf("report: %w: a sleep of %v is past half the store's retention (%v)", ErrInvalid, d.Round(time.Second), half)
+		}
+	case "await":
+		if err := validName(rep.Event, 64, true); err != nil {
+			return fmt.Errorf("report: %w: event name %q: %v", ErrInvalid, rep.Event, err)
+		}
+		if rep.For < 0 || rep.For >= half {
+			return fmt.Errorf("report: %w: an await's timeout must be 0 or under half the store's retention (%v)", ErrInvalid, half)
+		}
+	}
+	return nil
 }
 
 func newTaskID() string {

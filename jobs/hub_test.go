@@ -230,6 +230,10 @@ func TestADeclarationThatCannotRunIsRefusedNamingWhy(t *testing.T) {
 	if err := q.Declare(testCtx(t), long); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("a sleep past the retention declared: %v", err)
 	}
+	silent := Declaration{Name: "k", TaskTimeout: "9999h", Steps: []StepDeclaration{{Name: "a"}}}
+	if err := q.Declare(testCtx(t), silent); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "task_timeout") {
+		t.Fatalf("a task timeout past the retention declared: %v", err)
+	}
 	if ds, err := q.Declared(testCtx(t)); err != nil || len(ds) != 0 {
 		t.Fatalf("after refusals, declared %v, %v", ds, err)
 	}
@@ -267,8 +271,8 @@ func TestAHubAppliesADeclaredLimit(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if j.Limited == "merchant=acme" {
-			break // tried while a worker waited, and held back by the limit
+		if j.Limited == "merchant=acme" || !strings.Contains(h.worker().Explain(other), `blocked=""`) {
+			break // held back by the limit: tried, or known full from the slots
 		}
 		select {
 		case task := <-got:
@@ -337,5 +341,30 @@ func TestAReportThatReachesAnotherProcessIsRelayed(t *testing.T) {
 	defer cancel()
 	if _, err := hb.Report(short, "0123456789abcdef-gone", Report{Seq: 1, Op: "done"}); !errors.Is(err, ErrTaskGone) {
 		t.Fatalf("a task of a hub that is gone: %v, want ErrTaskGone", err)
+	}
+}
+
+// A worker that joins while the only attempt's worker runs its step gets
+// another job at once: a busy worker's attempt needs no waiting one.
+func TestAHubGivesAWorkerThatJoinsAnotherJob(t *testing.T) {
+	q := newQueue(t, newStore(t, testPrefix(t)))
+	h := hubFor(t, q, Declaration{Name: "one", TaskTimeout: "30s", Steps: []StepDeclaration{{Name: "a"}}})
+	ctx := testCtx(t)
+	for _, id := range []string{"j-1", "j-2"} {
+		if _, err := q.Submit(ctx, id, "one", nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := nextTask(t, h, "one")
+	second := nextTask(t, h, "one") // while first runs: within nextTask's minute, not after it
+	if second.Job == first.Job {
+		t.Fatalf("both workers got %s", first.Job)
+	}
+	report(t, h, first, Report{Seq: 1, Op: "done"})
+	report(t, h, second, Report{Seq: 1, Op: "done"})
+	for _, id := range []string{"j-1", "j-2"} {
+		if j := waitJob(t, q, id); j.State != Succeeded || j.Attempts != 1 {
+			t.Fatalf("%s: %s after %d attempts", id, j.State, j.Attempts)
+		}
 	}
 }

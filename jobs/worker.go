@@ -48,12 +48,12 @@ type Worker struct {
 	// gate, when set, says whether the completer may start a job of a
 	// kind now (a Hub's: a remote worker of it waits), keeping its place;
 	// ungate gives the place back when the attempt ends.
-	gate   func(kind string) bool
-	ungate func(kind string)
+	gate   func(kind, job string) bool
+	ungate func(kind, job string)
 }
 
 // withGate makes the completer start a job only when gate says so (Hub).
-func withGate(gate func(string) bool, ungate func(string)) WorkerOption {
+func withGate(gate func(string, string) bool, ungate func(string, string)) WorkerOption {
 	return func(w *Worker) error { w.gate, w.ungate = gate, ungate; return nil }
 }
 
@@ -175,6 +175,22 @@ func (w *Worker) Close() error {
 		}
 	}
 	return nil
+}
+
+// closeWhenIdle stops the worker's completers from starting jobs, lets
+// the jobs running end however long they take, then closes it (a Hub's
+// worker, replaced by one for new declarations: the jobs it runs finish
+// their attempt under the old). Close meanwhile ends it as Close does.
+func (w *Worker) closeWhenIdle() {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return
+	}
+	w.stop()
+	w.mu.Unlock()
+	w.wg.Wait(w.q.clock, context.Background())
+	w.Close()
 }
 
 // Running returns how many jobs run in this worker now.

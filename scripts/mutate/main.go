@@ -545,7 +545,7 @@ var kernelMutants = []mutant{
 	{name: "work (issue 40): a silent worker fails its step", file: "jobs/worker.go",
 		old: "	case errors.Is(err, errWorkerLost):\n		return etcdstore.Outcome{}, etcdstore.EndAbandon, true\n", new: ""},
 	{name: "work (issue 40): a busy worker's attempt still waits for a worker", file: "jobs/hub.go",
-		old: "	if h.waiting[kind] <= h.held[kind]-h.busy[kind] {", new: "	if h.waiting[kind] <= h.held[kind] {"},
+		old: "	if nfree <= h.held[kind]-h.busy[kind]-counted {", new: "	if nfree <= h.held[kind]-counted {"},
 	{name: "work (issue 40): a declared kind's limits are dropped", file: "jobs/declare.go",
 		old: "		k.Limits = append(k.Limits, Limit{", new: "		_ = append(k.Limits, Limit{"},
 	{name: "work (issue 40): a report on an ended task is a conflict, which clients retry", file: "idemhttp/problem.go",
@@ -558,6 +558,16 @@ var kernelMutants = []mutant{
 		old: "                if time.monotonic() + delay > deadline:", new: "                if True:"},
 	{name: "typescript (issue 40): a lost reply is not retried", file: "clients/typescript/src/index.ts",
 		old: "        if (Date.now() + delay > deadline) throw", new: "        if (true) throw"},
+	{name: "work (issue 40 review): a worker of two kinds is counted on by both", file: "jobs/hub.go",
+		old: "		case p.resv == \"\" && slices.Contains(p.kinds, kind):", new: "		case slices.Contains(p.kinds, kind):"},
+	{name: "work (issue 40 review): a new declaration ends the steps running", file: "jobs/hub.go",
+		old: "			old.closeWhenIdle()\n", new: "			old.Close()\n"},
+	{name: "work (issue 40 review): an await of no valid event is taken", file: "jobs/hub.go",
+		old: "		if err := validName(rep.Event, 64, true); err != nil {", new: "		if err := validName(rep.Event, 64, true); err != nil && false {"},
+	{name: "work (issue 40 review): next without wait_ms does not wait", file: "idemhttp/api_work.go",
+		old: "	if req.WaitMS > 0 {\n		wait = min(", new: "	if true {\n		wait = min("},
+	{name: "work (issue 40): a report that reaches another process is not relayed", file: "jobs/relay.go",
+		old: "	if hub == \"\" || hub == h.id || h.q.store == nil {", new: "	if true {"},
 }
 
 func main() {

@@ -62,16 +62,25 @@ class Step:
             self.outputs[k] = base64.b64decode(v)
 
     def _report(self, op: str, body: Dict[str, Any]) -> Dict[str, Any]:
+        # A report is numbered once idem answered it: one whose outcome is
+        # unknown (idem not reached within the retries) leaves its number to
+        # the next report, which idem answers as the first if it landed.
+        with self._lock:
+            seq = self._seq + 1
         if op != "renew":
-            with self._lock:
-                self._seq += 1
-                body = dict(body, seq=self._seq)
+            body = dict(body, seq=seq)
         try:
             _, a = self._w.client._json("POST", f"/v1/work/tasks/{urllib.parse.quote(self.id, safe='')}/{op}", body)
         except ProblemError as e:
+            if op != "renew":
+                with self._lock:
+                    self._seq = max(self._seq, seq)
             if e.kind == "task-gone":
                 raise TaskGone(str(e)) from None
             raise
+        if op != "renew":
+            with self._lock:
+                self._seq = max(self._seq, seq)
         return a
 
     def sleep(self, seconds: float = 0.0, until: Optional[datetime.datetime] = None) -> None:
@@ -80,7 +89,9 @@ class Step:
         does not return); from that time on, a worker runs the step again
         from its start, and this call returns at once. Code before it runs
         again: keep what must happen once in an earlier step."""
-        body: Dict[str, Any] = {"duration_ms": int(seconds * 1000)} if until is None else {"until": until.isoformat()}
+        # A naive until is local time, as datetime.astimezone takes it.
+        body: Dict[str, Any] = {"duration_ms": int(seconds * 1000)} if until is None else \
+            {"until": until.astimezone(datetime.timezone.utc).isoformat()}
         if until is None and body["duration_ms"] == 0:
             body["duration_ms"] = 1
         a = self._report("sleep", body)

@@ -299,12 +299,20 @@ export class Step {
 
   /** @internal */
   async report(op: string, body: Record<string, unknown>): Promise<AnswerJSON> {
-    if (op !== "renew") body = { ...body, seq: ++this.seq };
+    // A report is numbered once idem answered it: one whose outcome is
+    // unknown leaves its number to the next, which idem answers as the
+    // first if it landed.
+    const seq = this.seq + 1;
+    if (op !== "renew") body = { ...body, seq };
     try {
       const [, a] = await this.client.json<AnswerJSON>("POST", `/v1/work/tasks/${encodeURIComponent(this.task)}/${op}`, body);
+      if (op !== "renew") this.seq = Math.max(this.seq, seq);
       return a!;
     } catch (e) {
-      if (e instanceof ProblemError && e.kind === "task-gone") throw new TaskGone(e.message);
+      if (e instanceof ProblemError) {
+        if (op !== "renew") this.seq = Math.max(this.seq, seq);
+        if (e.kind === "task-gone") throw new TaskGone(e.message);
+      }
       throw e;
     }
   }
