@@ -104,6 +104,15 @@ func TestWorkProtocolConformsToOpenAPI(t *testing.T) {
 	if st, r := c.do("GET", "/v1/kinds/bad", nil); st != 404 || r["type"] != "urn:idem:problem:unknown-kind" {
 		t.Fatalf("a refused declaration was stored: %d %v", st, r)
 	}
+	nightly := map[string]any{"steps": []any{map[string]any{"name": "a"}},
+		"limits":    []any{map[string]any{"name": "m", "param": "merchant", "concurrency": 1}},
+		"schedules": []any{map[string]any{"name": "nightly", "cron": "0 3 * * *", "location": "Europe/Paris", "params": map[string]any{"x": 1}, "overlap": "skip"}}}
+	if st, r := c.do("PUT", "/v1/kinds/nightly", nightly); st != 200 {
+		t.Fatalf("declare a kind with limits and a schedule = %d %v", st, r)
+	}
+	if st, r := c.do("DELETE", "/v1/kinds/nightly", nil); st != 204 {
+		t.Fatalf("delete = %d %v", st, r)
+	}
 	if st, r := c.do("GET", "/v1/kinds", nil); st != 200 || len(r["kinds"].([]any)) != 1 {
 		t.Fatalf("list kinds = %d %v", st, r)
 	}

@@ -34,6 +34,96 @@ type Declaration struct {
 	// Limits bound how many of the kind's jobs that share a parameter's
 	// value run at once, or start per second (Limit, with ParamKey).
 	Limits []LimitDeclaration `json:"limits,omitempty"`
+	// Schedules submit the kind's jobs on a schedule (Schedule): idem
+	// serve runs them, in every process of a deployment, each occurrence
+	// once.
+	Schedules []ScheduleDeclaration `json:"schedules,omitempty"`
+}
+
+// ScheduleDeclaration is a Schedule of a declared kind: Cron (in
+// Location, default UTC) or Every, fixed Params (default
+// {"schedule","occurrence"}), and its policies.
+type ScheduleDeclaration struct {
+	Name     string          `json:"name"`
+	Cron     string          `json:"cron,omitempty"`
+	Every    string          `json:"every,omitempty"`
+	Location string          `json:"location,omitempty"`
+	Params   json.RawMessage `json:"params,omitempty"`
+	// CatchUp: "latest" (default), "all" or "none".
+	CatchUp string `json:"catch_up,omitempty"`
+	// Overlap: "allow-all" (default), "skip" or "buffer-one".
+	Overlap    string `json:"overlap,omitempty"`
+	Lateness   string `json:"lateness,omitempty"`
+	MaxCatchUp int    `json:"max_catch_up,omitempty"`
+}
+
+// schedule returns the Schedule sd declares for kind, checked against
+// retention.
+func (sd ScheduleDeclaration) schedule(kind string, retention time.Duration) (Schedule, error) {
+	sc := Schedule{Name: sd.Name, Cron: sd.Cron, Kind: kind, MaxCatchUp: sd.MaxCatchUp}
+	var err error
+	if sc.Every, err = duration("every", sd.Every); err != nil {
+		return sc, fmt.Errorf("kind %s, schedule %s: %w", kind, sd.Name, err)
+	}
+	if sc.Lateness, err = duration("lateness", sd.Lateness); err != nil {
+		return sc, fmt.Errorf("kind %s, schedule %s: %w", kind, sd.Name, err)
+	}
+	if sd.Location != "" {
+		if sc.Location, err = time.LoadLocation(sd.Location); err != nil {
+			return sc, fmt.Errorf("%w: kind %s, schedule %s: location %q: %v", ErrInvalid, kind, sd.Name, sd.Location, err)
+		}
+	}
+	if len(sd.Params) > 0 {
+		if !json.Valid(sd.Params) {
+			return sc, fmt.Errorf("%w: kind %s, schedule %s: params are not JSON", ErrInvalid, kind, sd.Name)
+		}
+		params := slices.Clone([]byte(sd.Params))
+		sc.Params = func(time.Time) []byte { return params }
+	}
+	switch sd.CatchUp {
+	case "", "latest":
+	case "all":
+		sc.CatchUp = CatchUpAll
+	case "none":
+		sc.CatchUp = CatchUpNone
+	default:
+		return sc, fmt.Errorf("%w: kind %s, schedule %s: catch_up %q is not latest, all or none", ErrInvalid, kind, sd.Name, sd.CatchUp)
+	}
+	switch sd.Overlap {
+	case "", "allow-all":
+	case "skip":
+		sc.Overlap = OverlapSkip
+	case "buffer-one":
+		sc.Overlap = OverlapBufferOne
+	default:
+		return sc, fmt.Errorf("%w: kind %s, schedule %s: overlap %q is not allow-all, skip or buffer-one", ErrInvalid, kind, sd.Name, sd.Overlap)
+	}
+	if err := sc.validate(retention); err != nil {
+		return sc, fmt.Errorf("kind %s: %w", kind, err)
+	}
+	return sc, nil
+}
+
+// DeclaredSchedules returns the schedules of ds, checked against
+// retention: what idem serve runs for a tenant's declared kinds. Two
+// schedules of one name are an error.
+func DeclaredSchedules(ds []Declaration, retention time.Duration) ([]Schedule, error) {
+	var out []Schedule
+	seen := map[string]string{}
+	for _, d := range ds {
+		for _, sd := range d.Schedules {
+			sc, err := sd.schedule(d.Name, retention)
+			if err != nil {
+				return nil, err
+			}
+			if k, ok := seen[sc.Name]; ok {
+				return nil, fmt.Errorf("%w: schedule %s is declared by kinds %s and %s", ErrInvalid, sc.Name, k, d.Name)
+			}
+			seen[sc.Name] = d.Name
+			out = append(out, sc)
+		}
+	}
+	return out, nil
 }
 
 // LimitDeclaration is a Limit of a declared kind, keyed by a field of the
@@ -221,6 +311,9 @@ func (d Declaration) kind(undo map[string]func(context.Context, *Run) error, ste
 	if err := k.validate(retention); err != nil {
 		return Kind{}, err
 	}
+	if _, err := DeclaredSchedules([]Declaration{d}, retention); err != nil {
+		return Kind{}, err
+	}
 	return k, nil
 }
 
@@ -237,6 +330,17 @@ func (q *Queue) Declare(ctx context.Context, d Declaration) error {
 	}
 	if err := d.Check(q.retention()); err != nil {
 		return fmt.Errorf("declare: %w", err)
+	}
+	if len(d.Schedules) > 0 {
+		// A schedule's name is the tenant's: another kind's may not have it.
+		others, err := q.Declared(ctx)
+		if err != nil {
+			return fmt.Errorf("declare %s: %w", d.Name, err)
+		}
+		others = slices.DeleteFunc(others, func(o Declaration) bool { return o.Name == d.Name })
+		if _, err := DeclaredSchedules(append(others, d), q.retention()); err != nil {
+			return fmt.Errorf("declare: %w", err)
+		}
 	}
 	b, err := json.Marshal(d)
 	if err != nil {

@@ -116,6 +116,9 @@ func (s *server) connect(ctx context.Context, timeout time.Duration) error {
 		closeAll()
 		return err
 	}
+	if st, ok := store.(*etcdstore.Store); ok && c.upstream == "" {
+		c.runDeclaredSchedules(st) // the worker API's declared kinds' schedules
+	}
 	s.mu.Lock()
 	s.clis, s.store = clis, store
 	s.mu.Unlock()

@@ -150,7 +150,15 @@ func printDeclarations(w io.Writer, format string, ds []jobs.Declaration) error 
 		return tw.Flush()
 	}
 	for _, d := range ds {
-		fmt.Fprintf(w, "%s steps=%s\n", d.Name, stepsOf(d))
+		fmt.Fprintf(w, "%s steps=%s", d.Name, stepsOf(d))
+		var scs []string
+		for _, sc := range d.Schedules {
+			scs = append(scs, sc.Name)
+		}
+		if len(scs) > 0 {
+			fmt.Fprintf(w, " schedules=%s", strings.Join(scs, ","))
+		}
+		fmt.Fprintln(w)
 	}
 	return nil
 }

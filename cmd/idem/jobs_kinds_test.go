@@ -31,7 +31,7 @@ func TestJobsKindsCommand(t *testing.T) {
 	good := write("kinds.json", `[
   {"name": "order", "steps": [{"name": "charge"}, {"name": "cool", "sleep": "10s"}, {"name": "approve", "await": "approved", "timeout": "1h", "on_error": "fail"}, {"name": "ship"}],
    "task_timeout": "30s", "limits": [{"name": "customer", "param": "customer", "concurrency": 2}]},
-  {"name": "refund", "steps": [{"name": "pay"}]}
+  {"name": "refund", "steps": [{"name": "pay"}], "schedules": [{"name": "hourly-refunds", "cron": "@hourly"}]}
 ]`)
 	idem := func(args ...string) (string, error) {
 		return runCmd(t, append([]string{"jobs", "kinds", "--endpoints", ep}, args...)...)
@@ -43,7 +43,7 @@ func TestJobsKindsCommand(t *testing.T) {
 		}
 	}
 	out, err := idem("ls")
-	if err != nil || out != "order steps=charge,cool(sleep 10s),approve(await approved),ship\nrefund steps=pay\n" {
+	if err != nil || out != "order steps=charge,cool(sleep 10s),approve(await approved),ship\nrefund steps=pay schedules=hourly-refunds\n" {
 		t.Fatalf("ls: %v\n%q", err, out)
 	}
 	if out, err := idem("-w", "json", "get", "order"); err != nil || !strings.Contains(out, `"task_timeout":"30s"`) || !strings.Contains(out, `"param":"customer"`) {

@@ -51,6 +51,7 @@ type serveConfig struct {
 	hubsMu     sync.Mutex
 	hubs       map[string]*jobs.Hub // by tenant: the declared kinds' hubs (/v1/work)
 	hubsClosed bool
+	schedules  *jobs.DeclaredSchedulers // the declared kinds' schedules (worker API)
 
 	// tracer is set when the OpenTelemetry environment asks for traces.
 	tracer trace.TracerProvider

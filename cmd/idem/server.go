@@ -394,14 +394,30 @@ func (c *serveConfig) hub(store backend, tenant string) (*jobs.Hub, error) {
 	return h, nil
 }
 
-// closeHubs stops every hub: waiting workers are answered at once, and
-// running steps get the shutdown grace to end.
+// runDeclaredSchedules runs the schedules of the declared kinds of every
+// tenant on store (closed with the hubs).
+func (c *serveConfig) runDeclaredSchedules(store *etcdstore.Store) {
+	c.hubsMu.Lock()
+	defer c.hubsMu.Unlock()
+	if c.hubsClosed || c.schedules != nil {
+		return
+	}
+	c.schedules = jobs.RunDeclaredSchedules(store, func(t string) (*jobs.Queue, error) { return c.queue(store, t) }, c.jobsLog)
+}
+
+// closeHubs stops every hub and the declared schedules: waiting workers
+// are answered at once, and running steps get the shutdown grace to end.
 func (c *serveConfig) closeHubs() {
 	c.hubsMu.Lock()
 	c.hubsClosed = true
 	hubs := c.hubs
 	c.hubs = nil
+	sched := c.schedules
+	c.schedules = nil
 	c.hubsMu.Unlock()
+	if sched != nil {
+		sched.Close()
+	}
 	var wg sync.WaitGroup
 	for _, h := range hubs {
 		wg.Go(func() { h.Close() })

@@ -162,13 +162,19 @@ var contract = map[string]backstop{
 	"injector (issue 39): an app port with a hostPort is taken":                                      {"./internal/inject", "TestBadAnnotationsAreRefusedNamingThem"},
 	"work (issue 40): a report sent again is applied again":                                          {"./jobs", "TestAHubAnswersARepeatedReportAsBefore"},
 	"work (issue 40): a silent worker fails its step":                                                {"./jobs", "TestAHubResumesAStepWhoseWorkerWentSilent"},
-	"work (issue 40): a busy worker's attempt still waits for a worker":                              {"./jobs", "TestAHubAppliesADeclaredLimit"},
+	"work (issue 40): a busy worker's attempt still waits for a worker":                              {"./jobs", "TestAHubGivesAWorkerThatJoinsAnotherJob"},
 	"work (issue 40): a declared kind's limits are dropped":                                          {"./jobs", "TestAHubAppliesADeclaredLimit"},
 	"work (issue 40): a report on an ended task is a conflict, which clients retry":                  {"./api", "TestWorkProtocolConformsToOpenAPI"},
 	"work (issue 40): a sleep within a step goes on without waiting":                                 {"./jobs", "TestAHubRunsADeclaredKindThroughARemoteWorker"},
 	"cli (issue 40): a kinds file is checked against the retention only by etcd":                     {"./cmd/idem", "TestJobsKindsCommand"},
 	"python (issue 40): a lost reply is not retried":                                                 {"./cmd/idem", "TestClientsPython"},
 	"typescript (issue 40): a lost reply is not retried":                                             {"./cmd/idem", "TestClientsTypeScript"},
+	"work (issue 40 review): a worker of two kinds is counted on by both":                            {"./jobs", "TestReview9OneWorkerOfTwoKindsIsNotCountedTwice"},
+	"work (issue 40 review): a new declaration ends the steps running":                               {"./jobs", "TestReview9DeclaringAnotherKindDoesNotEndARunningStep"},
+	"work (issue 40 review): an await of no valid event is taken":                                    {"./jobs", "TestReview9ABadAwaitReportDoesNotFailTheJob"},
+	"work (issue 40 review): next without wait_ms does not wait":                                     {"./api", "TestReview9NextWithoutWaitMSWaitsTheMaxWait"},
+	"work (issue 40): a report that reaches another process is not relayed":                          {"./jobs", "TestAReportThatReachesAnotherProcessIsRelayed"},
+	"schedules (issue 40): a declared kind's schedules are not run":                                  {"./jobs", "TestDeclaredSchedulesRunAndFollowTheirDeclarations"},
 }
 
 // explorerKernel are the kernel's mutants measured by the explorer: the
@@ -566,6 +572,8 @@ var kernelMutants = []mutant{
 		old: "		if err := validName(rep.Event, 64, true); err != nil {", new: "		if err := validName(rep.Event, 64, true); err != nil && false {"},
 	{name: "work (issue 40 review): next without wait_ms does not wait", file: "idemhttp/api_work.go",
 		old: "	if req.WaitMS > 0 {\n		wait = min(", new: "	if true {\n		wait = min("},
+	{name: "schedules (issue 40): a declared kind's schedules are not run", file: "jobs/declared_schedules.go",
+		old: "		if len(decl.Schedules) > 0 {", new: "		if len(decl.Schedules) > 0 && false {"},
 	{name: "work (issue 40): a report that reaches another process is not relayed", file: "jobs/relay.go",
 		old: "	if hub == \"\" || hub == h.id || h.q.store == nil {", new: "	if true {"},
 }
