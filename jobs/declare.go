@@ -105,25 +105,42 @@ func (sd ScheduleDeclaration) schedule(kind string, retention time.Duration) (Sc
 }
 
 // DeclaredSchedules returns the schedules of ds, checked against
-// retention: what idem serve runs for a tenant's declared kinds. Two
-// schedules of one name are an error.
+// retention. Two schedules of one name are an error, as is one that does
+// not check. What idem serve runs is RunnableSchedules.
 func DeclaredSchedules(ds []Declaration, retention time.Duration) ([]Schedule, error) {
+	out, errs := RunnableSchedules(ds, retention)
+	if len(errs) > 0 {
+		return nil, errs[0]
+	}
+	return out, nil
+}
+
+// RunnableSchedules returns the schedules of ds that can run, and why
+// the others cannot: one that does not check against retention, or whose
+// name a kind first by name declares too (two declarations made at once
+// can both have it). One bad schedule never stops the others.
+func RunnableSchedules(ds []Declaration, retention time.Duration) ([]Schedule, []error) {
+	ds = slices.Clone(ds)
+	slices.SortFunc(ds, func(a, b Declaration) int { return strings.Compare(a.Name, b.Name) })
 	var out []Schedule
+	var errs []error
 	seen := map[string]string{}
 	for _, d := range ds {
 		for _, sd := range d.Schedules {
 			sc, err := sd.schedule(d.Name, retention)
 			if err != nil {
-				return nil, err
+				errs = append(errs, err)
+				continue
 			}
 			if k, ok := seen[sc.Name]; ok {
-				return nil, fmt.Errorf("%w: schedule %s is declared by kinds %s and %s", ErrInvalid, sc.Name, k, d.Name)
+				errs = append(errs, fmt.Errorf("%w: schedule %s is declared by kinds %s and %s (%s's runs)", ErrInvalid, sc.Name, k, d.Name, k))
+				continue
 			}
 			seen[sc.Name] = d.Name
 			out = append(out, sc)
 		}
 	}
-	return out, nil
+	return out, errs
 }
 
 // LimitDeclaration is a Limit of a declared kind, keyed by a field of the
@@ -317,13 +334,75 @@ func (d Declaration) kind(undo map[string]func(context.Context, *Run) error, ste
 	return k, nil
 }
 
-// declPrefix names the values that hold a tenant's declared kinds.
-func declPrefix(tenant string) string { return "d/" + tenant + "/" }
+// declName names the value that holds a tenant's declared kinds, all in
+// one (a JSON object by kind name): a declaration is checked against the
+// others and written in one compare-and-set, so two made at once cannot
+// both take one schedule name.
+func declName(tenant string) string { return "d/" + tenant }
+
+// declared reads the tenant's declarations and the value's revision.
+func (q *Queue) declared(ctx context.Context) (map[string]Declaration, int64, error) {
+	v, err := storex.GetValue(q.store, ctx, declName(q.tenant))
+	if err != nil {
+		return nil, 0, err
+	}
+	m, err := decodeDeclarations(v.Value)
+	if err != nil {
+		return nil, 0, fmt.Errorf("the declared kinds of tenant %s: %w", q.tenant, err)
+	}
+	return m, v.Revision, nil
+}
+
+func decodeDeclarations(b []byte) (map[string]Declaration, error) {
+	m := map[string]Declaration{}
+	if len(b) == 0 {
+		return m, nil
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// updateDeclared applies change to the tenant's declarations and writes
+// them if they changed, by compare-and-set, reading again until it lands.
+func (q *Queue) updateDeclared(ctx context.Context, change func(map[string]Declaration) error) error {
+	for {
+		m, rev, err := q.declared(ctx)
+		if err != nil {
+			return err
+		}
+		before, _ := json.Marshal(m)
+		if err := change(m); err != nil {
+			return err
+		}
+		after, err := json.Marshal(m)
+		if err != nil {
+			return err
+		}
+		if bytes.Equal(before, after) {
+			return nil // so already (a retry whose reply was lost, say)
+		}
+		var ok bool
+		if len(m) == 0 {
+			ok, err = storex.DeleteValue(q.store, ctx, declName(q.tenant), rev)
+		} else {
+			_, ok, err = storex.SetValue(q.store, ctx, declName(q.tenant), after, rev)
+		}
+		if errors.Is(err, etcdstore.ErrUnavailable) && ctx.Err() == nil {
+			continue // its outcome is unknown: read it again
+		}
+		if err != nil || ok {
+			return err
+		}
+	}
+}
 
 // Declare stores kind d for the queue's tenant, replacing an earlier
 // declaration of the same name: hubs run the new one from their next look
 // (jobs already running finish their attempt under the old). It is checked
-// first, against the store's retention; a bad declaration changes nothing.
+// first, against the store's retention and the tenant's other kinds (a
+// schedule name is the tenant's); a bad declaration changes nothing.
 func (q *Queue) Declare(ctx context.Context, d Declaration) error {
 	if q.store == nil {
 		return fmt.Errorf("declare: %w: declared kinds need one etcd cluster, not a shard set", ErrInvalid)
@@ -331,41 +410,35 @@ func (q *Queue) Declare(ctx context.Context, d Declaration) error {
 	if err := d.Check(q.retention()); err != nil {
 		return fmt.Errorf("declare: %w", err)
 	}
-	if len(d.Schedules) > 0 {
-		// A schedule's name is the tenant's: another kind's may not have it.
-		others, err := q.Declared(ctx)
-		if err != nil {
-			return fmt.Errorf("declare %s: %w", d.Name, err)
-		}
-		others = slices.DeleteFunc(others, func(o Declaration) bool { return o.Name == d.Name })
-		if _, err := DeclaredSchedules(append(others, d), q.retention()); err != nil {
-			return fmt.Errorf("declare: %w", err)
-		}
-	}
+	// Stored as it reads back (a round trip through JSON).
 	b, err := json.Marshal(d)
 	if err != nil {
 		return fmt.Errorf("declare: %w", err)
 	}
-	name := declPrefix(q.tenant) + d.Name
-	for {
-		v, err := storex.GetValue(q.store, ctx, name)
-		if err != nil {
-			return fmt.Errorf("declare %s: %w", d.Name, err)
-		}
-		if bytes.Equal(v.Value, b) {
-			return nil // declared so already (a retry whose reply was lost)
-		}
-		_, ok, err := storex.SetValue(q.store, ctx, name, b, v.Revision)
-		if errors.Is(err, etcdstore.ErrUnavailable) && ctx.Err() == nil {
-			continue // its outcome is unknown: read it again
-		}
-		if err != nil {
-			return fmt.Errorf("declare %s: %w", d.Name, err)
-		}
-		if ok {
-			return nil
-		}
+	var stored Declaration
+	if err := json.Unmarshal(b, &stored); err != nil {
+		return fmt.Errorf("declare: %w", err)
 	}
+	err = q.updateDeclared(ctx, func(m map[string]Declaration) error {
+		for _, sd := range d.Schedules {
+			for _, o := range m {
+				if o.Name != d.Name && slices.ContainsFunc(o.Schedules, func(x ScheduleDeclaration) bool { return x.Name == sd.Name }) {
+					return fmt.Errorf("%w: schedule %s is kind %s's already (a schedule's name is its tenant's)", ErrInvalid, sd.Name, o.Name)
+				}
+			}
+		}
+		m[d.Name] = stored
+		all := make([]Declaration, 0, len(m))
+		for _, o := range m {
+			all = append(all, o)
+		}
+		_, err := DeclaredSchedules(all, q.retention())
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("declare %s: %w", d.Name, err)
+	}
+	return nil
 }
 
 // Declared returns the tenant's declared kinds, by name.
@@ -373,20 +446,20 @@ func (q *Queue) Declared(ctx context.Context) ([]Declaration, error) {
 	if q.store == nil {
 		return nil, nil
 	}
-	vals, err := storex.Values(q.store, ctx, declPrefix(q.tenant))
+	m, _, err := q.declared(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("declared kinds: %w", err)
 	}
+	return sortedDeclarations(m), nil
+}
+
+func sortedDeclarations(m map[string]Declaration) []Declaration {
 	var out []Declaration
-	for _, v := range vals {
-		var d Declaration
-		if err := json.Unmarshal(v.Value, &d); err != nil {
-			return nil, fmt.Errorf("declared kind %s: %w", strings.TrimPrefix(v.Name, declPrefix(q.tenant)), err)
-		}
+	for _, d := range m {
 		out = append(out, d)
 	}
 	slices.SortFunc(out, func(a, b Declaration) int { return strings.Compare(a.Name, b.Name) })
-	return out, nil
+	return out
 }
 
 // Undeclare removes declared kind name (false: there was none). Its jobs
@@ -395,20 +468,14 @@ func (q *Queue) Undeclare(ctx context.Context, name string) (bool, error) {
 	if q.store == nil {
 		return false, nil
 	}
-	for {
-		v, err := storex.GetValue(q.store, ctx, declPrefix(q.tenant)+name)
-		if err != nil {
-			return false, fmt.Errorf("undeclare %s: %w", name, err)
-		}
-		if v.Revision == 0 {
-			return false, nil
-		}
-		ok, err := storex.DeleteValue(q.store, ctx, declPrefix(q.tenant)+name, v.Revision)
-		if err != nil {
-			return false, fmt.Errorf("undeclare %s: %w", name, err)
-		}
-		if ok {
-			return true, nil
-		}
+	found := false
+	err := q.updateDeclared(ctx, func(m map[string]Declaration) error {
+		_, found = m[name]
+		delete(m, name)
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("undeclare %s: %w", name, err)
 	}
+	return found, nil
 }

@@ -120,17 +120,19 @@ func (d *DeclaredSchedulers) follow(ctx context.Context) {
 }
 
 // reconcile starts, starts again or stops each tenant's scheduler for the
-// declarations in values (by value name, d/<tenant>/<kind>).
+// declarations in values (by value name, d/<tenant>).
 func (d *DeclaredSchedulers) reconcile(values map[string][]byte) {
 	byTenant := map[string][]Declaration{}
 	for name, v := range values {
-		tenant, _, ok := strings.Cut(strings.TrimPrefix(name, "d/"), "/")
-		var decl Declaration
-		if !ok || json.Unmarshal(v, &decl) != nil {
+		tenant := strings.TrimPrefix(name, "d/")
+		m, err := decodeDeclarations(v)
+		if err != nil || strings.Contains(tenant, "/") {
 			continue
 		}
-		if len(decl.Schedules) > 0 {
-			byTenant[tenant] = append(byTenant[tenant], decl)
+		for _, decl := range sortedDeclarations(m) {
+			if len(decl.Schedules) > 0 {
+				byTenant[tenant] = append(byTenant[tenant], decl)
+			}
 		}
 	}
 	d.mu.Lock()
@@ -151,17 +153,21 @@ func (d *DeclaredSchedulers) reconcile(values map[string][]byte) {
 			d.log.Error("idem: declared schedules not run", "tenant", tenant, "err", err)
 			continue
 		}
-		scs, err := DeclaredSchedules(ds, q.retention())
-		var s *Scheduler
-		if err == nil {
-			s, err = NewScheduler(q, scs)
-		}
-		if err != nil {
-			d.log.Error("idem: declared schedules not run", "tenant", tenant, "err", err)
-			continue // the ones running go on
+		scs, errs := RunnableSchedules(ds, q.retention())
+		for _, err := range errs {
+			d.log.Error("idem: a declared schedule is not run", "tenant", tenant, "err", err)
 		}
 		if r := d.running[tenant]; r != nil {
 			r.s.Close()
+			delete(d.running, tenant)
+		}
+		if len(scs) == 0 {
+			continue
+		}
+		s, err := NewScheduler(q, scs)
+		if err != nil {
+			d.log.Error("idem: declared schedules not run", "tenant", tenant, "err", err)
+			continue
 		}
 		d.running[tenant] = &declaredScheduler{key: key, s: s}
 	}

@@ -73,7 +73,7 @@ func TestDeclaredSchedulesRunAndFollowTheirDeclarations(t *testing.T) {
 		t.Fatal(err)
 	}
 	twice.Name = "tack"
-	if err := q.Declare(ctx, twice); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "declared by kinds tock and tack") {
+	if err := q.Declare(ctx, twice); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "schedule nightly is kind tock's already") {
 		t.Fatalf("a second kind's schedule of the same name: %v", err)
 	}
 	if ds, err := q.Declared(ctx); err != nil || len(ds) != 2 {

@@ -49,9 +49,10 @@ type Hub struct {
 	tasks   map[string]*task // open, by id
 	retired map[string]*task // ended, kept a while to answer retries
 
-	old    []*Worker          // replaced by newer declarations, ending their running attempts (h.mu)
-	stop   context.CancelFunc // ends serveRelays
-	relays chan struct{}      // closed when serveRelays has returned
+	old       []*Worker          // replaced by newer declarations, ending their running attempts (h.mu)
+	answering sync.WaitGroup     // relayed reports being answered
+	stop      context.CancelFunc // ends serveRelays
+	relays    chan struct{}      // closed when serveRelays has returned
 }
 
 // Task is a step handed to a remote worker.
@@ -123,7 +124,6 @@ type task struct {
 	took    bool          // taken (h.mu)
 	renewed time.Time
 	gone    chan struct{}   // closed when its step's run ends
-	relayed []string        // the answers written for relayed reports (h.mu)
 	answers map[int]*answer // by Seq
 	last    int
 	ended   bool
@@ -195,14 +195,13 @@ func NewHub(q *Queue, opts ...HubOption) (*Hub, error) {
 // Close stops the hub's worker: running attempts are given back (their
 // tasks end), and Next returns at once.
 func (h *Hub) Close() error {
-	h.stop()
-	<-h.relays
 	h.mu.Lock()
 	h.closed = true
 	w := h.w
 	h.w = nil
 	polls := h.polls
 	h.polls = nil
+	clear(h.resv)
 	old := h.old
 	h.old = nil
 	h.mu.Unlock()
@@ -216,6 +215,11 @@ func (h *Hub) Close() error {
 		}
 	}
 	wg.Wait()
+	// Relayed reports are answered while the steps drain: a worker behind
+	// a load balancer reports through any process.
+	h.stop()
+	<-h.relays
+	h.answering.Wait()
 	return nil
 }
 
@@ -334,13 +338,19 @@ func (h *Hub) gate(kind, job string) bool {
 
 func (h *Hub) ungate(kind, job string) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if h.held[kind]--; h.held[kind] <= 0 {
 		delete(h.held, kind)
 	}
 	if p := h.resv[job]; p != nil {
 		p.resv, p.resvKind = "", ""
 		delete(h.resv, job)
+	}
+	w := h.w
+	h.mu.Unlock()
+	if w != nil {
+		// A place freed: the worker of the current declarations may start
+		// a job (the attempt that ended may have been an older worker's).
+		w.wake()
 	}
 }
 
@@ -423,11 +433,14 @@ func (h *Hub) offer(t *task) {
 	defer h.mu.Unlock()
 	h.tasks[t.ID] = t
 	if p := h.resv[t.Job]; p != nil {
-		// The worker its attempt counted on.
-		h.unpoll(slices.Index(h.polls, p))
-		h.take(t)
-		p.got <- t
-		return
+		if i := slices.Index(h.polls, p); i >= 0 {
+			// The worker its attempt counted on.
+			h.unpoll(i)
+			h.take(t)
+			p.got <- t
+			return
+		}
+		delete(h.resv, t.Job)
 	}
 	for i, p := range h.polls {
 		if p.resv == "" && slices.Contains(p.kinds, t.Kind) {
@@ -563,7 +576,6 @@ func (h *Hub) retire(t *task) {
 	for id, o := range h.retired {
 		if h.q.clock.Now().Sub(o.endedAt) > 2*o.Timeout {
 			delete(h.retired, id)
-			h.forget(o.relayed)
 		}
 	}
 }
@@ -633,7 +645,9 @@ func (h *Hub) Report(ctx context.Context, id string, rep Report) (Answer, error)
 		// Not delivered: as if never sent.
 		h.mu.Lock()
 		delete(t.answers, rep.Seq)
-		t.last = rep.Seq - 1
+		if t.last == rep.Seq {
+			t.last = rep.Seq - 1
+		}
 		h.mu.Unlock()
 		p.err = ctx.Err()
 	}

@@ -98,6 +98,12 @@ func (h *Hub) relay(ctx context.Context, id string, rep Report) (Answer, error) 
 		if err != nil {
 			if ctx.Err() != nil {
 				// No answer: the hub is gone (or etcd did not carry it).
+				// Its request goes too (best effort; else its retention).
+				dctx, cancel := h.q.clock.WithTimeout(context.Background(), time.Second)
+				if v, err := storex.GetValue(h.q.store, dctx, h.requestPrefix(hub)+name); err == nil && v.Revision != 0 {
+					_, _ = storex.DeleteValue(h.q.store, dctx, v.Name, v.Revision)
+				}
+				cancel()
 				return Answer{}, fmt.Errorf("task %s: %w: no answer from the idem process that holds it", id, ErrTaskGone)
 			}
 			return Answer{}, fmt.Errorf("report on task %s: %w", id, err)
@@ -131,13 +137,14 @@ func decodeRelayed(id string, b []byte) (Answer, error) {
 }
 
 // serveRelays answers the reports other processes relay to this hub,
-// until ctx ends.
+// until ctx ends (Close waits for the answers begun).
 func (h *Hub) serveRelays(ctx context.Context) {
 	for fails := 0; ctx.Err() == nil; fails++ {
 		feed, err := storex.Follow(h.q.store, ctx, h.q.tenant, storex.FollowOptions{ID: relayFollowID, Values: []string{h.requestPrefix(h.id)}})
 		if err == nil {
 			fails = 0
 			for _, v := range feed.Values() {
+				h.answering.Add(1)
 				go h.answerRelayed(ctx, v)
 			}
 			for err == nil {
@@ -145,6 +152,7 @@ func (h *Hub) serveRelays(ctx context.Context) {
 				changes, err = feed.Next(ctx)
 				for _, ch := range changes {
 					if ch.Value != nil && ch.Value.Revision != 0 {
+						h.answering.Add(1)
 						go h.answerRelayed(ctx, *ch.Value)
 					}
 				}
@@ -164,6 +172,7 @@ func (h *Hub) answerRelayed(ctx context.Context, v storex.Value) {
 	name := strings.TrimPrefix(v.Name, h.requestPrefix(h.id))
 	task, _, _ := strings.Cut(name, "/")
 	var r relayed
+	defer h.answering.Done()
 	if err := json.Unmarshal(v.Value, &r); err != nil {
 		r.Kind, r.Err = "invalid", "a relayed report that cannot be read: "+err.Error()
 	} else {
@@ -185,32 +194,18 @@ func (h *Hub) answerRelayed(ctx context.Context, v storex.Value) {
 	if err != nil {
 		return
 	}
-	// On this process's session: gone with it, and deleted with the
-	// task's other answers once it is forgotten (retire).
-	if _, _, err := storex.SetValue(h.q.store, ctx, h.answerPrefix(h.id)+name, b, 0, storex.OnSession()); err == nil {
-		h.mu.Lock()
-		if t := h.tasks[task]; t != nil {
-			t.relayed = append(t.relayed, name)
-		} else if t := h.retired[task]; t != nil {
-			t.relayed = append(t.relayed, name)
-		}
-		h.mu.Unlock()
+	// Written on this process's session, then deleted at once: the
+	// relaying process follows the answer's name from before its request,
+	// so it sees the write; one that sends the report again gets the same
+	// answer again (Report keeps answers by seq).
+	dctx := context.WithoutCancel(ctx)
+	av, ok, err := storex.SetValue(h.q.store, ctx, h.answerPrefix(h.id)+name, b, 0, storex.OnSession())
+	if err == nil && !ok {
+		// An answer left there (its delete failed): written over.
+		av, ok, err = storex.SetValue(h.q.store, ctx, h.answerPrefix(h.id)+name, b, av.Revision, storex.OnSession())
 	}
-	_, _ = storex.DeleteValue(h.q.store, context.WithoutCancel(ctx), v.Name, v.Revision)
-}
-
-// forget deletes the relayed answers of a task this hub no longer keeps.
-func (h *Hub) forget(names []string) {
-	if h.q.store == nil || len(names) == 0 {
-		return
+	if err == nil && ok {
+		_, _ = storex.DeleteValue(h.q.store, dctx, av.Name, av.Revision)
 	}
-	go func() {
-		ctx, cancel := h.q.clock.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		for _, n := range names {
-			if v, err := storex.GetValue(h.q.store, ctx, h.answerPrefix(h.id)+n); err == nil && v.Revision != 0 {
-				_, _ = storex.DeleteValue(h.q.store, ctx, v.Name, v.Revision)
-			}
-		}
-	}()
+	_, _ = storex.DeleteValue(h.q.store, dctx, v.Name, v.Revision)
 }

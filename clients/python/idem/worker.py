@@ -62,9 +62,10 @@ class Step:
             self.outputs[k] = base64.b64decode(v)
 
     def _report(self, op: str, body: Dict[str, Any]) -> Dict[str, Any]:
-        # A report is numbered once idem answered it: one whose outcome is
-        # unknown (idem not reached within the retries) leaves its number to
-        # the next report, which idem answers as the first if it landed.
+        # A report is numbered once idem took it: one idem refused (400:
+        # nothing changed) or whose outcome is unknown (idem not reached
+        # within the retries) leaves its number to the next report, which
+        # idem answers as the first if that one landed.
         with self._lock:
             seq = self._seq + 1
         if op != "renew":
@@ -72,9 +73,7 @@ class Step:
         try:
             _, a = self._w.client._json("POST", f"/v1/work/tasks/{urllib.parse.quote(self.id, safe='')}/{op}", body)
         except ProblemError as e:
-            if op != "renew":
-                with self._lock:
-                    self._seq = max(self._seq, seq)
+            # Refused (a 400 changes nothing, and takes no number), or gone.
             if e.kind == "task-gone":
                 raise TaskGone(str(e)) from None
             raise
@@ -89,6 +88,8 @@ class Step:
         does not return); from that time on, a worker runs the step again
         from its start, and this call returns at once. Code before it runs
         again: keep what must happen once in an earlier step."""
+        if until is not None and seconds:
+            raise ValueError("sleep: give seconds or until, not both")
         # A naive until is local time, as datetime.astimezone takes it.
         body: Dict[str, Any] = {"duration_ms": int(seconds * 1000)} if until is None else \
             {"until": until.astimezone(datetime.timezone.utc).isoformat()}

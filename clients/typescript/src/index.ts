@@ -299,9 +299,9 @@ export class Step {
 
   /** @internal */
   async report(op: string, body: Record<string, unknown>): Promise<AnswerJSON> {
-    // A report is numbered once idem answered it: one whose outcome is
-    // unknown leaves its number to the next, which idem answers as the
-    // first if it landed.
+    // A report is numbered once idem took it: one idem refused (400:
+    // nothing changed) or whose outcome is unknown leaves its number to the
+    // next, which idem answers as the first if that one landed.
     const seq = this.seq + 1;
     if (op !== "renew") body = { ...body, seq };
     try {
@@ -309,10 +309,8 @@ export class Step {
       if (op !== "renew") this.seq = Math.max(this.seq, seq);
       return a!;
     } catch (e) {
-      if (e instanceof ProblemError) {
-        if (op !== "renew") this.seq = Math.max(this.seq, seq);
-        if (e.kind === "task-gone") throw new TaskGone(e.message);
-      }
+      // Refused (a 400 changes nothing, and takes no number), or gone.
+      if (e instanceof ProblemError && e.kind === "task-gone") throw new TaskGone(e.message);
       throw e;
     }
   }
