@@ -155,7 +155,7 @@ func TestLimitsAPIConformsToOpenAPI(t *testing.T) {
 	}
 }
 
-// newJobsAPI serves the worker API with jobs on a fresh store, over a real
+// newJobsAPI serves the worker API with jobs (and hubs) on a fresh store, over a real
 // socket, and returns a client whose every exchange is validated against
 // the OpenAPI document.
 func newJobsAPI(t *testing.T) (*apiClient, *validatingClient, *etcdstore.Store) {
@@ -169,8 +169,27 @@ func newJobsAPI(t *testing.T) (*apiClient, *validatingClient, *etcdstore.Store) 
 	vc := &validatingClient{t: t, router: router, seen: map[string]bool{}}
 	prefix := fmt.Sprintf("/t/api/%d/", prefixSeq.Add(1))
 	store := newStore(t, prefix)
+	var mu sync.Mutex
+	hubs := map[string]*jobs.Hub{} // each tenant's, for the /v1/work routes
 	api, err := idemhttp.NewAPI(idemhttp.APIConfig{Store: store, Jobs: &idemhttp.JobsConfig{
 		Queue: func(tenant string) (*jobs.Queue, error) { return jobs.New(store, jobs.WithTenant(tenant)) },
+		Hub: func(tenant string) (*jobs.Hub, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if hubs[tenant] == nil {
+				q, err := jobs.New(store, jobs.WithTenant(tenant))
+				if err != nil {
+					return nil, err
+				}
+				h, err := jobs.NewHub(q)
+				if err != nil {
+					return nil, err
+				}
+				hubs[tenant] = h
+				t.Cleanup(func() { h.Close() })
+			}
+			return hubs[tenant], nil
+		},
 	}})
 	if err != nil {
 		t.Fatal(err)

@@ -6,13 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"testing"
-
-	"github.com/getkin/kin-openapi/routers/legacy"
-
-	"github.com/idem-dev/idem/idemhttp"
-	"github.com/idem-dev/idem/jobs"
 )
 
 // do sends method path with body (nil: none) and decodes a JSON answer
@@ -46,37 +40,8 @@ func (c *apiClient) do(method, path string, body any) (int, map[string]any) {
 // newWorkAPI serves the worker API with jobs and hubs on a fresh store.
 func newWorkAPI(t *testing.T) (*apiClient, *validatingClient) {
 	t.Helper()
-	doc := loadSpec(t)
-	doc.Servers = nil
-	router, err := legacy.NewRouter(doc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vc := &validatingClient{t: t, router: router, seen: map[string]bool{}}
-	store := newStore(t, fmt.Sprintf("/t/api/%d/", prefixSeq.Add(1)))
-	hubs := map[string]*jobs.Hub{}
-	api, err := idemhttp.NewAPI(idemhttp.APIConfig{Store: store, Jobs: &idemhttp.JobsConfig{
-		Queue: func(tenant string) (*jobs.Queue, error) { return jobs.New(store, jobs.WithTenant(tenant)) },
-		Hub: func(tenant string) (*jobs.Hub, error) {
-			if hubs[tenant] == nil {
-				q, err := jobs.New(store, jobs.WithTenant(tenant))
-				if err != nil {
-					return nil, err
-				}
-				if hubs[tenant], err = jobs.NewHub(q); err != nil {
-					return nil, err
-				}
-				t.Cleanup(func() { hubs[tenant].Close() })
-			}
-			return hubs[tenant], nil
-		},
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(api)
-	t.Cleanup(srv.Close)
-	return &apiClient{t, srv.URL, &http.Client{Transport: vc}}, vc
+	c, vc, _ := newJobsAPI(t)
+	return c, vc
 }
 
 // A worker in any language through the job-worker protocol: a kind

@@ -230,14 +230,24 @@ func (a *API) kindsQueue(w http.ResponseWriter, r *http.Request) *jobs.Queue {
 	return a.jobsQueue(w, r, tenant)
 }
 
-func (a *API) listKinds(w http.ResponseWriter, r *http.Request) {
+// declared is the request's tenant's declared kinds, or false when the
+// request was answered.
+func (a *API) declared(w http.ResponseWriter, r *http.Request) ([]jobs.Declaration, bool) {
 	q := a.kindsQueue(w, r)
 	if q == nil {
-		return
+		return nil, false
 	}
 	ds, err := q.Declared(r.Context())
 	if err != nil {
 		a.fail(w, err)
+		return nil, false
+	}
+	return ds, true
+}
+
+func (a *API) listKinds(w http.ResponseWriter, r *http.Request) {
+	ds, ok := a.declared(w, r)
+	if !ok {
 		return
 	}
 	if ds == nil {
@@ -250,13 +260,8 @@ func (a *API) listKinds(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *API) getKind(w http.ResponseWriter, r *http.Request) {
-	q := a.kindsQueue(w, r)
-	if q == nil {
-		return
-	}
-	ds, err := q.Declared(r.Context())
-	if err != nil {
-		a.fail(w, err)
+	ds, ok := a.declared(w, r)
+	if !ok {
 		return
 	}
 	for _, d := range ds {
