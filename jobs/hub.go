@@ -24,8 +24,10 @@ import (
 // (Run.Sleep, Run.Await).
 //
 // A Hub claims a job only while a worker of its kind waits for one
-// (Hub.Next), and the job's attempt keeps that worker's place until it
-// ends. A worker that stays silent in a step for its kind's task timeout
+// (Hub.Next) that no other starting attempt counts on; that worker gets
+// the attempt's first step (a worker of several kinds is counted on once).
+// Any process's hub takes a report: one that did not hand the task out
+// relays it through etcd to the one that did (relay.go). A worker that stays silent in a step for its kind's task timeout
 // counts as dead: its attempt ends as a crashed Go worker's does, and the
 // job is resumed from its last recovery point. A report whose reply was
 // lost, sent again with the same sequence number, is answered as before
@@ -355,8 +357,7 @@ func (h *Hub) ungate(kind, job string) {
 }
 
 // Next waits until a step of one of kinds is due and returns it as a task
-// for the caller to run, or nil when ctx ends first. worker names the
-// caller in logs.
+// for the caller to run, or nil when ctx ends first.
 func (h *Hub) Next(ctx context.Context, kinds []string) (*Task, error) {
 	if len(kinds) == 0 {
 		return nil, fmt.Errorf("next: %w: no kinds", ErrInvalid)
