@@ -416,6 +416,9 @@ func (s *Store) adopt(set Set) {
 			clear(s.marks)
 		}
 		s.inForce, s.known = set, true
+		if s.asked() {
+			s.pending = "" // nothing is pending once what is asked is in force
+		}
 	case set.Generation == s.inForce.Generation && !set.same(s.inForce) && !s.inForce.after(set):
 		s.log.Error("idem: two different shard sets of one generation; following the first seen", "generation", set.Generation)
 	}
@@ -480,9 +483,21 @@ func (s *Store) learn() {
 	}
 }
 
+// asked reports whether the set in force is, or is newer than, the one
+// this process asks for (s.mu held).
+func (s *Store) asked() bool {
+	return s.known && (s.inForce.Generation > s.want.Generation ||
+		s.inForce.Generation == s.want.Generation && s.inForce.Placement.equal(s.want.Placement))
+}
+
 func (s *Store) setPending(why string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if why != "" && s.asked() {
+		// What this process asks for is in force already: the reason was
+		// found before (another refresh installed it meanwhile).
+		why = ""
+	}
 	if why != "" && why != s.pending {
 		s.log.Info("idem: the shard set asked for is not in force", "generation", s.want.Generation, "why", why)
 	}
