@@ -22,7 +22,7 @@ func TestReview10ADrainingHubStillAnswersRelayedReports(t *testing.T) {
 	prefix := testPrefix(t)
 	qa, qb := newQueue(t, newStore(t, prefix)), newQueue(t, newStore(t, prefix))
 	ctx := testCtx(t)
-	if err := qa.Declare(ctx, Declaration{Name: "drain", TaskTimeout: "8s", Steps: []StepDeclaration{{Name: "a"}}}); err != nil {
+	if err := qa.Declare(ctx, Declaration{Name: "drain", TaskTimeout: "30s", Steps: []StepDeclaration{{Name: "a"}}}); err != nil {
 		t.Fatal(err)
 	}
 	ha, err := NewHub(qa, HubDrainTimeout(40*time.Second))
@@ -59,7 +59,7 @@ func TestReview10ADrainingHubStillAnswersRelayedReports(t *testing.T) {
 		t.Fatalf("a direct renew while draining: %+v, %v", a, err)
 	}
 	// The same worker's done, behind a load balancer, reaches the other.
-	short, cancel := context.WithTimeout(ctx, 5*time.Second) // well within the task timeout and the drain
+	short, cancel := context.WithTimeout(ctx, 25*time.Second) // within the task timeout and the drain (5 s was short under CI's load)
 	defer cancel()
 	a, err := hb.Report(short, task.ID, Report{Seq: 1, Op: "done", Output: []byte(`"ok"`)})
 	if err != nil || a.Result != "accepted" {
