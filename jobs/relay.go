@@ -194,18 +194,24 @@ func (h *Hub) answerRelayed(ctx context.Context, v storex.Value) {
 	if err != nil {
 		return
 	}
-	// Written on this process's session, then deleted at once: the
-	// relaying process follows the answer's name from before its request,
-	// so it sees the write; one that sends the report again gets the same
-	// answer again (Report keeps answers by seq).
+	// The request goes first: a relaying process whose copy of it found
+	// this one there (and so wrote none) follows the answer from before,
+	// and the answer is written after, so it sees it; deleted after the
+	// answer, such a copy could wait for an answer nobody writes (found by
+	// TestAReportThatReachesAnotherProcessIsRelayed under -race -count=8).
+	// The answer is on this process's session, and deleted once written:
+	// a report sent again gets the same answer again (Report keeps answers
+	// by seq).
 	dctx := context.WithoutCancel(ctx)
-	av, ok, err := storex.SetValue(h.q.store, ctx, h.answerPrefix(h.id)+name, b, 0, storex.OnSession())
+	_, _ = storex.DeleteValue(h.q.store, dctx, v.Name, v.Revision)
+	// (Not ctx: Close ends it once the steps drained, and waits for the
+	// answers begun; an answer must not be lost to it.)
+	av, ok, err := storex.SetValue(h.q.store, dctx, h.answerPrefix(h.id)+name, b, 0, storex.OnSession())
 	if err == nil && !ok {
 		// An answer left there (its delete failed): written over.
-		av, ok, err = storex.SetValue(h.q.store, ctx, h.answerPrefix(h.id)+name, b, av.Revision, storex.OnSession())
+		av, ok, err = storex.SetValue(h.q.store, dctx, h.answerPrefix(h.id)+name, b, av.Revision, storex.OnSession())
 	}
 	if err == nil && ok {
 		_, _ = storex.DeleteValue(h.q.store, dctx, av.Name, av.Revision)
 	}
-	_, _ = storex.DeleteValue(h.q.store, dctx, v.Name, v.Revision)
 }
