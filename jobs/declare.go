@@ -80,28 +80,30 @@ func (sd ScheduleDeclaration) schedule(kind string, retention time.Duration) (Sc
 		params := slices.Clone([]byte(sd.Params))
 		sc.Params = func(time.Time) []byte { return params }
 	}
-	switch sd.CatchUp {
-	case "", "latest":
-	case "all":
-		sc.CatchUp = CatchUpAll
-	case "none":
-		sc.CatchUp = CatchUpNone
-	default:
-		return sc, fmt.Errorf("%w: kind %s, schedule %s: catch_up %q is not latest, all or none", ErrInvalid, kind, sd.Name, sd.CatchUp)
+	if sd.CatchUp != "" {
+		if sc.CatchUp, err = parseCatchUp(sd.CatchUp); err != nil {
+			return sc, fmt.Errorf("kind %s, schedule %s: %w", kind, sd.Name, err)
+		}
 	}
-	switch sd.Overlap {
-	case "", "allow-all":
-	case "skip":
-		sc.Overlap = OverlapSkip
-	case "buffer-one":
-		sc.Overlap = OverlapBufferOne
-	default:
-		return sc, fmt.Errorf("%w: kind %s, schedule %s: overlap %q is not allow-all, skip or buffer-one", ErrInvalid, kind, sd.Name, sd.Overlap)
+	if sd.Overlap != "" {
+		if sc.Overlap, err = ParseOverlap(sd.Overlap); err != nil {
+			return sc, fmt.Errorf("kind %s, schedule %s: %w", kind, sd.Name, err)
+		}
 	}
 	if err := sc.validate(retention); err != nil {
 		return sc, fmt.Errorf("kind %s: %w", kind, err)
 	}
 	return sc, nil
+}
+
+// parseCatchUp reads a CatchUp's String.
+func parseCatchUp(s string) (CatchUp, error) {
+	for c := CatchUpLatest; c <= CatchUpNone; c++ {
+		if c.String() == s {
+			return c, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: catch_up %q: latest, all or none", ErrInvalid, s)
 }
 
 // DeclaredSchedules returns the schedules of ds, checked against

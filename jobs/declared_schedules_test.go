@@ -57,7 +57,7 @@ func TestDeclaredSchedulesRunAndFollowTheirDeclarations(t *testing.T) {
 		want string
 	}{
 		{ScheduleDeclaration{Name: "s", Cron: "bogus"}, "cron"},
-		{ScheduleDeclaration{Name: "s", Every: "1s", Overlap: "later"}, `overlap "later"`},
+		{ScheduleDeclaration{Name: "s", Every: "1s", Overlap: "later"}, `overlap policy "later"`},
 		{ScheduleDeclaration{Name: "s", Every: "1s", CatchUp: "some"}, `catch_up "some"`},
 		{ScheduleDeclaration{Name: "s", Every: "1s", Location: "Mars/Olympus"}, "Mars/Olympus"},
 		{ScheduleDeclaration{Name: "s", Every: "1s", Params: []byte(`{`)}, "params are not JSON"},
